@@ -1,0 +1,5 @@
+import sys
+
+from etweave.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Chakra execution-trace format: the protobuf schema and the varint-delimited stream."""

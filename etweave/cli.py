@@ -1,0 +1,53 @@
+"""The `etweave` command line: one subcommand per module in `etweave.commands`.
+
+Exit codes, for every command: 0 ok, 1 internal error, 2 bad input, 3 a check or consistency violation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Sequence
+
+from etweave import __version__
+from etweave.commands import COMMANDS
+from etweave.errors import BadInput, CheckFailed
+
+EXIT_OK, EXIT_INTERNAL, EXIT_BAD_INPUT, EXIT_CHECK = 0, 1, 2, 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="etweave", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"etweave {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an internal error")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        command.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args))
+    except BadInput as exc:
+        print(f"etweave: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except CheckFailed as exc:
+        print(f"etweave: check failed: {exc}", file=sys.stderr)
+        return EXIT_CHECK
+    except KeyboardInterrupt:
+        print("etweave: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # an etweave bug, not the user's input
+        if args.debug:
+            traceback.print_exc()
+        print(f"etweave: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
+              file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

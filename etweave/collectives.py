@@ -1,0 +1,270 @@
+"""Find the collective calls and make each one a communication item: the NCCL kernel on the GPU path, the `gloo:*`
+op that does the work on the gloo path. Type and size come from the host ET first, Kineto args next, the
+enclosing op, and the kernel name last (counted as a fallback)."""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from etweave.chakra import et_def_pb2 as pb
+from etweave.model import HOST_OP, KERNEL, Comm, Graph, Item
+from etweave.read.host_et import HostOp, tensors
+from etweave.read.kineto import as_int
+from etweave.repair import is_collective_call
+
+SEND, RECV = "send", "recv"
+
+# Collectives the simulator cannot run, and the supported type etweave writes instead (name kept in the node).
+UNSUPPORTED_MAPPING: dict[int, int] = {
+    pb.BARRIER: pb.ALL_REDUCE,  # gloo and NCCL implement barrier as a tiny all-reduce
+    pb.REDUCE: pb.ALL_REDUCE,  # same traffic pattern up to the root; ALL_REDUCE is the closest the simulator runs
+    pb.GATHER: pb.ALL_GATHER,
+    pb.SCATTER: pb.ALL_TO_ALL,  # the root sends a distinct piece to every rank
+    pb.REDUCE_SCATTER_BLOCK: pb.REDUCE_SCATTER,
+}
+
+# Checked in order: the first pattern found in the normalized name decides.
+_PATTERNS: list[tuple[str, int | str | None]] = [
+    ("sendrecv", None),  # NCCL's SendRecv kernel serves all_to_all and p2p alike: ambiguous by itself
+    ("reducescatter", pb.REDUCE_SCATTER),
+    ("allreduce", pb.ALL_REDUCE),
+    ("allgather", pb.ALL_GATHER),
+    ("alltoall", pb.ALL_TO_ALL),
+    ("broadcast", pb.BROADCAST),
+    ("barrier", pb.BARRIER),
+    ("reduce", pb.REDUCE),
+    ("gather", pb.GATHER),
+    ("scatter", pb.SCATTER),
+    ("send", SEND),
+    ("recv", RECV),
+]
+
+_DTYPE_BYTES = {"float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "bfloat16": 2,
+                "int": 4, "int32": 4, "long": 8, "int64": 8, "long int": 8, "byte": 1, "uint8": 1, "char": 1,
+                "int8": 1, "signed char": 1, "bool": 1, "short": 2, "int16": 2, "c10::half": 2,
+                "c10::bfloat16": 2, "unsigned char": 1}
+
+# c10d ops whose position-1 argument is the input (output first); all others take their input at position 0.
+_INPUT_AT_1 = ("_allgather_base_", "allgather_", "allgather_into_tensor_coalesced_", "_reduce_scatter_base_",
+               "reduce_scatter_", "reduce_scatter_tensor_coalesced_", "alltoall_base_", "alltoall_", "gather_",
+               "scatter_", "allgather_coalesced_")
+
+
+def classify(name: str) -> int | str | None:
+    """The collective type a name denotes: an int CollectiveCommType, SEND/RECV, or None when unknown."""
+    norm = re.sub(r"[^a-z]", "", name.lower().split("(")[0])
+    for prefix in ("c10d", "nccldevkernel", "ncclkernel", "nccl", "gloo", "rccl"):
+        if norm.startswith(prefix):
+            norm = norm[len(prefix):]
+            break
+    for pattern, kind in _PATTERNS:
+        if pattern in norm:
+            return kind
+    return None
+
+
+def is_nccl_kernel(it: Item) -> bool:
+    return it.kind == KERNEL and ("nccl" in it.name[:24].lower() or "rccl" in it.name[:24].lower())
+
+
+@dataclass(slots=True)
+class CollectiveStats:
+    calls: int = 0  # collective calls in the input
+    comm_nodes: int = 0
+    unmatched_calls: list[HostOp] = field(default_factory=list)  # calls with no work in the window
+    mapped: Counter[str] = field(default_factory=Counter)  # "barrier->ALL_REDUCE"
+    type_fallbacks: Counter[str] = field(default_factory=Counter)  # where a type came from kernel name or default
+    size_unknown: int = 0
+
+
+def find_collectives(g: Graph, groups: dict[str, str]) -> CollectiveStats:
+    """Mark comm items in place. `groups` maps a trace's process-group name to its comm-group id ("" = world)."""
+    stats = CollectiveStats()
+    calls = [it for it in g.items if it.kind == HOST_OP and it.host is not None and is_collective_call(it.host)]
+    paired: set[int] = set()
+    calls_by_thread: dict[int, list[Item]] = {}
+    for c in calls:
+        calls_by_thread.setdefault(c.host.et_tid if c.host else 0, []).append(c)
+    for it in g.items:
+        if it.kind == HOST_OP and it.name.startswith("gloo:"):
+            call = _gloo_call(calls_by_thread, it, paired)
+            _make_comm(g, it, call, groups, stats)
+        elif is_nccl_kernel(it):
+            call = _enclosing(g, it, lambda h: h.kind == HOST_OP and h.host is not None
+                              and is_collective_call(h.host))
+            if call is not None:
+                paired.add(call.id)
+            _make_comm(g, it, call, groups, stats)
+    stats.unmatched_calls = [c.host for c in calls if c.id not in paired and c.host is not None]
+    stats.calls = stats.comm_nodes + len(stats.unmatched_calls)
+    return stats
+
+
+def _gloo_call(calls_by_thread: dict[int, list[Item]], gloo: Item, paired: set[int]) -> Item | None:
+    """The c10d call a gloo op works for: the latest unpaired call entered before it on the issuing thread.
+
+    The host ET's parent of a gloo op is often not its c10d op (FORMATS.md), but ids are handed out at op entry
+    and the gloo op is entered inside its call, on the issuing thread's counter.
+    """
+    assert gloo.host is not None
+    calls = calls_by_thread.get(gloo.host.et_tid, [])
+    pos = bisect.bisect_left(calls, gloo.id, key=lambda c: c.id)
+    for c in reversed(calls[max(0, pos - 4):pos]):  # the call is open around its gloo op: it is a recent one
+        if c.id not in paired:
+            paired.add(c.id)
+            return c
+    return None
+
+
+def _enclosing(g: Graph, it: Item, want: Any) -> Item | None:
+    """Walk from a GPU item's launcher up the enclosing chain (time containment on the launching thread)."""
+    cur = g.by_id.get(it.launcher) if it.launcher is not None else None
+    while cur is not None:
+        if want(cur):
+            return cur
+        cur = g.by_id.get(cur.enclosing) if cur.enclosing is not None else None
+    return None
+
+
+def _param_comms(g: Graph, it: Item) -> Item | None:
+    return _enclosing(g, it, lambda h: h.name == "record_param_comms" and h.kind == HOST_OP
+                      and _rpc_name(h) not in ("wait", None))
+
+
+def _rpc_name(it: Item) -> str | None:
+    """The collective name a record_param_comms op carries (attr from 1.1.0, positional before)."""
+    h = it.host
+    if h is not None:
+        name = h.extra.get("collective_name")
+        if isinstance(name, str) and name:
+            return name
+        for v in h.inputs.values[1:6]:
+            if isinstance(v, str) and v and not v.startswith("<"):
+                return v
+    if it.event is not None and it.event.args.collective_name:
+        return str(it.event.args.collective_name)
+    return None
+
+
+def _make_comm(g: Graph, it: Item, call: Item | None, groups: dict[str, str], stats: CollectiveStats) -> None:
+    rpc = _param_comms(g, it) if it.kind == KERNEL else None
+    annotation = _enclosing(g, it, lambda h: h.name.startswith("nccl:")) if it.kind == KERNEL else None
+    args = it.event.args if it.event is not None else None
+    candidates: list[tuple[str, str | None]] = [
+        ("host", call.name if call is not None else None),
+        ("host", _rpc_name(rpc) if rpc is not None else None),
+        ("kineto_args", args.collective_name if args is not None else None),
+        ("enclosing_op", annotation.name if annotation is not None else None),
+        ("enclosing_op", it.name if it.kind == HOST_OP else None),  # gloo:all_reduce names its own type
+        ("kernel_name", it.name if it.kind == KERNEL else None),
+    ]
+    kind: int | str | None = None
+    source, name = "default", "unknown"
+    for src, cand in candidates:
+        if cand:
+            kind = classify(cand)
+            if kind is not None:
+                source, name = src, cand
+                break
+    if kind is None:
+        kind = pb.ALL_REDUCE
+    if source in ("kernel_name", "default"):
+        stats.type_fallbacks[source] += 1
+    size = _size(call, rpc, it)
+    if size is None:
+        stats.size_unknown += 1
+        size = 0
+    pg = _pg_name(call, rpc, it, groups)
+    seq = _seq(rpc, it)
+    short = _short_name(name)
+    if kind in (SEND, RECV):
+        peer, tag = _peer_and_tag(call or rpc)
+        me = g.rank
+        comm = Comm(pb.COMM_SEND_NODE if kind == SEND else pb.COMM_RECV_NODE, short, 0, size, pg, seq,
+                    src=me if kind == SEND else peer, dst=peer if kind == SEND else me, tag=tag, type_source=source)
+    else:
+        assert isinstance(kind, int)
+        written = UNSUPPORTED_MAPPING.get(kind, kind)
+        if written != kind:
+            stats.mapped[f"{pb.CollectiveCommType.Name(kind)}->{pb.CollectiveCommType.Name(written)}"] += 1
+        comm = Comm(pb.COMM_COLL_NODE, short, written, size, pg, seq, type_source=source)
+    it.comm = comm
+    stats.comm_nodes += 1
+
+
+def _short_name(name: str) -> str:
+    for prefix in ("c10d::", "nccl:", "gloo:"):
+        if name.startswith(prefix):
+            return name[len(prefix):].strip("_")
+    return name.split("(")[0]
+
+
+def _tensor_bytes(op: HostOp, position: int | None) -> int | None:
+    found = [(pos, n * b) for pos, _, _, n, b in tensors(op.inputs.values, op.inputs.types)]
+    if not found:
+        return None
+    if position is not None:
+        at = [nb for pos, nb in found if pos == position]
+        if at:
+            return sum(at)
+    return sum(nb for pos, nb in found if pos == found[0][0])
+
+
+def _size(call: Item | None, rpc: Item | None, it: Item) -> int | None:
+    if call is not None and call.host is not None:
+        base = call.name[6:]
+        size = _tensor_bytes(call.host, 1 if base in _INPUT_AT_1 else 0)
+        if size is not None:
+            return size
+    if rpc is not None and rpc.host is not None:
+        size = _tensor_bytes(rpc.host, None)
+        if size is not None:
+            return size
+    for src in (it, rpc):
+        args = src.event.args if src is not None and src.event is not None else None
+        if args is not None and as_int(args.in_nelems) is not None and args.dtype:
+            return int(as_int(args.in_nelems) or 0) * _DTYPE_BYTES.get(str(args.dtype).lower(), 4)
+    if it.host is not None:  # gloo op: its own input tensor
+        return _tensor_bytes(it.host, None)
+    return None
+
+
+def _pg_name(call: Item | None, rpc: Item | None, it: Item, groups: dict[str, str]) -> str:
+    names: list[Any] = []
+    if rpc is not None and rpc.host is not None:
+        names.append(rpc.host.extra.get("pg_name"))
+        v = rpc.host.inputs.values
+        if len(v) >= 10 and isinstance(v[2], list) and v[2] and isinstance(v[2][0], str):
+            names.append(v[2][0])
+    for src in (it, rpc):
+        if src is not None and src.event is not None:
+            names.append(src.event.args.pg_name)
+    for name in names:
+        if isinstance(name, str) and name in groups:
+            return groups[name]
+    return ""
+
+
+def _seq(rpc: Item | None, it: Item) -> int | None:
+    if it.event is not None:
+        s = as_int(it.event.args.seq)
+        if s is not None:
+            return s
+    if rpc is not None and rpc.host is not None and len(rpc.host.inputs.values) > 1:
+        s = rpc.host.inputs.values[1]
+        if isinstance(s, int) and not isinstance(s, bool):
+            return s
+    return None
+
+
+def _peer_and_tag(call: Item | None) -> tuple[int, int]:
+    if call is None or call.host is None:
+        return 0, 0
+    ints = [v for v in call.host.inputs.values[1:] if isinstance(v, int) and not isinstance(v, bool)]
+    peer = ints[0] if ints else 0
+    tag = ints[1] if len(ints) > 1 else 0
+    return peer, tag

@@ -1,0 +1,175 @@
+"""`etweave check OUT_DIR | FILE.et ...`: check that .et files will load and run in ASTRA-sim.
+
+Exit 0 when clean, 3 on any violation, 2 when a file cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import orjson
+
+from etweave.chakra import et_def_pb2 as pb
+from etweave.chakra.io import attr_value, read_et
+from etweave.check import COMM_NODE_TYPES, Violation, check_metadata, check_nodes, check_run
+from etweave.errors import BadInput
+
+EXIT_OK, EXIT_CHECK = 0, 3
+_RANK_NAME = re.compile(r"^.+\.(\d+)\.et$")  # <prefix>.<rank>.et
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("check", help="check .et files against what ASTRA-sim requires",
+                       description="Check Chakra .et files: ids, edges, cycles, attr types, collectives, process "
+                                   "groups and send/recv pairing. Exit 0 clean, 3 on violations, 2 on bad input.")
+    p.add_argument("paths", type=Path, nargs="+", metavar="OUT_DIR_or_FILE",
+                   help="a folder (every *.et in it, plus its comm_group.json) or .et files named <prefix>.<rank>.et")
+    p.add_argument("--comm-group", type=Path, metavar="FILE",
+                   help="the comm-group JSON map (overrides a comm_group.json found in the folder)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
+    p.add_argument("--max-per-rule", type=int, default=50, metavar="N",
+                   help="show at most N violations of each rule (default 50, 0 = all); counts stay exact")
+    p.set_defaults(run=run)
+
+
+def _inputs(paths: Sequence[Path]) -> tuple[list[Path], Path | None]:
+    """The .et files to read, and the comm_group.json of the first folder that has one."""
+    files: list[Path] = []
+    group_file: Path | None = None
+    for path in paths:
+        if path.is_dir():
+            found = sorted(p for p in path.glob("*.et") if p.is_file())
+            if not found:
+                raise BadInput(path, "no .et files in this folder")
+            files.extend(found)
+            candidate = path / "comm_group.json"
+            if group_file is None and candidate.is_file():
+                group_file = candidate
+        elif path.exists():
+            files.append(path)
+        else:
+            raise BadInput(path, "no such file or folder")
+    return files, group_file
+
+
+def _rank_of(path: Path, metadata: pb.GlobalMetadata, only_file: bool) -> int:
+    match = _RANK_NAME.match(path.name)
+    if match:
+        return int(match.group(1))
+    # A file not named by rank may still say it in its metadata (etweave writes a `rank` attr).
+    for attr in metadata.attr:
+        if attr.name == "rank":
+            value = attr_value(attr)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+    if only_file:
+        return 0
+    raise BadInput(path, "cannot tell its rank: name it <prefix>.<rank>.et")
+
+
+def _load_comm_group(path: Path) -> dict[str, list[int]]:
+    try:
+        data = orjson.loads(path.read_bytes())
+    except OSError as exc:
+        raise BadInput(path, f"cannot read: {exc.strerror}") from exc
+    except orjson.JSONDecodeError as exc:
+        raise BadInput(path, f"not JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise BadInput(path, 'must be a JSON object {"<group id>": [ranks, ...]}')
+    groups: dict[str, list[int]] = {}
+    for key, ranks in data.items():
+        if not isinstance(ranks, list) or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+            raise BadInput(path, f"group {key!r} must map to a list of integer ranks")
+        groups[key] = ranks
+    return groups
+
+
+def run(args: argparse.Namespace) -> int:
+    files, group_file = _inputs(args.paths)
+    if args.comm_group is not None:
+        group_file = args.comm_group
+    comm_group = _load_comm_group(group_file) if group_file is not None else None
+
+    violations: list[Violation] = []
+    notes: list[Violation] = []
+    # Only comm nodes go on to the cross-rank checks, so each file's other nodes can be freed once checked.
+    comm_nodes: dict[int, list[pb.Node]] = {}
+    rank_files: dict[int, Path] = {}
+    total_nodes = 0
+    for path in files:
+        metadata, nodes = read_et(path)
+        rank = _rank_of(path, metadata, len(files) == 1)
+        if rank in rank_files:
+            raise BadInput(path, f"rank {rank} again (also {rank_files[rank]}); give one run's files at a time")
+        rank_files[rank] = path
+        total_nodes += len(nodes)
+        violations.extend(check_metadata(metadata, str(path)))
+        violations.extend(check_nodes(nodes, str(path)))
+        comm_nodes[rank] = [n for n in nodes if n.type in COMM_NODE_TYPES]
+        del nodes
+
+    # check_run names ranks; show the file instead, which also names the rank.
+    def located(v: Violation) -> Violation:
+        rank = v.where.removeprefix("rank ")
+        if rank.isdigit() and int(rank) in rank_files:
+            return replace(v, where=str(rank_files[int(rank)]))
+        return v
+
+    violations.extend(located(v) for v in check_run(comm_nodes, comm_group, notes))
+    notes = [located(v) for v in notes]
+
+    counts = Counter(v.rule for v in violations)
+    limit = args.max_per_rule if args.max_per_rule > 0 else None
+    shown = _capped(violations, limit)
+    if args.json:
+        report = {
+            "ok": not violations,
+            "files": [str(p) for p in files],
+            "comm_group": str(group_file) if group_file is not None else None,
+            "nodes": total_nodes,
+            "counts": dict(sorted(counts.items())),
+            "violations": [_as_dict(v) for v in shown],
+            "notes": [_as_dict(v) for v in notes],
+        }
+        sys.stdout.buffer.write(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
+    else:
+        for v in shown:
+            print(v)
+        for rule, count in sorted(counts.items()):
+            if limit is not None and count > limit:
+                print(f"... {count - limit} more {rule} violation(s) not shown (--max-per-rule 0 shows all)")
+        for v in notes:
+            print(f"note: {v}")
+        print(_summary(len(files), total_nodes, counts, len(notes)))
+    return EXIT_CHECK if violations else EXIT_OK
+
+
+def _capped(violations: list[Violation], limit: int | None) -> list[Violation]:
+    if limit is None:
+        return violations
+    seen: Counter[str] = Counter()
+    shown: list[Violation] = []
+    for v in violations:
+        seen[v.rule] += 1
+        if seen[v.rule] <= limit:
+            shown.append(v)
+    return shown
+
+
+def _as_dict(v: Violation) -> dict[str, object]:
+    return {"rule": v.rule, "where": v.where, "node": v.node, "message": v.message}
+
+
+def _summary(files: int, nodes: int, counts: Counter[str], notes: int) -> str:
+    head = f"etweave check: {files} file(s), {nodes} node(s): "
+    tail = f"; {notes} note(s)" if notes else ""
+    if not counts:
+        return head + "clean" + tail
+    rules = ", ".join(f"{rule} {n}" for rule, n in sorted(counts.items()))
+    return head + f"{sum(counts.values())} violation(s) ({rules})" + tail

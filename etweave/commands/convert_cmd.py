@@ -1,0 +1,51 @@
+"""`etweave convert`: one rank's host ET and/or Kineto trace to a Chakra .et file and an audit report."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from etweave.convert import convert
+from etweave.errors import BadInput
+from etweave.report import summary
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("convert", help="convert one rank's traces to a Chakra .et file",
+                       description="Convert a PyTorch host execution trace and/or Kineto trace of one rank.")
+    p.add_argument("--host", type=Path, help="host execution trace (.json or .json.gz)")
+    p.add_argument("--device", type=Path, help="Kineto trace (.json or .json.gz)")
+    p.add_argument("-o", "--output", type=Path, required=True, help="output .et file")
+    p.add_argument("--report", type=Path, help="write the audit report (JSON) here")
+    p.add_argument("--rank", type=int, help="this rank's global rank (default: from the Kineto trace, else 0)")
+    p.add_argument("--explain", type=int, metavar="NODE_ID", action="append", default=[],
+                   help="print the node's predecessors and the evidence for each (repeatable)")
+    p.add_argument("--quiet", action="store_true", help="print nothing on success")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.host is None and args.device is None:
+        raise BadInput("convert", "give --host, --device, or both")
+    result = convert(args.host, args.device, args.output, args.report, args.rank)
+    if not args.quiet:
+        print(summary(result.report))
+    for node_id in args.explain:
+        print(explain(result, node_id))
+    return 0
+
+
+def explain(result: object, node_id: int) -> str:
+    g, deps = result.graph, result.deps  # type: ignore[attr-defined]
+    it = g.by_id.get(node_id)
+    if it is None:
+        return f"node {node_id}: not in the output"
+    lines = [f"node {node_id} {it.name!r} ({it.kind}, start {it.start:.3f} us, duration {it.excl:.3f} us):"]
+    preds = deps.preds.get(node_id, [])
+    if not preds:
+        lines.append("  no predecessors (first op of its thread or stream)")
+    for e in preds:
+        src = g.by_id[e.src]
+        how = "inferred" if e.inferred else "recorded"
+        lines.append(f"  <- {e.src} {src.name[:60]!r} ({src.kind}) by {e.source} ({how})")
+    return "\n".join(lines)

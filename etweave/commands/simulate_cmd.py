@@ -1,0 +1,109 @@
+"""`etweave simulate TRACE.et [more ranks...]`: replay .et files event by event and compare with the measured run.
+
+Exit 0 when the replay finishes, 3 on a deadlock (nodes that can never start), 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import orjson
+
+from etweave.errors import BadInput, CheckFailed
+from etweave.simulate.engine import GraphError, RankGraph, UnknownGroup, replay
+from etweave.simulate.load import COMM_GROUP_FILE, find_comm_group, load_comm_group, load_rank
+from etweave.simulate.metrics import deadlock_report, format_deadlock, format_text, summarize
+
+RULES = """\
+Replay rules: a node starts when all its data_deps and ctrl_deps are done and its resource is free. Resource:
+GPU stream (attrs device, stream), else CPU thread (attr tid), else none (unlimited). Several ready nodes on one
+resource: the one ready first goes first, ties by lowest id. A collective holds its resource from issue, starts
+on all members given when the last one issues it, and lasts transfer_duration_micros (else duration_micros);
+the k-th collective of a pg on each rank (ascending id) match. The k-th send S->D with tag T matches the k-th
+recv on D from S with tag T; sends never wait; a recv ends at max(own start + duration, send start + send
+duration). Ranks come from the GlobalMetadata attr rank, else the file name <prefix>.<rank>.et."""
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("simulate", help="replay .et files event by event and compare with the measured timeline",
+                       description="Replay Chakra .et files (one per rank) and compare the simulated timeline with "
+                                   "the measured one. Exit 0 ok, 3 on a deadlock, 2 on bad input.",
+                       epilog=RULES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("traces", type=Path, nargs="+", metavar="TRACE.et",
+                   help="one .et file per rank (or a folder: every *.et in it)")
+    p.add_argument("--comm-group", type=Path, metavar="FILE",
+                   help=f"process-group map (default: {COMM_GROUP_FILE} beside the traces)")
+    p.add_argument("--timeline", type=Path, metavar="OUT.json",
+                   help="write a Chrome/Perfetto trace with the measured and simulated timelines")
+    p.add_argument("--plot", type=Path, metavar="OUT.png",
+                   help="write a PNG of measured vs simulated per resource (needs matplotlib)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.set_defaults(run=run)
+
+
+def _trace_files(paths: list[Path]) -> list[Path]:
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found = sorted(p for p in path.glob("*.et") if p.is_file())
+            if not found:
+                raise BadInput(path, "no .et files in this folder")
+            files.extend(found)
+        else:
+            files.append(path)
+    return files
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.plot is not None:
+        from etweave.simulate.plot import require_matplotlib
+
+        require_matplotlib(args.plot)  # fail before a long replay, not after
+    files = _trace_files(args.traces)
+    ranks: list[RankGraph] = [load_rank(f, default_rank=0 if len(files) == 1 else None) for f in files]
+    group_file = args.comm_group or find_comm_group(files)
+    groups = load_comm_group(group_file) if group_file is not None else {}
+
+    try:
+        result = replay(ranks, groups)
+    except GraphError as exc:
+        where = ranks[exc.rank_index].source if exc.rank_index is not None else ", ".join(map(str, files))
+        problem = exc.problem
+        if isinstance(exc, UnknownGroup):
+            hint = str(group_file) if group_file else f"no {COMM_GROUP_FILE} beside the traces: pass --comm-group"
+            problem += f" ({hint})"
+        raise BadInput(where, problem) from exc
+
+    if result.stuck_count:
+        if args.json:
+            _print_json({"deadlock": deadlock_report(result)})
+        raise CheckFailed(format_deadlock(result))
+
+    summary = summarize(result)
+    if args.timeline is not None:
+        from etweave.simulate.timeline import write_timeline
+
+        write_timeline(args.timeline, result)
+        summary["timeline"] = str(args.timeline)
+    if args.plot is not None:
+        from etweave.simulate.plot import write_plot
+
+        write_plot(args.plot, result)
+        summary["plot"] = str(args.plot)
+    if args.json:
+        _print_json(summary)
+    else:
+        text = format_text(summary)
+        for key in ("timeline", "plot"):
+            if key in summary:
+                text += f"\nwrote {key} {summary[key]}"
+        print(text)
+    return 0
+
+
+def _print_json(obj: object) -> None:
+    sys.stdout.buffer.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2))
+    sys.stdout.buffer.write(b"\n")
+    sys.stdout.flush()

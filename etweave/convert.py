@@ -1,0 +1,106 @@
+"""The pipeline: read -> link -> repair -> assemble -> collectives -> infer dependencies -> build nodes -> check
+-> write. `convert()` is the Python API; `etweave convert` is a thin wrapper around it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from etweave import __version__
+from etweave.assemble import assemble
+from etweave.chakra import et_def_pb2 as pb
+from etweave.chakra.io import SCHEMA_VERSION, write_et
+from etweave.check import check_nodes
+from etweave.collectives import find_collectives
+from etweave.deps import Dependencies, infer
+from etweave.errors import BadInput
+from etweave.link import HostLink, link_host, select_device
+from etweave.model import Graph
+from etweave.nodes import build_nodes
+from etweave.read.host_et import HostTrace, read_host_et
+from etweave.read.kineto import KinetoTrace, read_kineto
+from etweave.repair import repair
+from etweave.report import build_report
+
+
+@dataclass(slots=True)
+class Result:
+    graph: Graph
+    deps: Dependencies
+    report: dict[str, Any]
+    nodes: list[pb.Node]
+    metadata: pb.GlobalMetadata
+
+
+def process_groups(host: HostTrace | None, kineto: KinetoTrace | None) -> dict[str, str]:
+    """Trace process-group name -> comm-group id: "" for a group of all ranks, else a decimal id."""
+    groups: list[dict[str, Any]] = []
+    if host is not None:
+        groups = host.process_groups() or []
+    if not groups and kineto is not None:
+        cfg = kineto.distributed.get("pg_config")
+        groups = cfg if isinstance(cfg, list) else []
+    world = kineto.distributed.get("world_size") if kineto is not None else None
+    out: dict[str, str] = {}
+    for n, grp in enumerate(g for g in groups if isinstance(g, dict)):
+        name = str(grp.get("pg_name", n))
+        ranks = grp.get("ranks") or []
+        if ranks in ([], "all") or (isinstance(world, int) and len(ranks) == world):
+            out[name] = ""
+        else:
+            out[name] = name if name.isdecimal() else str(n)
+    return out
+
+
+def run_pipeline(host: HostTrace | None, kineto: KinetoTrace | None, rank: int | None = None) -> Result:
+    if host is None and kineto is None:
+        raise BadInput("convert", "give a host ET (--host), a Kineto trace (--device), or both")
+    if rank is None:
+        rank = (kineto.rank if kineto is not None else None) or 0
+    link = link_host(host, kineto) if host is not None else HostLink("none", {}, {})
+    device = select_device(kineto, link.window) if kineto is not None else None
+    next_id = max((op.id for op in host.ops), default=0) + 1 if host is not None else 1
+    rep = None
+    if host is not None:
+        rep, next_id = repair(host, next_id)
+    g = assemble(host, kineto, link, device, rep, next_id, rank)
+    stats = find_collectives(g, process_groups(host, kineto))
+    deps = infer(g)
+    nodes = list(build_nodes(g, deps))
+    violations = check_nodes(nodes, f"rank {rank}")
+    if violations:  # an etweave bug: never write a file the simulator would reject
+        raise RuntimeError(f"output failed its own check: {violations[0]}")
+    report = build_report(host, kineto, link, device, rep, g, deps, stats)
+    metadata = pb.GlobalMetadata(version=SCHEMA_VERSION)
+    metadata.attr.extend([
+        pb.AttributeProto(name="etweave_version", string_val=__version__),
+        pb.AttributeProto(name="rank", int64_val=rank),
+        pb.AttributeProto(name="source_host", string_val=Path(host.path).name if host else ""),
+        pb.AttributeProto(name="source_device", string_val=Path(kineto.path).name if kineto else ""),
+    ])
+    return Result(g, deps, report, nodes, metadata)
+
+
+def convert(host: Path | None, device: Path | None, out: Path, report_path: Path | None = None,
+            rank: int | None = None) -> Result:
+    """Convert one rank's traces to `out` (and the audit report to `report_path`), both written atomically."""
+    host_trace = read_host_et(Path(host)) if host is not None else None
+    kineto = read_kineto(Path(device)) if device is not None else None
+    result = run_pipeline(host_trace, kineto, rank)
+    write_et(Path(out), result.metadata, result.nodes)
+    if report_path is not None:
+        write_json(Path(report_path), result.report)
+    return result
+
+
+def write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_bytes(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -1,0 +1,292 @@
+"""Stage 2, link: host ET ops to Kineto cpu events, and the window of Kineto events that belongs to the host ET.
+
+Two linkers: by `rf_id` = `Record function id` where both traces carry it, else by aligning each host thread's
+op sequence with a Kineto thread (names, order, nesting by start order, and `seq_id` <-> `Sequence number`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from etweave.read.host_et import HostOp, HostTrace
+from etweave.read.kineto import CPU_OP_CATS, Event, KinetoTrace, as_int, entry_key
+
+# How far the aligner looks ahead for a resynchronisation point when names disagree.
+LOOKAHEAD = 48
+
+
+@dataclass(slots=True)
+class HostLink:
+    method: str  # "rf_id", "alignment" or "none"
+    event_of: dict[int, int]  # host op id -> index of its Kineto event
+    kthread_of: dict[int, int | str]  # host ET tid -> Kineto thread id
+    seq_offset: int = 0  # Kineto `Sequence number` minus host `seq_id`: nonzero when the host ET is another step
+    window: tuple[float, float] | None = None  # measured span (µs) of the linked Kineto events
+    warnings: dict[str, int] = field(default_factory=dict)
+
+
+def cpu_threads(events: list[Event]) -> dict[int | str, list[int]]:
+    """Kineto cpu events per thread in entry order: start time, then outer before inner."""
+    threads: dict[int | str, list[int]] = defaultdict(list)
+    for i, ev in enumerate(events):
+        if ev.ph == "X" and ev.cat in CPU_OP_CATS:
+            threads[ev.tid].append(i)
+    for idx in threads.values():
+        idx.sort(key=lambda i: entry_key(events[i], i))
+    return dict(threads)
+
+
+def link_host(host: HostTrace, kineto: KinetoTrace | None) -> HostLink:
+    if kineto is None:
+        return HostLink("none", {}, {})
+    threads = cpu_threads(kineto.events)
+    ops = [op for op in host.ops if not op.is_process_root and not op.is_thread_root]
+    has_rf = any(as_int(kineto.events[i].args.rf_id, 0) for idx in threads.values() for i in idx[:1000])
+    link = _link_by_rf_id(ops, kineto.events) if has_rf else _link_by_alignment(ops, kineto.events, threads)
+    if link.event_of:
+        evs = [kineto.events[i] for i in link.event_of.values()]
+        link.window = (min(e.ts for e in evs), max(e.ts + e.dur for e in evs))
+    return link
+
+
+def _link_by_rf_id(ops: list[HostOp], events: list[Event]) -> HostLink:
+    by_rf: dict[int, int] = {}
+    for i, ev in enumerate(events):
+        if ev.ph == "X" and ev.cat in CPU_OP_CATS:
+            rf = as_int(ev.args.rf_id, 0)
+            if rf:  # 0 = recorded while the observer was off
+                by_rf[rf] = i
+    event_of: dict[int, int] = {}
+    mismatched = 0
+    for op in ops:
+        i = by_rf.get(op.rf_id) if op.rf_id else None
+        if i is None:
+            continue
+        if events[i].name != op.name:
+            mismatched += 1
+            continue
+        event_of[op.id] = i
+    link = HostLink("rf_id", event_of, _thread_map(ops, event_of, events))
+    if mismatched:
+        link.warnings["rf_id_name_mismatch"] = mismatched
+    return link
+
+
+def _thread_map(ops: list[HostOp], event_of: dict[int, int], events: list[Event]) -> dict[int, int | str]:
+    """Each host thread's Kineto thread: where most of its linked ops ran (gloo work is on worker threads)."""
+    votes: dict[int, Counter[int | str]] = defaultdict(Counter)
+    for op in ops:
+        i = event_of.get(op.id)
+        if i is not None:
+            votes[op.et_tid][events[i].tid] += 1
+    return {tid: c.most_common(1)[0][0] for tid, c in sorted(votes.items())}
+
+
+def _seq_offset(ops: list[HostOp], events: list[Event], threads: dict[int | str, list[int]]) -> int | None:
+    """The offset between host seq ids and Kineto sequence numbers that matches the most (name, seq) pairs.
+
+    0 when the host ET is one of the Kineto iterations; nonzero when it was recorded in another step
+    (FORMATS.md: dlrm's host ET is the step before its Kineto trace), and then we link to the step that is
+    structurally identical. None when neither side has sequence numbers.
+    """
+    kineto_pairs: set[tuple[str, int]] = set()
+    by_name: dict[str, list[int]] = defaultdict(list)
+    for idx in threads.values():
+        for i in idx:
+            s = as_int(events[i].args.seq_number, -1)
+            if s is not None and s >= 0:
+                kineto_pairs.add((events[i].name, s))
+                by_name[events[i].name].append(s)
+    host_pairs = [(op.name, op.seq_id) for op in ops if op.seq_id >= 0]
+    if not host_pairs or not kineto_pairs:
+        return None
+    candidates: Counter[int] = Counter()
+    for name, s in host_pairs[:64]:
+        for ks in by_name.get(name, ()):
+            candidates[ks - s] += 1
+    if not candidates:
+        return None
+    best = max(candidates, key=lambda d: (sum((n, s + d) in kineto_pairs for n, s in host_pairs), -abs(d), -d))
+    return best
+
+
+def _link_by_alignment(ops: list[HostOp], events: list[Event], threads: dict[int | str, list[int]]) -> HostLink:
+    offset = _seq_offset(ops, events, threads)
+    per_thread: dict[int, list[HostOp]] = defaultdict(list)
+    for op in ops:
+        per_thread[op.et_tid].append(op)
+    event_of: dict[int, int] = {}
+    kthread_of: dict[int, int | str] = {}
+    used: set[int | str] = set()
+    warnings: Counter[str] = Counter()
+    # Threads with sequence numbers anchor first; their span then locates the others.
+    order = sorted(per_thread, key=lambda t: (not any(op.seq_id >= 0 for op in per_thread[t]), t))
+    span: tuple[float, float] | None = None
+    for et_tid in order:
+        host_ops = per_thread[et_tid]
+        best: tuple[int, int | str, dict[int, int]] | None = None
+        for ktid, idx in threads.items():
+            if ktid in used:
+                continue
+            for anchor in _anchors(host_ops, idx, events, offset, span):
+                matched = _align(host_ops, idx, events, anchor, offset)
+                if best is None or len(matched) > best[0]:
+                    best = (len(matched), ktid, matched)
+        if best is None or best[0] == 0:
+            warnings["host_threads_unlinked"] += 1
+            continue
+        _, ktid, matched = best
+        used.add(ktid)
+        kthread_of[et_tid] = ktid
+        event_of.update(matched)
+        evs = [events[i] for i in matched.values()]
+        lo, hi = min(e.ts for e in evs), max(e.ts + e.dur for e in evs)
+        span = (lo, hi) if span is None else (min(span[0], lo), max(span[1], hi))
+    link = HostLink("alignment", event_of, kthread_of, seq_offset=offset or 0, warnings=dict(warnings))
+    return link
+
+
+def _anchors(host_ops: list[HostOp], idx: list[int], events: list[Event], offset: int | None,
+             span: tuple[float, float] | None) -> list[tuple[int, int]]:
+    """Candidate (host position, Kineto position) pairs to start aligning from."""
+    if offset is not None:
+        for h, op in enumerate(host_ops):
+            if op.seq_id < 0:
+                continue
+            want = op.seq_id + offset
+            hits = [k for k, i in enumerate(idx)
+                    if events[i].name == op.name and as_int(events[i].args.seq_number, -1) == want]
+            if hits:
+                return [(h, hits[0])]
+            break
+    if span is not None:  # a thread without sequence numbers: start where the anchored threads' step starts
+        lo = span[0]
+        k = next((k for k, i in enumerate(idx) if events[i].ts >= lo), None)
+        if k is None:
+            return []
+        name = host_ops[0].name
+        near = [j for j in range(k, min(len(idx), k + 4 * LOOKAHEAD)) if events[idx[j]].name == name]
+        return [(0, near[0] if near else k)]
+    # Nothing to go by: try the first few places where the first op's name occurs (the first full match wins).
+    first = host_ops[0].name
+    return [(0, k) for k, i in enumerate(idx) if events[i].name == first][:8]
+
+
+def _align(host_ops: list[HostOp], idx: list[int], events: list[Event], anchor: tuple[int, int],
+           offset: int | None) -> dict[int, int]:
+    """Greedy two-pointer alignment outward from an anchor, resynchronising on names within LOOKAHEAD."""
+    matched: dict[int, int] = {}
+    h0, k0 = anchor
+    _walk(host_ops, idx, events, h0, k0, 1, offset, matched)
+    _walk(host_ops, idx, events, h0 - 1, k0 - 1, -1, offset, matched)
+    return matched
+
+
+def _same(op: HostOp, ev: Event, offset: int | None) -> bool:
+    if op.name != ev.name:
+        return False
+    if offset is not None and op.seq_id >= 0:
+        s = as_int(ev.args.seq_number, -1)
+        if s is not None and s >= 0 and s != op.seq_id + offset:
+            return False
+    return True
+
+
+def _walk(host_ops: list[HostOp], idx: list[int], events: list[Event], h: int, k: int, step: int,
+          offset: int | None, matched: dict[int, int]) -> None:
+    nh, nk = len(host_ops), len(idx)
+    while 0 <= h < nh and 0 <= k < nk:
+        op = host_ops[h]
+        if _same(op, events[idx[k]], offset):
+            matched[op.id] = idx[k]
+            h += step
+            k += step
+            continue
+        skip_k = next((d for d in range(1, LOOKAHEAD) if 0 <= k + step * d < nk
+                       and _same(op, events[idx[k + step * d]], offset)), None)
+        ev = events[idx[k]]
+        skip_h = next((d for d in range(1, LOOKAHEAD) if 0 <= h + step * d < nh
+                       and _same(host_ops[h + step * d], ev, offset)), None)
+        if skip_k is not None and (skip_h is None or skip_k <= skip_h):
+            k += step * skip_k
+        elif skip_h is not None:
+            h += step * skip_h
+        else:
+            h += step
+            k += step
+
+
+@dataclass(slots=True)
+class LeftOut:
+    count: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    def add(self, example: str) -> None:
+        self.count += 1
+        if len(self.examples) < 5:
+            self.examples.append(example)
+
+
+@dataclass(slots=True)
+class DeviceSelection:
+    """The Kineto runtime calls and GPU events that belong to the linked window, and what was left out, why."""
+
+    runtime: list[int]  # event indices, file order
+    gpu: list[int]
+    launcher_of: dict[int, int]  # GPU event index -> runtime event index
+    gpu_input: int = 0
+    runtime_input: int = 0
+    left_out: dict[tuple[str, str], LeftOut] = field(default_factory=dict)  # (kind, reason) -> what
+
+    def leave_out(self, kind: str, reason: str, ev: Event) -> None:
+        self.left_out.setdefault((kind, reason), LeftOut()).add(f"{ev.name[:80]} @ {ev.ts}")
+
+
+def select_device(kineto: KinetoTrace, window: tuple[float, float] | None) -> DeviceSelection:
+    from etweave.read.kineto import GPU_CATS, RUNTIME_CATS
+
+    events = kineto.events
+    runtime_by_corr: dict[int, int] = {}
+    runtime_all: list[int] = []
+    gpu_all: list[int] = []
+    for i, ev in enumerate(events):
+        if ev.ph != "X":
+            continue
+        if ev.cat in RUNTIME_CATS:
+            runtime_all.append(i)
+            corr = as_int(ev.args.correlation)
+            if corr is not None:
+                runtime_by_corr[corr] = i
+        elif ev.cat in GPU_CATS:
+            gpu_all.append(i)
+    sel = DeviceSelection([], [], {}, gpu_input=len(gpu_all), runtime_input=len(runtime_all))
+    lo, hi = window if window is not None else (float("-inf"), float("inf"))
+    kept_runtime: set[int] = set()
+    launcherless: list[int] = []
+    gpu_end = hi
+    for i in gpu_all:
+        corr = as_int(events[i].args.correlation)
+        r = runtime_by_corr.get(corr) if corr is not None else None
+        if r is None:
+            launcherless.append(i)
+        elif lo <= events[r].ts <= hi:
+            sel.gpu.append(i)
+            sel.launcher_of[i] = r
+            kept_runtime.add(r)
+            gpu_end = max(gpu_end, events[i].ts + events[i].dur)
+        else:
+            sel.leave_out("device_ops", "outside_window", events[i])
+    # A GPU event with no launch record belongs to the window when it ran in it (its GPU tail included).
+    for i in launcherless:
+        if lo <= events[i].ts <= gpu_end:
+            sel.gpu.append(i)
+        else:
+            sel.leave_out("device_ops", "outside_window", events[i])
+    sel.gpu.sort()
+    for r in runtime_all:
+        if r in kept_runtime or lo <= events[r].ts <= hi:
+            sel.runtime.append(r)
+        else:
+            sel.leave_out("runtime_calls", "outside_window", events[r])
+    return sel

@@ -1,0 +1,69 @@
+"""The plain data the stages pass along: items (future nodes), edges with their evidence, and the graph."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from etweave.read.host_et import HostOp
+from etweave.read.kineto import Event
+
+# Item kinds. A kind decides the node type and attrs when nodes are built.
+PROCESS_ROOT, THREAD_ROOT, HOST_OP, RUNTIME = "process_root", "thread_root", "host_op", "runtime"
+KERNEL, MEMCPY, MEMSET, DELAY = "kernel", "gpu_memcpy", "gpu_memset", "delay"
+GPU_KINDS = frozenset({KERNEL, MEMCPY, MEMSET})
+
+
+@dataclass(slots=True)
+class Comm:
+    """What makes an item a communication node."""
+
+    node_type: int  # COMM_COLL_NODE, COMM_SEND_NODE or COMM_RECV_NODE
+    collective_name: str  # as the trace names it: allreduce, all_to_allv, barrier, send ...
+    comm_type: int  # CollectiveCommType written (after mapping unsupported types)
+    size: int  # bytes
+    pg_name: str = ""  # "" = all ranks
+    seq: int | None = None
+    src: int | None = None
+    dst: int | None = None
+    tag: int | None = None
+    type_source: str = ""  # where the type came from: host, kineto_args, enclosing_op, kernel_name
+
+
+@dataclass(slots=True)
+class Item:
+    id: int
+    kind: str
+    name: str
+    start: float = 0.0  # µs, measured (or placed, when not measured)
+    dur: float = 0.0  # inclusive measured duration, µs
+    excl: float = 0.0  # exclusive duration: what the node itself costs
+    measured: bool = False
+    tid: int | str | None = None  # CPU thread the item ran on
+    device: int | None = None
+    stream: int | None = None
+    host: HostOp | None = None
+    event: Event | None = None
+    parent: int | None = None  # effective parent item id (host tree, orphans re-attached)
+    orphan_parent: int | None = None
+    enclosing: int | None = None  # innermost item on the same thread whose time contains this one
+    launcher: int | None = None  # GPU items: the runtime call item that launched it
+    comm: Comm | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class Edge:
+    src: int
+    dst: int
+    source: str  # the evidence source (function) that produced it
+    inferred: bool = False  # True when the evidence is indirect (timing, partial records)
+
+
+@dataclass(slots=True)
+class Graph:
+    items: list[Item]  # in id order once built
+    by_id: dict[int, Item]
+    rank: int = 0
+    threads: dict[int | str, list[int]] = field(default_factory=dict)  # tid -> item ids in program order
+    streams: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (device, stream) -> ids in order
+    extra: dict[str, Any] = field(default_factory=dict)  # per-stage findings the report shows

@@ -1,0 +1,180 @@
+"""Host execution trace reader: every schema of FORMATS.md normalized into `HostOp` records."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from etweave.errors import BadInput
+from etweave.read.source import read_bytes
+
+PROCESS_ROOT_NAMES = ("[pytorch|profiler|execution_trace|process]", "[pytorch|profiler|execution_graph|process]")
+THREAD_ROOT_NAMES = ("[pytorch|profiler|execution_trace|thread]", "[pytorch|profiler|execution_graph|thread]")
+PG_INIT_NAME = "## process_group:init ##"
+
+# Attributes that are fields of HostOp; every other attr (collective_name, pg_name, ...) stays in `extra`.
+_CORE_ATTRS = ("rf_id", "fw_parent", "seq_id", "scope", "tid", "fw_tid", "op_schema")
+
+
+@dataclass(slots=True)
+class IO:
+    values: list[Any]
+    shapes: list[Any]
+    types: list[Any]
+
+
+@dataclass(slots=True)
+class HostOp:
+    id: int
+    name: str
+    parent: int
+    et_tid: int
+    rf_id: int
+    seq_id: int
+    fw_parent: int
+    fw_tid: int
+    scope: int
+    op_schema: str
+    inputs: IO
+    outputs: IO
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_process_root(self) -> bool:
+        return self.name in PROCESS_ROOT_NAMES
+
+    @property
+    def is_thread_root(self) -> bool:
+        return self.name in THREAD_ROOT_NAMES
+
+
+@dataclass(slots=True)
+class HostTrace:
+    path: str
+    schema: str
+    pid: int
+    ops: list[HostOp]  # sorted by id
+    warnings: dict[str, int] = field(default_factory=dict)
+
+    def process_groups(self) -> list[dict[str, Any]] | None:
+        """The `## process_group:init ##` list, or None when absent or unreadable (counted as a warning)."""
+        for op in self.ops:
+            if op.name == PG_INIT_NAME and op.inputs.values and isinstance(op.inputs.values[0], str):
+                try:
+                    groups = orjson.loads(op.inputs.values[0])
+                except orjson.JSONDecodeError:
+                    self.warnings["process_group_init_truncated"] = 1
+                    return None
+                return groups if isinstance(groups, list) else None
+        return None
+
+
+def read_host_et(path: Path) -> HostTrace:
+    data = read_bytes(path)
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise BadInput(path, f"not valid JSON ({exc})") from exc
+    if not isinstance(doc, dict):
+        raise BadInput(path, f"expected a JSON object at top level, found {type(doc).__name__}")
+    if "nodes" not in doc:
+        if "traceEvents" in doc:
+            raise BadInput(path, "this looks like a Kineto trace (has traceEvents), not a host execution trace")
+        raise BadInput(path, "not a host execution trace: no 'nodes' list")
+    nodes = doc["nodes"]
+    if not isinstance(nodes, list):
+        raise BadInput(path, "'nodes' is not a list")
+    schema = str(doc.get("schema", ""))
+    ops = [_op(path, i, n) for i, n in enumerate(nodes)]
+    ops.sort(key=lambda op: op.id)
+    for a, b in zip(ops, ops[1:]):
+        if a.id == b.id:
+            raise BadInput(path, f"duplicate node id {a.id}")
+    pid = doc.get("pid", 0)
+    return HostTrace(path=str(path), schema=schema, pid=pid if isinstance(pid, int) else 0, ops=ops)
+
+
+def _op(path: Path, index: int, node: Any) -> HostOp:
+    if not isinstance(node, dict):
+        raise BadInput(path, f"nodes[{index}] is not an object")
+    try:
+        node_id = node["id"]
+        name = node["name"]
+    except KeyError as exc:
+        raise BadInput(path, f"nodes[{index}] has no {exc.args[0]!r}: unknown schema") from exc
+    if not isinstance(node_id, int) or isinstance(node_id, bool) or not isinstance(name, str):
+        raise BadInput(path, f"nodes[{index}]: 'id' must be an integer and 'name' a string")
+    if node_id < 0 or node_id >= 1 << 63:
+        raise BadInput(path, f"nodes[{index}]: id {node_id} out of range")
+    if "attrs" in node:  # 1.0.2-chakra and later: parent in ctrl_deps, fields in attrs
+        attrs = {a.get("name"): a.get("value") for a in _attr_list(path, index, node["attrs"])}
+        parent = node.get("ctrl_deps", 0)
+        inputs, outputs = _io_nested(node.get("inputs")), _io_nested(node.get("outputs"))
+    else:  # 1.0.1 flat
+        attrs = node
+        parent = node.get("parent", 0)
+        inputs = IO(_list(node.get("inputs")), _list(node.get("input_shapes")), _list(node.get("input_types")))
+        outputs = IO(_list(node.get("outputs")), _list(node.get("output_shapes")), _list(node.get("output_types")))
+    extra = {k: v for k, v in attrs.items() if k not in _CORE_ATTRS} if "attrs" in node else {}
+    return HostOp(
+        id=node_id,
+        name=name,
+        parent=_int(parent),
+        et_tid=_int(attrs.get("tid", 0)),
+        rf_id=_int(attrs.get("rf_id", 0)),
+        seq_id=_int(attrs.get("seq_id", -1), -1),
+        fw_parent=_int(attrs.get("fw_parent", 0)),
+        fw_tid=_int(attrs.get("fw_tid", 0)),
+        scope=_int(attrs.get("scope", 0)),
+        op_schema=attrs.get("op_schema", "") if isinstance(attrs.get("op_schema", ""), str) else "",
+        inputs=inputs,
+        outputs=outputs,
+        extra=extra,
+    )
+
+
+def _attr_list(path: Path, index: int, attrs: Any) -> Iterator[dict[str, Any]]:
+    if not isinstance(attrs, list):
+        raise BadInput(path, f"nodes[{index}]: 'attrs' is not a list")
+    for a in attrs:
+        if isinstance(a, dict):
+            yield a
+
+
+def _io_nested(io: Any) -> IO:
+    if not isinstance(io, dict):
+        return IO([], [], [])
+    return IO(_list(io.get("values")), _list(io.get("shapes")), _list(io.get("types")))
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _int(value: Any, default: int = 0) -> int:
+    # Missing or mistyped optional fields default rather than reject: the field is not needed to keep the op.
+    if isinstance(value, bool) or not isinstance(value, int):
+        return default
+    return value
+
+
+def tensors(values: list[Any], types: list[Any]) -> Iterator[tuple[int, int, int, int, int]]:
+    """(position, tensor_id, storage_id, num_elem, elem_bytes) of every tensor among an op's inputs or outputs."""
+    for pos, (value, typ) in enumerate(zip(values, types)):
+        if not isinstance(typ, str) or "Tensor" not in typ:
+            continue
+        for t in _flatten_tensors(value):
+            yield pos, t[0], t[1], t[3], t[4]
+
+
+def _flatten_tensors(value: Any) -> Iterator[list[Any]]:
+    if isinstance(value, list):
+        if len(value) == 6 and all(isinstance(x, int) and not isinstance(x, bool) for x in value[:5]):
+            yield value
+        else:
+            for v in value:
+                yield from _flatten_tensors(v)

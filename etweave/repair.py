@@ -1,0 +1,84 @@
+"""Stage 3, repair: give every host op a place in a tree. Orphans (parent id not in the file) are attached under
+their own thread's root, or under a synthesized thread root when the host ET has none for that thread."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from etweave.read.host_et import HostOp, HostTrace
+
+
+@dataclass(slots=True)
+class MissingParent:
+    id: int
+    thread: int
+    orphans: list[int]  # host op ids directly below the missing id
+    nodes_below: int  # every host op in the subtrees hanging below the missing id
+    collectives: list[str]  # names of the collective calls among them
+
+
+@dataclass(slots=True)
+class Repair:
+    parent_of: dict[int, int | None]  # host op id -> effective parent id (a host id or a synthesized root id)
+    thread_root_of: dict[int, int]  # host ET tid -> the root id of that thread (existing or synthesized)
+    synthesized_roots: dict[int, int] = field(default_factory=dict)  # host ET tid -> synthesized root id
+    missing: list[MissingParent] = field(default_factory=list)
+    orphan_parent: dict[int, int] = field(default_factory=dict)  # orphan id -> the missing parent id
+
+
+def is_collective_call(op: HostOp) -> bool:
+    """A c10d collective or p2p call (not `wait`, not the process-group bookkeeping)."""
+    if not op.name.startswith("c10d::"):
+        return False
+    base = op.name[6:].rstrip("_")
+    return base not in ("wait", "") and not base.startswith(("allreduce_coalesced_wait", "_wait"))
+
+
+def repair(host: HostTrace, next_id: int) -> tuple[Repair, int]:
+    """Returns the repair and the next free id (synthesized roots take ids from `next_id` upwards)."""
+    ids = {op.id for op in host.ops}
+    thread_root_of: dict[int, int] = {}
+    for op in host.ops:
+        if op.is_thread_root:
+            thread_root_of.setdefault(op.et_tid, op.id)
+    process_root = next((op.id for op in host.ops if op.is_process_root), None)
+    parent_of: dict[int, int | None] = {}
+    rep = Repair(parent_of, thread_root_of)
+    children: dict[int, list[int]] = defaultdict(list)
+    missing: dict[int, list[HostOp]] = defaultdict(list)
+    for op in host.ops:
+        if op.is_process_root or op.parent == op.id:
+            parent_of[op.id] = None
+        elif op.parent in ids:
+            parent_of[op.id] = op.parent
+            children[op.parent].append(op.id)
+        elif op.is_thread_root:
+            parent_of[op.id] = process_root
+        else:
+            missing[op.parent].append(op)
+    for missing_id in sorted(missing):
+        for op in missing[missing_id]:
+            root = thread_root_of.get(op.et_tid)
+            if root is None:
+                root = thread_root_of[op.et_tid] = rep.synthesized_roots[op.et_tid] = next_id
+                next_id += 1
+            parent_of[op.id] = root
+            rep.orphan_parent[op.id] = missing_id
+    by_id = {op.id: op for op in host.ops}
+    for missing_id in sorted(missing):
+        orphans = missing[missing_id]
+        below: list[int] = []
+        stack = [op.id for op in orphans]
+        while stack:  # iterative: a deep tree must not hit the recursion limit
+            nid = stack.pop()
+            below.append(nid)
+            stack.extend(children.get(nid, ()))
+        rep.missing.append(MissingParent(
+            id=missing_id,
+            thread=orphans[0].et_tid,
+            orphans=[op.id for op in orphans],
+            nodes_below=len(below),
+            collectives=sorted(by_id[n].name for n in below if is_collective_call(by_id[n])),
+        ))
+    return rep, next_id

@@ -1,0 +1,105 @@
+"""The audit report: every input op in the output or named, with its reason (see docs/OUTPUT.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from etweave.collectives import CollectiveStats
+from etweave.deps import Dependencies
+from etweave.link import DeviceSelection, HostLink
+from etweave.model import GPU_KINDS, HOST_OP, RUNTIME, THREAD_ROOT, Graph
+from etweave.read.host_et import HostTrace
+from etweave.read.kineto import KinetoTrace
+from etweave.repair import Repair
+
+
+def build_report(host: HostTrace | None, kineto: KinetoTrace | None, link: HostLink, device: DeviceSelection | None,
+                 rep: Repair | None, g: Graph, deps: Dependencies, stats: CollectiveStats) -> dict[str, Any]:
+    host_in = len(host.ops) if host is not None else 0
+    host_out = sum(1 for it in g.items if it.host is not None)
+    gpu_out = sum(1 for it in g.items if it.kind in GPU_KINDS)
+    runtime_out = sum(1 for it in g.items if it.kind == RUNTIME)
+    left_out: list[dict[str, Any]] = []
+    if device is not None:
+        for (kind, reason), lo in sorted(device.left_out.items()):
+            left_out.append({"kind": kind, "reason": reason, "count": lo.count, "examples": lo.examples})
+    if stats.unmatched_calls:
+        left_out.append({"kind": "collectives", "reason": "no_communication_work_recorded",
+                         "count": len(stats.unmatched_calls),
+                         "examples": [f"{op.name} (host id {op.id})" for op in stats.unmatched_calls[:5]]})
+    warnings: dict[str, int] = {}
+    for src in (host.warnings if host else {}, kineto.warnings if kineto else {}, link.warnings):
+        warnings.update(src)
+    if kineto is not None and host is not None:
+        unlinked = sum(1 for it in g.items if it.kind == HOST_OP and not it.measured)
+        warnings["host_ops_unlinked"] = unlinked
+    for source, n in sorted(stats.type_fallbacks.items()):
+        warnings[f"collective_type_from_{source}"] = n
+    warnings["collective_size_unknown"] = stats.size_unknown
+    warnings["gpu_ops_without_launcher"] = sum(1 for it in g.items if it.kind in GPU_KINDS and it.launcher is None) \
+        if kineto is not None else 0
+    for source, n in sorted(deps.rejected.items()):
+        warnings[f"edges_rejected_{source}"] = n
+    report: dict[str, Any] = {
+        "rank": g.rank,
+        "link": {"method": link.method, "seq_offset": link.seq_offset,
+                 "threads": {str(k): v for k, v in sorted(link.kthread_of.items())},
+                 "window_us": list(link.window) if link.window else None},
+        "host_ops": {"input": host_in, "output": host_out},
+        "device_ops": {"input": device.gpu_input if device else 0, "output": gpu_out},
+        "runtime_calls": {"input": device.runtime_input if device else 0, "output": runtime_out},
+        "collectives": {"input": stats.calls, "output": stats.comm_nodes},
+        "collective_type_mapping": dict(sorted(stats.mapped.items())),
+        "synthesized": {"thread_roots": sum(1 for it in g.items if it.kind == THREAD_ROOT and it.host is None)},
+        "left_out": left_out,
+        "warnings": dict(sorted(warnings.items())),
+        "orphans": {
+            "count": len(rep.orphan_parent) if rep else 0,
+            "missing_parents": [
+                {"id": m.id, "thread": m.thread, "orphans": len(m.orphans), "nodes_below": m.nodes_below,
+                 "collectives": m.collectives} for m in (rep.missing if rep else [])
+            ],
+        },
+        "edges": {"total": sum(deps.per_source.values()), "per_source": dict(sorted(deps.per_source.items())),
+                  "inferred": dict(sorted(deps.inferred.items()))},
+        "nodes": len(g.items),
+    }
+    if link.seq_offset:
+        report["link"]["note"] = (f"the host ET comes from another iteration than the Kineto trace (sequence numbers "
+                                  f"differ by {link.seq_offset}); linked to the structurally identical iteration")
+    return report
+
+
+def reconciles(report: dict[str, Any]) -> list[str]:
+    """The kinds whose input != output + left out (empty when the report accounts for everything)."""
+    bad = []
+    for kind in ("host_ops", "device_ops", "runtime_calls", "collectives"):
+        left = sum(lo["count"] for lo in report["left_out"] if lo["kind"] == kind)
+        if report[kind]["input"] != report[kind]["output"] + left:
+            bad.append(kind)
+    return bad
+
+
+def summary(report: dict[str, Any]) -> str:
+    """A short human summary for the terminal."""
+    def line(kind: str) -> str:
+        r = report[kind]
+        left = sum(lo["count"] for lo in report["left_out"] if lo["kind"] == kind)
+        return f"  {kind:<13} {r['input']:>8} in  {r['output']:>8} out  {left:>8} left out"
+    out = [f"rank {report['rank']}: {report['nodes']} nodes, {report['edges']['total']} edges "
+           f"(linked by {report['link']['method']})"]
+    out += [line(k) for k in ("host_ops", "device_ops", "runtime_calls", "collectives")]
+    for lo in report["left_out"]:
+        out.append(f"  left out: {lo['count']} {lo['kind']} ({lo['reason']})")
+    orphans = report["orphans"]
+    if orphans["count"]:
+        out.append(f"  orphans: {orphans['count']} kept under their thread roots, below "
+                   f"{len(orphans['missing_parents'])} missing parent(s)")
+    nonzero = {k: v for k, v in report["warnings"].items() if v}
+    out.append("  warnings: " + (", ".join(f"{k}={v}" for k, v in nonzero.items()) if nonzero else "none"))
+    if report["collective_type_mapping"]:
+        out.append("  collective types mapped for the simulator: " +
+                   ", ".join(f"{k} x{v}" for k, v in report["collective_type_mapping"].items()))
+    if "note" in report["link"]:
+        out.append(f"  note: {report['link']['note']}")
+    return "\n".join(out)

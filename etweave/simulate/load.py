@@ -1,0 +1,116 @@
+"""Read `.et` files and `comm_group.json` into the engine's plain data."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from etweave.chakra import et_def_pb2 as pb
+from etweave.chakra.io import attr_value, read_et
+from etweave.errors import BadInput
+from etweave.simulate.engine import RankGraph, SimNode
+
+COMM_GROUP_FILE = "comm_group.json"
+_RANK_IN_NAME = re.compile(r"\.(\d+)\.et$")
+_COMM_TYPES = (pb.COMM_COLL_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE)
+_WANTED = frozenset({"device", "stream", "tid", "pg_name", "comm_src", "comm_dst", "comm_tag",
+                     "transfer_duration_micros"})
+
+
+def resource_of(attrs: dict[str, object]) -> str | None:
+    """GPU stream if the node has `device` and `stream`, else CPU thread `tid`, else none (see docs/OUTPUT.md)."""
+    if "device" in attrs and "stream" in attrs:
+        return f"gpu{attrs['device']}:stream{attrs['stream']}"
+    if "tid" in attrs:
+        return f"cpu:tid{attrs['tid']}"
+    return None
+
+
+def _int(value: object, path: Path, node_id: int, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise BadInput(path, f"node {node_id}: attr {name} is {value!r}, not a number")
+    return int(value)
+
+
+def to_sim_node(node: pb.Node, path: Path) -> SimNode:
+    # pick only the attrs the replay reads: node_attrs() would build a dict of every attr per node
+    attrs = {a.name: attr_value(a) for a in node.attr if a.name in _WANTED}
+    duration = node.duration_micros
+    if node.type in _COMM_TYPES and "transfer_duration_micros" in attrs:
+        # the measured duration of a comm node includes waiting for peers; the replay models that wait itself
+        duration = _int(attrs["transfer_duration_micros"], path, node.id, "transfer_duration_micros")
+    elif node.type == pb.METADATA_NODE:
+        duration = 0  # metadata nodes take no time (docs/OUTPUT.md)
+    sim = SimNode(
+        id=node.id,
+        name=node.name,
+        type=node.type,
+        deps=tuple(node.data_deps) + tuple(node.ctrl_deps),
+        duration=duration,
+        resource=resource_of(attrs),
+        measured_start=node.start_time_micros,
+        measured_duration=node.duration_micros,
+    )
+    if node.type == pb.COMM_COLL_NODE:
+        pg = attrs.get("pg_name", "")
+        sim.pg = pg if isinstance(pg, str) else str(pg)
+    elif node.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):
+        for name in ("comm_src", "comm_dst", "comm_tag"):
+            if name in attrs:
+                setattr(sim, name, _int(attrs[name], path, node.id, name))
+    return sim
+
+
+def rank_from_name(path: Path) -> int | None:
+    m = _RANK_IN_NAME.search(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
+def load_rank(path: Path, default_rank: int | None = None) -> RankGraph:
+    """One `.et` file. Rank: GlobalMetadata attr `rank`, else `<prefix>.<rank>.et`, else `default_rank`."""
+    metadata, nodes = read_et(path)
+    rank: int | None = None
+    for a in metadata.attr:
+        if a.name == "rank":
+            value = attr_value(a)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise BadInput(path, f"GlobalMetadata attr rank is {value!r}, not an integer")
+            rank = value
+    if rank is None:
+        rank = rank_from_name(path)
+    if rank is None:
+        rank = default_rank
+    if rank is None:
+        raise BadInput(path, "no rank: neither a GlobalMetadata attr `rank` nor a name like <prefix>.<rank>.et")
+    return RankGraph(rank=rank, nodes=[to_sim_node(nd, path) for nd in nodes], source=str(path))
+
+
+def find_comm_group(traces: Sequence[Path]) -> Path | None:
+    """`comm_group.json` beside the first trace that has one."""
+    for trace in traces:
+        candidate = Path(trace).parent / COMM_GROUP_FILE
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load_comm_group(path: Path) -> dict[str, list[int]]:
+    """`{"<decimal id>": [global ranks, ...]}`."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise BadInput(path, f"cannot read: {exc.strerror}") from exc
+    except ValueError as exc:
+        raise BadInput(path, f"not JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise BadInput(path, "expected an object mapping group ids to lists of ranks")
+    groups: dict[str, list[int]] = {}
+    for key, ranks in data.items():
+        if not key.isdecimal():
+            raise BadInput(path, f"group id {key!r} is not a decimal number")
+        if not isinstance(ranks, list) or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+            raise BadInput(path, f"group {key}: expected a list of integer ranks")
+        groups[key] = ranks
+    return groups

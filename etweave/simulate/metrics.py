@@ -1,0 +1,195 @@
+"""Compare a replay with the measured timeline. Everything is a plain JSON-able dict; `format_text` renders it.
+
+Common frame: simulated time 0 is placed at the earliest measured start over all ranks (`origin_us`), and all
+times in the summary are µs after that origin. A node counts as measured when its `start_time_micros` is nonzero.
+Per-node start error compares a node's simulated *issue* time with its measured start: a collective's measured
+start (its kernel start) is when it reached its stream, not when the transfer began. Per-collective start error
+compares the simulated common start with the latest measured start among the members given (when the last one
+arrived, i.e. when the measured transfer could begin).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from etweave.simulate.engine import Replay
+
+TOP_CRITICAL = 10
+TOP_COLLECTIVES = 10
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile of an ascending sequence (q in 0..100)."""
+    if not sorted_values:
+        return 0.0
+    k = max(0, min(len(sorted_values) - 1, math.ceil(q * len(sorted_values) / 100) - 1))
+    return sorted_values[k]
+
+
+def _pct(part: float, whole: float) -> float | None:
+    return round(100.0 * part / whole, 3) if whole else None
+
+
+def _error_stats(errors: list[int], span: int) -> dict[str, Any]:
+    absolute = sorted(abs(e) for e in errors)
+    p50, p95 = percentile(absolute, 50), percentile(absolute, 95)
+    worst = absolute[-1] if absolute else 0
+    return {
+        "count": len(absolute),
+        "p50_us": p50, "p95_us": p95, "max_us": worst,
+        "p50_pct_of_span": _pct(p50, span), "p95_pct_of_span": _pct(p95, span), "max_pct_of_span": _pct(worst, span),
+    }
+
+
+def measured_window(replay: Replay) -> tuple[int, int] | None:
+    """(earliest start, latest end) over measured nodes of all ranks, or None if nothing was measured."""
+    lo, hi = None, None
+    for rg in replay.ranks:
+        for nd in rg.nodes:
+            if nd.measured_start:
+                lo = nd.measured_start if lo is None else min(lo, nd.measured_start)
+                e = nd.measured_start + nd.measured_duration
+                hi = e if hi is None else max(hi, e)
+    return None if lo is None or hi is None else (lo, hi)
+
+
+def summarize(replay: Replay) -> dict[str, Any]:
+    window = measured_window(replay)
+    origin = window[0] if window else 0
+    span = window[1] - window[0] if window else 0
+
+    per_rank = []
+    node_errors: list[int] = []
+    for ri, rg in enumerate(replay.ranks):
+        issue, end = replay.issue[ri], replay.end[ri]
+        measured = [(i, nd) for i, nd in enumerate(rg.nodes) if nd.measured_start]
+        node_errors += [issue[i] + origin - nd.measured_start for i, nd in measured]
+        entry: dict[str, Any] = {"rank": rg.rank, "file": rg.source, "nodes": len(rg.nodes),
+                                 "simulated_makespan_us": max(end, default=0), "measured_span_us": None}
+        if measured:
+            lo = min(nd.measured_start for _, nd in measured)
+            hi = max(nd.measured_start + nd.measured_duration for _, nd in measured)
+            entry["measured_span_us"] = hi - lo
+            # every rank is replayed from time 0; a rank whose trace begins later shows that skew in the common
+            # frame, so also give the error in the rank's own frame
+            entry["measured_first_start_us"] = lo - origin
+            entry["start_error_own_frame"] = _error_stats([issue[i] + lo - nd.measured_start for i, nd in measured],
+                                                          hi - lo)
+        per_rank.append(entry)
+
+    critical = []
+    for (ri, i), contribution in zip(replay.critical_path, replay.contribution, strict=True):
+        nd = replay.ranks[ri].nodes[i]
+        critical.append({
+            "rank": replay.ranks[ri].rank, "id": nd.id, "name": nd.name, "resource": nd.resource,
+            "start_us": replay.start[ri][i], "contribution_us": contribution,
+        })
+    top = sorted(critical, key=lambda c: (-c["contribution_us"], c["start_us"]))[:TOP_CRITICAL]
+
+    collectives = []
+    for inst in replay.collectives:
+        if not inst.nodes:
+            continue
+        ri0, i0 = inst.nodes[0]
+        measured = [replay.ranks[ri].nodes[i].measured_start for ri, i in inst.nodes]
+        measured = [m for m in measured if m]
+        sim_start = replay.start[ri0][i0]
+        item: dict[str, Any] = {
+            "pg": inst.pg, "seq": inst.seq, "name": replay.ranks[ri0].nodes[i0].name,
+            "ranks": [replay.ranks[ri].rank for ri, _ in inst.nodes],
+            "simulated_start_us": sim_start,
+            "measured_start_us": max(measured) - origin if measured else None,
+            "start_error_us": sim_start + origin - max(measured) if measured else None,
+        }
+        collectives.append(item)
+    coll_errors = [c["start_error_us"] for c in collectives if c["start_error_us"] is not None]
+    worst = sorted((c for c in collectives if c["start_error_us"] is not None),
+                   key=lambda c: -abs(c["start_error_us"]))[:TOP_COLLECTIVES]
+
+    return {
+        "ranks": [rg.rank for rg in replay.ranks],
+        "nodes": sum(len(rg.nodes) for rg in replay.ranks),
+        "notes": list(replay.notes),
+        "simulated_makespan_us": replay.makespan,
+        "measured": window is not None,
+        "origin_us": origin if window else None,
+        "measured_span_us": span if window else None,
+        "makespan_error_pct": _pct(replay.makespan - span, span) if window else None,
+        "start_error": _error_stats(node_errors, span),
+        "critical_path": {
+            "nodes": len(critical),
+            "length_us": sum(replay.contribution),
+            "top": top,
+        },
+        "collectives": {
+            "count": len(collectives),
+            "start_error": _error_stats(coll_errors, span),
+            "worst": worst,
+            "items": collectives,
+        },
+        "per_rank": per_rank,
+    }
+
+
+def _fmt_err(stats: dict[str, Any]) -> str:
+    def one(q: str) -> str:
+        pct = stats[f"{q}_pct_of_span"]
+        return f"{q} {stats[f'{q}_us']:g} us" + (f" ({pct:.2f}% of span)" if pct is not None else "")
+    return ", ".join(one(q) for q in ("p50", "p95", "max"))
+
+
+def format_text(summary: dict[str, Any]) -> str:
+    s = summary
+    lines = [f"simulated {len(s['ranks'])} rank(s) {s['ranks']}, {s['nodes']} nodes"]
+    lines += [f"note: {note}" for note in s["notes"]]
+    if s["measured"]:
+        lines.append(f"makespan: simulated {s['simulated_makespan_us']} us, measured span {s['measured_span_us']} us, "
+                     f"error {s['makespan_error_pct']:+.2f}%")
+        err = s["start_error"]
+        lines.append(f"start error over {err['count']} measured nodes: {_fmt_err(err)}")
+    else:
+        lines.append(f"makespan: simulated {s['simulated_makespan_us']} us; no node has a measured start, "
+                     "so there is nothing to compare with")
+    if len(s["per_rank"]) > 1:
+        for r in s["per_rank"]:
+            line = f"  rank {r['rank']}: simulated {r['simulated_makespan_us']} us"
+            if r["measured_span_us"] is not None:
+                own = r["start_error_own_frame"]
+                line += (f", measured span {r['measured_span_us']} us from +{r['measured_first_start_us']} us; "
+                         f"start error in its own frame p50 {own['p50_us']:g} us, max {own['max_us']:g} us")
+            lines.append(line)
+    cp = s["critical_path"]
+    lines.append(f"critical path: {cp['nodes']} nodes, {cp['length_us']} us; top by contribution:")
+    for c in cp["top"]:
+        lines.append(f"  {c['contribution_us']:>10} us  rank {c['rank']} node {c['id']} [{c['resource'] or '-'}] "
+                     f"{c['name']}")
+    colls = s["collectives"]
+    if colls["count"]:
+        line = f"collectives: {colls['count']}"
+        if colls["start_error"]["count"]:
+            line += f"; start error {_fmt_err(colls['start_error'])}; worst:"
+        lines.append(line)
+        for c in colls["worst"]:
+            lines.append(f"  pg {c['pg']!r} #{c['seq']} {c['name']} ranks {c['ranks']}: simulated start "
+                         f"{c['simulated_start_us']} us, measured {c['measured_start_us']} us, "
+                         f"error {c['start_error_us']:+d} us")
+    return "\n".join(lines)
+
+
+def deadlock_report(replay: Replay) -> dict[str, Any]:
+    return {
+        "stuck_nodes": replay.stuck_count,
+        "shown": [{"rank": s.rank, "id": s.node_id, "name": s.name, "waits_for": s.waits_for} for s in replay.stuck],
+        "notes": list(replay.notes),
+    }
+
+
+def format_deadlock(replay: Replay) -> str:
+    ranks = sorted({s.rank for s in replay.stuck})
+    lines = [f"deadlock: {replay.stuck_count} nodes can never start "
+             f"(showing {len(replay.stuck)}, root causes first; shown on ranks {ranks})"]
+    lines += [f"  rank {s.rank} node {s.node_id} {s.name!r}: {s.waits_for}" for s in replay.stuck]
+    lines += [f"  note: {note}" for note in replay.notes]
+    return "\n".join(lines)
