@@ -7,6 +7,7 @@ from collections import defaultdict
 
 from etweave.link import DeviceSelection, HostLink
 from etweave.model import (
+    DELAY,
     GPU_KINDS,
     HOST_OP,
     KERNEL,
@@ -14,6 +15,7 @@ from etweave.model import (
     MEMSET,
     PROCESS_ROOT,
     RUNTIME,
+    SELF_PART,
     THREAD_ROOT,
     Graph,
     Item,
@@ -36,7 +38,8 @@ def assemble(host: HostTrace | None, kineto: KinetoTrace | None, link: HostLink,
     if kineto is not None and device is not None:
         items.extend(_device_items(kineto, device, next_id, items))
     items.sort(key=lambda it: it.id)
-    g = Graph(items=items, by_id={it.id: it for it in items}, rank=rank)
+    g = Graph(items=items, by_id={it.id: it for it in items}, rank=rank,
+              next_id=max([next_id, *(it.id + 1 for it in items)]))
     _thread_order(g)
     _stream_order(g)
     return g
@@ -70,7 +73,8 @@ def _device_items(kineto: KinetoTrace, device: DeviceSelection, next_id: int, ho
     events = kineto.events
     # Fresh ids above every host id, in measured order so that ids (the simulator's issue order) follow time.
     # (start, outer before inner, runtime before GPU): the same order the thread and stream chains use.
-    chosen = sorted(device.runtime + device.gpu, key=lambda i: (events[i].ts, -events[i].dur, events[i].cat in _GPU_KIND, i))
+    chosen = sorted(device.runtime + device.gpu,
+                    key=lambda i: (events[i].ts, -events[i].dur, events[i].cat in _GPU_KIND, i))
     start_id = max([next_id, *(it.id + 1 for it in host_items)])
     id_of = {i: start_id + n for n, i in enumerate(chosen)}
     items: list[Item] = []
@@ -78,6 +82,7 @@ def _device_items(kineto: KinetoTrace, device: DeviceSelection, next_id: int, ho
         ev = events[i]
         if ev.cat in _GPU_KIND:
             it = Item(id=id_of[i], kind=_GPU_KIND[ev.cat], name=ev.name, start=ev.ts, dur=ev.dur, excl=ev.dur,
+                      seg_end=ev.ts + ev.dur,
                       measured=True, event=ev, device=as_int(ev.args.device, 0), stream=as_int(ev.args.stream, 0))
             r = device.launcher_of.get(i)
             it.launcher = id_of[r] if r is not None else None
@@ -89,57 +94,100 @@ def _device_items(kineto: KinetoTrace, device: DeviceSelection, next_id: int, ho
 
 
 def _thread_order(g: Graph) -> None:
-    """Program order per CPU thread and exclusive durations by time containment.
+    """Each CPU thread's program order as a chain of periods, the measured timeline cut at every op entry and exit.
 
-    Measured items sort by start (outer before inner at equal starts); an unmeasured host op keeps its place in
-    host ET id order (ids are handed out at op entry), right after the host op before it on its thread.
+    Measured items sort by entry (start, then host id or runtime order); an unmeasured host op keeps its place in
+    host ET id order (ids are handed out at op entry), right after the host op before it on its thread. Each
+    period belongs to the innermost open op: the first one is the op's own node; self time after a child returned
+    is a SELF_PART node; time with no op open is a DELAY node (idle: Python work, data loading). Periods tile the
+    thread's busy and idle time, so the chain adds up to the measured span of the thread.
     """
     keyed: dict[int | str, list[tuple[tuple[float, int, float, float], Item]]] = defaultdict(list)
     last_ts: dict[int | str, float] = {}
-    for it in g.items:  # id order
-        if it.tid is None or it.kind in GPU_KINDS or it.comm is not None and it.kind in GPU_KINDS:
+    for it in list(g.items):  # id order
+        if it.tid is None or it.kind in GPU_KINDS:
             continue
         if it.kind == THREAD_ROOT:  # first on its thread, whatever its id
             keyed[it.tid].append(((float("-inf"), -1, it.id, 0.0), it))
         elif it.kind == HOST_OP:
-            rank = 0
             ts = it.start if it.measured else last_ts.get(it.tid, float("-inf"))
             if it.measured:
                 last_ts[it.tid] = ts
-            keyed[it.tid].append(((ts, rank, it.id, 0.0), it))  # host ids are entry order
+            keyed[it.tid].append(((ts, 0, it.id, 0.0), it))  # host ids are entry order
         elif it.kind == RUNTIME:
             keyed[it.tid].append(((it.start, 1, -it.dur, it.id), it))
+    # Every thread's chain starts at the run's first measured instant, so a thread that starts late begins with
+    # an idle period (explained later by a handoff where the evidence allows).
+    t0 = min((it.start for it in g.items if it.measured), default=0.0)
     for tid in sorted(keyed, key=str):
         seq = sorted(keyed[tid], key=lambda kv: kv[0])
-        first_start = next((it.start for _, it in seq if it.measured), 0.0)
-        placed = {it.id: max(key[0], first_start) for key, it in seq}
-        order = [it.id for _, it in seq]
-        g.threads[tid] = order
-        stack: list[Item] = []
-        for _, it in seq:
-            if it.kind == THREAD_ROOT:
-                continue
-            if not it.measured:
-                if stack:
-                    it.enclosing = stack[-1].id
-                it.start = placed[it.id]  # where the op before it started (or where the thread starts)
-                continue
-            while stack and stack[-1].start + stack[-1].dur <= it.start + _EPS:
-                stack.pop()
-            if stack:
-                parent = stack[-1]
-                it.enclosing = parent.id
-                parent.excl -= max(0.0, min(it.start + it.dur, parent.start + parent.dur) - it.start)
-            stack.append(it)
-    # Thread roots sit where their thread starts.
-    for order in g.threads.values():
-        first = next((g.by_id[i] for i in order if g.by_id[i].measured), None)
-        for i in order:
-            it = g.by_id[i]
-            if it.kind == THREAD_ROOT and first is not None:
-                it.start = first.start
+        g.threads[tid] = _Sweep(g, tid, seq, t0).run()
     for it in g.items:
         it.excl = max(0.0, it.excl)
+
+
+class _Sweep:
+    """Cuts one thread's timeline into periods (see _thread_order)."""
+
+    def __init__(self, g: Graph, tid: int | str, seq: list[tuple[tuple[float, int, float, float], Item]],
+                 t0: float) -> None:
+        self.g, self.tid, self.seq = g, tid, seq
+        self.chain: list[int] = []
+        self.stack: list[Item] = []
+        self.owner: Item | None = None  # innermost open op: the one the current period belongs to
+        self.pending: Item | None = None  # an op whose own node period is still open
+        self.cursor = t0
+
+    def run(self) -> list[int]:
+        for key, it in self.seq:
+            if it.kind == THREAD_ROOT:
+                it.start = it.seg_end = self.cursor
+                self.chain.append(it.id)
+                continue
+            if self.pending is None and self.owner is None and not self.stack and it.measured:
+                self._flush(it.start)  # idle before this op
+            t = max(key[0], self.cursor) if not it.measured else it.start
+            self._close_until(t)
+            self._flush(t)
+            if self.stack:
+                it.enclosing = self.stack[-1].id
+                if it.measured:
+                    parent = self.stack[-1]
+                    parent.excl -= max(0.0, min(it.start + it.dur, parent.start + parent.dur) - it.start)
+            self.chain.append(it.id)
+            if it.measured and it.dur > 0:
+                self.stack.append(it)
+                self.owner = self.pending = it
+            else:
+                it.start = it.seg_end = t
+        self._close_until(float("inf"))
+        return self.chain
+
+    def _close_until(self, t: float) -> None:
+        while self.stack and self.stack[-1].start + self.stack[-1].dur <= t + _EPS:
+            top = self.stack.pop()
+            self._flush(top.start + top.dur)
+            self.owner = self.stack[-1] if self.stack else None
+
+    def _flush(self, t: float) -> None:
+        """The period [cursor, t] ends: it was the pending op's own node, a later part of the owner, or idle."""
+        if self.pending is not None:
+            self.pending.seg_end = max(t, self.pending.start)
+            self.cursor = max(self.cursor, self.pending.seg_end)
+            self.pending = None
+            return
+        if round(t) - round(self.cursor) < 1:  # shorter than the output's resolution: joins the next period
+            return
+        owner = self.owner
+        if owner is not None:
+            part = Item(id=0, kind=SELF_PART, name=f"{owner.name} [self]", part_of=owner.id)
+        else:
+            part = Item(id=0, kind=DELAY, name="[idle]")
+        part.start, part.seg_end, part.measured, part.tid = self.cursor, t, True, self.tid
+        part.dur = part.excl = t - self.cursor
+        self.g.add(part)
+        self.chain.append(part.id)
+        self.cursor = t
 
 
 def _stream_order(g: Graph) -> None:

@@ -25,6 +25,7 @@ from etweave.read.host_et import HostTrace, read_host_et
 from etweave.read.kineto import KinetoTrace, read_kineto
 from etweave.repair import repair
 from etweave.report import build_report
+from etweave.waits import resolve_waits
 
 
 @dataclass(slots=True)
@@ -69,6 +70,7 @@ def run_pipeline(host: HostTrace | None, kineto: KinetoTrace | None, rank: int |
         rep, next_id = repair(host, next_id)
     g = assemble(host, kineto, link, device, rep, next_id, rank)
     stats = find_collectives(g, process_groups(host, kineto))
+    resolve_waits(g)
     deps = infer(g)
     nodes = list(build_nodes(g, deps))
     violations = check_nodes(nodes, f"rank {rank}")

@@ -11,6 +11,8 @@ from etweave.read.kineto import Event
 # Item kinds. A kind decides the node type and attrs when nodes are built.
 PROCESS_ROOT, THREAD_ROOT, HOST_OP, RUNTIME = "process_root", "thread_root", "host_op", "runtime"
 KERNEL, MEMCPY, MEMSET, DELAY = "kernel", "gpu_memcpy", "gpu_memset", "delay"
+# Later self time of an op (after a child returned), and what a blocking call did once its wait was over.
+SELF_PART, RESUME = "self_part", "resume"
 GPU_KINDS = frozenset({KERNEL, MEMCPY, MEMSET})
 
 
@@ -37,7 +39,8 @@ class Item:
     name: str
     start: float = 0.0  # µs, measured (or placed, when not measured)
     dur: float = 0.0  # inclusive measured duration, µs
-    excl: float = 0.0  # exclusive duration: what the node itself costs
+    excl: float = 0.0  # exclusive time by time containment (all of the op's self time)
+    seg_end: float = 0.0  # end of this node's own period on its thread: its duration is seg_end - start
     measured: bool = False
     tid: int | str | None = None  # CPU thread the item ran on
     device: int | None = None
@@ -49,6 +52,9 @@ class Item:
     enclosing: int | None = None  # innermost item on the same thread whose time contains this one
     launcher: int | None = None  # GPU items: the runtime call item that launched it
     comm: Comm | None = None
+    pos: int = 0  # place in its thread's or stream's chain: breaks ties between equal start times
+    part_of: int | None = None  # SELF_PART / RESUME / DELAY: the op (or thread) this period belongs to
+    awaits: list[tuple[int, str, bool]] = field(default_factory=list)  # (item waited for, evidence, inferred)
 
 
 @dataclass(slots=True, frozen=True)
@@ -67,3 +73,12 @@ class Graph:
     threads: dict[int | str, list[int]] = field(default_factory=dict)  # tid -> item ids in program order
     streams: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (device, stream) -> ids in order
     extra: dict[str, Any] = field(default_factory=dict)  # per-stage findings the report shows
+    next_id: int = 0  # the next free id for synthesized items
+
+    def add(self, it: Item) -> Item:
+        """Add a synthesized item (its id is taken from next_id)."""
+        it.id = self.next_id
+        self.next_id += 1
+        self.items.append(it)
+        self.by_id[it.id] = it
+        return it

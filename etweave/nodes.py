@@ -10,7 +10,7 @@ import orjson
 from etweave.chakra import et_def_pb2 as pb
 from etweave.deps import Dependencies
 from etweave.model import GPU_KINDS, HOST_OP, PROCESS_ROOT, RUNTIME, THREAD_ROOT, Graph, Item
-from etweave.read.host_et import PG_INIT_NAME, IO
+from etweave.read.host_et import IO, PG_INIT_NAME
 
 
 def _attr(name: str, **value: Any) -> pb.AttributeProto:
@@ -38,6 +38,14 @@ def node_type(it: Item) -> int:
     return pb.COMP_NODE
 
 
+def duration(it: Item) -> int:
+    """µs of the node's own period. Rounding both ends (not the length) keeps a thread's chain of periods summing
+    to its measured span instead of drifting by half a µs per node."""
+    if it.kind in (PROCESS_ROOT, THREAD_ROOT):
+        return 0
+    return max(0, round(it.seg_end) - round(it.start))
+
+
 def build_nodes(g: Graph, deps: Dependencies) -> Iterator[pb.Node]:
     """Nodes in ascending id, built lazily so the writer can stream them."""
     for it in g.items:
@@ -47,7 +55,7 @@ def build_nodes(g: Graph, deps: Dependencies) -> Iterator[pb.Node]:
             type=node_type(it),
             data_deps=[e.src for e in deps.preds.get(it.id, ())],
             start_time_micros=max(0, round(it.start)) if it.measured or it.start > 0 else 0,
-            duration_micros=max(0, round(it.excl)),
+            duration_micros=duration(it),
         )
         if it.host is not None:
             node.inputs.CopyFrom(_io(it.host.inputs))
@@ -73,6 +81,10 @@ def _attrs(it: Item) -> list[pb.AttributeProto]:
         attrs.append(_attr("linked", bool_val=it.measured))
         if h.op_schema:
             attrs.append(_attr("op_schema", string_val=h.op_schema))
+    if it.kind == HOST_OP and it.measured:
+        attrs.append(_attr("exclusive_micros", int64_val=round(it.excl)))
+    if it.part_of is not None:
+        attrs.append(_attr("part_of", int64_val=it.part_of))
     if it.orphan_parent is not None:
         attrs.append(_attr("orphan_parent", int64_val=it.orphan_parent))
     if it.kind == RUNTIME and it.event is not None and it.event.args.correlation is not None:

@@ -8,12 +8,20 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from etweave.deps.sources import launch, stream_order, thread_order
+from etweave.deps.sources import (
+    autograd,
+    collective_order,
+    launch,
+    stream_order,
+    tensor_flow,
+    thread_order,
+    waits,
+)
 from etweave.model import PROCESS_ROOT, THREAD_ROOT, Edge, Graph, Item
 
 Source = Callable[[Graph], list[Edge]]
 
-SOURCES: list[Source] = [thread_order, launch, stream_order]
+SOURCES: list[Source] = [thread_order, launch, stream_order, waits, autograd, tensor_flow, collective_order]
 
 
 @dataclass(slots=True)
@@ -25,6 +33,9 @@ class Dependencies:
 
 
 def infer(g: Graph, sources: list[Source] | None = None) -> Dependencies:
+    for chain in (*g.threads.values(), *g.streams.values()):
+        for pos, i in enumerate(chain):
+            g.by_id[i].pos = pos
     deps = Dependencies(preds={})
     seen: set[tuple[int, int]] = set()
     for source in sources or SOURCES:
@@ -48,6 +59,7 @@ def _forward(g: Graph, e: Edge) -> bool:
     return order_key(a) < order_key(b)
 
 
-def order_key(it: Item) -> tuple[float, int, int]:
-    # A total order on items: start time, roots before the ops they hold, then id (entry order at equal times).
-    return (it.start, 0 if it.kind in (PROCESS_ROOT, THREAD_ROOT) else 1, it.id)
+def order_key(it: Item) -> tuple[float, int, int, int]:
+    # A strict total order on items: start time, roots before the ops they hold, place in the item's own chain
+    # (equal µs-rounded starts keep program order), then id. Edges only go forward in it: the union is acyclic.
+    return (it.start, 0 if it.kind in (PROCESS_ROOT, THREAD_ROOT) else 1, it.pos, it.id)

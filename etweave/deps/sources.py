@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from etweave.model import PROCESS_ROOT, THREAD_ROOT, Edge, Graph
+import itertools
+from collections import defaultdict
+
+from etweave.chakra import et_def_pb2 as pb
+from etweave.model import HOST_OP, PROCESS_ROOT, THREAD_ROOT, Edge, Graph, Item
+from etweave.read.host_et import tensors
 
 
 def thread_order(g: Graph) -> list[Edge]:
     """Ops on one CPU thread run one after another in measured order; each thread root follows the process root."""
     edges: list[Edge] = []
     for order in g.threads.values():
-        edges.extend(Edge(a, b, "thread_order") for a, b in zip(order, order[1:]))
+        edges.extend(Edge(a, b, "thread_order") for a, b in itertools.pairwise(order))
     root = next((it.id for it in g.items if it.kind == PROCESS_ROOT), None)
     if root is not None:
         edges.extend(Edge(root, it.id, "thread_order") for it in g.items if it.kind == THREAD_ROOT)
@@ -25,5 +30,61 @@ def stream_order(g: Graph) -> list[Edge]:
     """Events on one (device, stream) run in measured order."""
     edges: list[Edge] = []
     for order in g.streams.values():
-        edges.extend(Edge(a, b, "stream_order") for a, b in zip(order, order[1:]))
+        edges.extend(Edge(a, b, "stream_order") for a, b in itertools.pairwise(order))
+    return edges
+
+
+def waits(g: Graph) -> list[Edge]:
+    """What a blocking call, a waiting period or a resumed thread or stream waited for (see etweave.waits)."""
+    return [Edge(src, it.id, source, inferred) for it in g.items for src, source, inferred in it.awaits]
+
+
+def autograd(g: Graph) -> list[Edge]:
+    """Backward ops after the forward op they belong to: the same sequence number on another thread."""
+    by_seq: dict[int, list[Item]] = defaultdict(list)
+    for it in g.items:
+        if it.kind == HOST_OP and it.host is not None and it.host.seq_id >= 0 and it.tid is not None:
+            by_seq[it.host.seq_id].append(it)
+    edges: list[Edge] = []
+    for seq in sorted(by_seq):
+        ops = sorted(by_seq[seq], key=lambda it: (it.start, it.id))
+        fwd = ops[0]
+        ids = {it.id for it in ops}
+        edges.extend(Edge(fwd.id, it.id, "autograd") for it in ops[1:]
+                     if it.tid != fwd.tid and it.enclosing not in ids)
+    return edges
+
+
+def tensor_flow(g: Graph) -> list[Edge]:
+    """An op that reads a tensor after an op on another thread wrote it (same tensor and storage id).
+
+    Same-thread producers are already before their consumers in program order, so only cross-thread flows add
+    an edge (this places an all_reduce on a comm thread after the loss that produced its input)."""
+    writer: dict[tuple[int, int], Item] = {}
+    edges: list[Edge] = []
+    ops = sorted((it for it in g.items if it.host is not None and it.kind == HOST_OP),
+                 key=lambda it: (it.start, it.pos, it.id))
+    for it in ops:
+        h = it.host
+        assert h is not None
+        for _, tensor, storage, _, _ in tensors(h.inputs.values, h.inputs.types):
+            w = writer.get((tensor, storage))
+            if w is not None and w.tid != it.tid:
+                edges.append(Edge(w.id, it.id, "tensor_flow"))
+        for _, tensor, storage, _, _ in tensors(h.outputs.values, h.outputs.types):
+            writer[(tensor, storage)] = it
+    return edges
+
+
+def collective_order(g: Graph) -> list[Edge]:
+    """Collectives of one process group run in issue order (`Seq` where the trace has it, else start time)."""
+    groups: dict[str, list[Item]] = defaultdict(list)
+    for it in g.items:
+        if it.comm is not None and it.comm.node_type == pb.COMM_COLL_NODE:
+            groups[it.comm.pg_name].append(it)
+    edges: list[Edge] = []
+    for pg in sorted(groups):
+        ops = sorted(groups[pg], key=lambda it: (it.comm.seq if it.comm and it.comm.seq is not None else -1,
+                                                 it.start, it.id))
+        edges.extend(Edge(a.id, b.id, "collective_order") for a, b in itertools.pairwise(ops))
     return edges

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,7 +92,7 @@ def read_host_et(path: Path) -> HostTrace:
     schema = str(doc.get("schema", ""))
     ops = [_op(path, i, n) for i, n in enumerate(nodes)]
     ops.sort(key=lambda op: op.id)
-    for a, b in zip(ops, ops[1:]):
+    for a, b in itertools.pairwise(ops):
         if a.id == b.id:
             raise BadInput(path, f"duplicate node id {a.id}")
     pid = doc.get("pid", 0)
@@ -164,7 +165,7 @@ def _int(value: Any, default: int = 0) -> int:
 
 def tensors(values: list[Any], types: list[Any]) -> Iterator[tuple[int, int, int, int, int]]:
     """(position, tensor_id, storage_id, num_elem, elem_bytes) of every tensor among an op's inputs or outputs."""
-    for pos, (value, typ) in enumerate(zip(values, types)):
+    for pos, (value, typ) in enumerate(zip(values, types, strict=False)):
         if not isinstance(typ, str) or "Tensor" not in typ:
             continue
         for t in _flatten_tensors(value):

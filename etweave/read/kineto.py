@@ -79,8 +79,8 @@ def entry_key(ev: Event, index: int) -> tuple[float, float, int]:
 
 
 class _File(msgspec.Struct):
-    traceEvents: list[Event] = msgspec.field(default_factory=list)  # noqa: N815 (Kineto's own key)
-    distributedInfo: dict[str, Any] | None = None  # noqa: N815
+    traceEvents: list[Event] = msgspec.field(default_factory=list)
+    distributedInfo: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)

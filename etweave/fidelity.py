@@ -1,0 +1,91 @@
+"""Fidelity of an output graph against the measured run: the critical path (longest path through the DAG with
+`duration_micros` and unlimited resources) against the measured span, and each node's replayed start (as soon
+as its predecessors are done) against its measured start."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from etweave.chakra import et_def_pb2 as pb
+from etweave.chakra.io import node_attrs
+
+
+@dataclass(slots=True)
+class Fidelity:
+    span: float  # measured: earliest start to latest end over the nodes with a measured start
+    critical_path: float
+    start_error_p50: float  # |replayed - measured| start of GPU ops, in % of the span
+    start_error_p95: float
+    start_error_max: float
+    collective_error_max: float  # the same over comm nodes
+    no_predecessor: list[int]  # nodes other than the first of their thread/stream with no predecessor
+
+    @property
+    def critical_path_error(self) -> float:
+        return 100.0 * (self.critical_path - self.span) / self.span if self.span else 0.0
+
+
+def asap(nodes: Sequence[pb.Node], durations: dict[int, float] | None = None) -> dict[int, float]:
+    """Earliest start of every node with unlimited resources (Kahn's order; the graph must be acyclic)."""
+    dur = {n.id: float(n.duration_micros) for n in nodes}
+    if durations:
+        dur.update(durations)
+    succ: dict[int, list[int]] = {}
+    indeg: dict[int, int] = {}
+    for n in nodes:
+        preds = set(n.data_deps) | set(n.ctrl_deps)
+        indeg[n.id] = len(preds)
+        for p in preds:
+            succ.setdefault(p, []).append(n.id)
+    start = dict.fromkeys(indeg, 0.0)
+    ready = [i for i, d in indeg.items() if d == 0]
+    while ready:
+        i = ready.pop()
+        end = start[i] + dur[i]
+        for j in succ.get(i, ()):
+            if end > start[j]:
+                start[j] = end
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                ready.append(j)
+    return start
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def measure(nodes: Sequence[pb.Node]) -> Fidelity:
+    measured = [n for n in nodes if n.start_time_micros > 0]
+    t0 = min((n.start_time_micros for n in measured), default=0)
+    t1 = max((n.start_time_micros + n.duration_micros for n in measured), default=0)
+    for n in measured:  # an op's measured end is its start plus inclusive time: use the exclusive-free span
+        a = node_attrs(n)
+        if "measured_duration_micros" in a:
+            t1 = max(t1, n.start_time_micros + int(a["measured_duration_micros"]))  # type: ignore[arg-type]
+    span = float(t1 - t0)
+    start = asap(nodes)
+    cp = max((start[n.id] + n.duration_micros for n in nodes), default=0.0)
+    gpu_err: list[float] = []
+    comm_err: list[float] = []
+    no_pred: list[int] = []
+    firsts: set[tuple[object, ...]] = set()
+    for n in nodes:  # ascending id
+        a = node_attrs(n)
+        is_gpu = "stream" in a
+        if n.start_time_micros > 0 and span > 0 and (is_gpu or n.type in (5, 6, 7)):
+            err = 100.0 * abs(start[n.id] - (n.start_time_micros - t0)) / span
+            (comm_err if n.type in (5, 6, 7) else gpu_err).append(err)
+            if n.type in (5, 6, 7) and is_gpu:
+                gpu_err.append(err)
+        if not n.data_deps and not n.ctrl_deps and n.type != pb.METADATA_NODE:
+            key = ("gpu", a.get("device"), a.get("stream")) if is_gpu else ("cpu", a.get("tid"))
+            if key in firsts:
+                no_pred.append(n.id)
+            firsts.add(key)
+    return Fidelity(span, cp, _pct(gpu_err, 0.5), _pct(gpu_err, 0.95), max(gpu_err, default=0.0),
+                    max(comm_err, default=0.0), no_pred)

@@ -1,0 +1,196 @@
+"""Stage 5a, waits: time a thread or stream spent waiting becomes an edge, never a duration.
+
+Each finder looks at the measured timeline, records on the waiting item what it waited for (`Item.awaits`,
+turned into edges by the `waits` evidence source), and cuts the waiting time out of the node: a blocking period
+keeps a zero-length node where it began and gets a RESUME node for what it did after the wait was over; an idle
+gap explained by a handoff from another thread disappears. What no evidence explains stays as a DELAY node.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+
+from etweave.model import DELAY, GPU_KINDS, HOST_OP, MEMCPY, RESUME, RUNTIME, SELF_PART, THREAD_ROOT, Graph, Item
+
+# A waiter resumes within this long after what it waited for ended (µs), as FORMATS.md's traces show.
+TOLERANCE = 5.0
+# Only periods at least this long are examined for a hidden wait on another thread (µs).
+MIN_WAIT = 20.0
+_SYNC_WORDS = ("Synchronize",)
+_COPY_PREFIXES = ("cudaMemcpy", "hipMemcpy", "cuMemcpy")
+
+
+def resolve_waits(g: Graph) -> None:
+    chains = _Chains(g)
+    _blocking_calls(g, chains)
+    _cross_thread_waits(g, chains)
+    _handoffs(g, chains)
+    chains.store()
+    _stream_waits(g)
+
+
+class _Chains:
+    """Thread chains with their period starts, kept sorted while periods are split."""
+
+    def __init__(self, g: Graph) -> None:
+        self.g = g
+        self.ids: dict[int | str, list[int]] = {tid: list(order) for tid, order in g.threads.items()}
+        self.removed: set[int] = set()
+
+    def split(self, it: Item, at: float, kind: str) -> Item:
+        """Cut `it`'s period at `at`: `it` keeps [start, at], a new item of `kind` takes [at, end]."""
+        owner = it.part_of if it.part_of is not None else it.id
+        name = self.g.by_id[owner].name if owner in self.g.by_id else it.name
+        tail = Item(id=0, kind=kind, name=f"{name} [{'resumed' if kind == RESUME else 'self'}]", part_of=owner,
+                    start=at, seg_end=max(at, it.seg_end), measured=True, tid=it.tid)
+        tail.dur = tail.excl = tail.seg_end - at
+        it.seg_end = max(it.start, min(it.seg_end, at))
+        self.g.add(tail)
+        order = self.ids[it.tid]  # type: ignore[index]
+        order.insert(order.index(it.id) + 1, tail.id)
+        return tail
+
+    def store(self) -> None:
+        for tid, order in self.ids.items():
+            self.g.threads[tid] = [i for i in order if i not in self.removed]
+        if self.removed:
+            self.g.items = [it for it in self.g.items if it.id not in self.removed]
+            for i in self.removed:
+                del self.g.by_id[i]
+
+
+def _gpu_ends(g: Graph) -> tuple[list[float], list[Item]]:
+    ops = sorted((it for it in g.items if it.kind in GPU_KINDS), key=lambda it: (it.start + it.dur, it.id))
+    return [it.start + it.dur for it in ops], ops
+
+
+def _latest_before(ends: list[float], ops: list[Item], lo: float, hi: float, ok: object = None) -> Item | None:
+    """The item with the latest end in [lo, hi] (that `ok` accepts)."""
+    k = bisect.bisect_right(ends, hi)
+    while k > 0 and ends[k - 1] >= lo:
+        k -= 1
+        if ok is None or ok(ops[k]):  # type: ignore[operator]
+            return ops[k]
+    return None
+
+
+def _blocking_calls(g: Graph, chains: _Chains) -> None:
+    """cudaStreamSynchronize & co., and copies that ran inside their call, waited for GPU work (recorded)."""
+    ends, ops = _gpu_ends(g)
+    launched: dict[int, list[Item]] = defaultdict(list)
+    for it in g.items:
+        if it.launcher is not None:
+            launched[it.launcher].append(it)
+    for it in [x for x in g.items if x.kind == RUNTIME]:
+        end = it.start + it.dur
+        awaited: Item | None = None
+        if any(w in it.name for w in _SYNC_WORDS):
+            awaited = _latest_before(ends, ops, it.start, end + TOLERANCE)
+        elif it.name.startswith(_COPY_PREFIXES):
+            # A synchronous copy runs inside its call. A pageable one returns once the last chunk is staged,
+            # a little before the DMA ends: the call covered most of the copy, so it waited for it.
+            own = [x for x in launched.get(it.id, ()) if x.kind == MEMCPY and x.dur > 0]
+            awaited = next((x for x in own if x.start <= end and (x.start + x.dur <= end + TOLERANCE
+                                                                  or end - x.start >= 0.5 * x.dur)), None)
+        if awaited is None or awaited.start + awaited.dur <= it.start:
+            continue
+        resume = chains.split(it, it.start, RESUME)  # the call's own node keeps its entry; the rest waited
+        resume.start = min(max(resume.start, awaited.start + awaited.dur), resume.seg_end)
+        resume.awaits.append((awaited.id, "sync", False))
+
+
+def _cross_thread_waits(g: Graph, chains: _Chains) -> None:
+    """A long period of a host op that ends right after another thread finished a top-level op was waiting for
+    it (e.g. `## backward ##` on the main thread while the autograd thread runs): inferred from timing."""
+    tops = sorted((it for it in g.items if it.kind == HOST_OP and it.measured and it.enclosing is None
+                   and it.tid is not None), key=lambda it: (it.start + it.dur, it.id))
+    ends = [it.start + it.dur for it in tops]
+    for it in [x for x in g.items if x.kind in (HOST_OP, SELF_PART) and x.measured and x.comm is None]:
+        if it.seg_end - it.start < MIN_WAIT:
+            continue
+        x = _latest_before(ends, tops, it.start + TOLERANCE, it.seg_end, lambda o, t=it.tid: o.tid != t)
+        if x is None or it.seg_end - (x.start + x.dur) > TOLERANCE:
+            continue
+        resume = chains.split(it, it.start, RESUME)
+        resume.start = min(x.start + x.dur, resume.seg_end)
+        resume.awaits.append((x.id, "thread_wait", True))
+
+
+def _handoffs(g: Graph, chains: _Chains) -> None:
+    """An idle gap on a worker thread ends when another thread hands it work: the gap is an edge from what that
+    thread was doing at that moment (inferred). The main thread's gaps stay delays (Python work, data loading)."""
+    firsts = {tid: next((g.by_id[i].start for i in order if g.by_id[i].kind not in (THREAD_ROOT, DELAY)), None)
+              for tid, order in chains.ids.items()}
+    timed = {t: s for t, s in firsts.items() if s is not None}
+    if len(timed) < 2:
+        return
+    main = min(timed, key=lambda t: (timed[t], -len(chains.ids[t]), str(t)))
+    for tid, order in sorted(chains.ids.items(), key=lambda kv: str(kv[0])):
+        if tid == main:
+            continue
+        for pos, i in enumerate(list(order)):
+            gap = g.by_id[i]
+            if gap.kind != DELAY or pos + 1 >= len(order):
+                continue
+            nxt = g.by_id[order[pos + 1]]
+            src = _executing(g, chains, main, nxt.start) or next(
+                (s for t in sorted(chains.ids, key=str) if t not in (tid, main)
+                 for s in [_executing(g, chains, t, nxt.start)] if s is not None), None)
+            if src is None:
+                continue
+            if nxt.start - src.start >= 0.5:
+                chains.split(src, nxt.start, SELF_PART if src.kind != RESUME else RESUME)
+            nxt.awaits.append((src.id, "handoff", True))
+            chains.removed.add(gap.id)
+
+
+def _executing(g: Graph, chains: _Chains, tid: int | str, t: float) -> Item | None:
+    """The period running on thread `tid` at time t (not an idle gap), if any."""
+    order = chains.ids[tid]
+    starts = [g.by_id[i].start for i in order]  # periods are in start order
+    k = bisect.bisect_right(starts, t) - 1
+    while k >= 0:
+        it = g.by_id[order[k]]
+        if it.kind not in (DELAY, THREAD_ROOT) and it.start <= t < max(it.seg_end, it.start + 1e-9):
+            return it
+        if it.seg_end <= t:
+            return None
+        k -= 1
+    return None
+
+
+def _stream_waits(g: Graph) -> None:
+    """A GPU op that started later than its stream and its launch allowed waited for something: another stream's
+    op that ended just before (inferred; cross-stream event waits often carry no ids), else idle (a DELAY)."""
+    by_device: dict[int, list[Item]] = defaultdict(list)
+    for it in g.items:
+        if it.kind in GPU_KINDS:
+            by_device[it.device or 0].append(it)
+    index = {}
+    for dev, ops in by_device.items():
+        ops.sort(key=lambda it: (it.start + it.dur, it.id))
+        index[dev] = ([it.start + it.dur for it in ops], ops)
+    t0 = min((it.start for it in g.items if it.measured), default=0.0)
+    for key, order in list(g.streams.items()):
+        new_order: list[int] = []
+        prev: Item | None = None
+        for i in order:
+            it = g.by_id[i]
+            launch = g.by_id.get(it.launcher) if it.launcher is not None else None
+            # A stream starts idle at the run's first instant: a first op with no launch record waited from there.
+            ready = max(prev.start + prev.dur if prev else t0, launch.seg_end if launch else float("-inf"))
+            if it.start - ready > TOLERANCE:
+                ends, ops = index[key[0]]
+                x = _latest_before(ends, ops, ready, it.start + TOLERANCE,
+                                   lambda o, s=key[1]: (o.stream or 0) != s)
+                if x is not None:
+                    it.awaits.append((x.id, "stream_wait", True))
+                else:
+                    d = g.add(Item(id=0, kind=DELAY, name="[gpu idle]", start=ready, seg_end=it.start,
+                                   measured=True, device=key[0], stream=key[1], part_of=None))
+                    d.dur = d.excl = it.start - ready
+                    new_order.append(d.id)
+            new_order.append(i)
+            prev = it
+        g.streams[key] = new_order
