@@ -9,7 +9,6 @@ bench/README.md for the columns and the targets.
 from __future__ import annotations
 
 import argparse
-import gzip
 import os
 import platform
 import shutil
@@ -17,7 +16,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from bench.scale import scale, traces_dir
+from bench.scale import traces_dir
 
 REPO = Path(__file__).resolve().parents[1]
 FLOOR = Path(__file__).with_name("floor.py")
@@ -100,31 +98,20 @@ def convert_cmd() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "etweave"]
 
 
-def uncompressed_size(path: Path) -> int:
-    with open(path, "rb") as f:
-        if f.read(2) != b"\x1f\x8b":
-            return os.fstat(f.fileno()).st_size
-    n = 0
-    with gzip.open(path, "rb") as g:
-        while chunk := g.read(1 << 24):
-            n += len(chunk)
-    return n
-
-
-def count_events(path: Path) -> int:
-    data = path.read_bytes()
-    if data[:2] == b"\x1f\x8b":
-        data = zlib.decompress(data, wbits=31)
-    doc = orjson.loads(data)
-    return len(doc.get("traceEvents") or doc.get("nodes") or []) if isinstance(doc, dict) else len(doc)
+def child_json(cmd: list[str]) -> Any:
+    """The JSON a helper process prints: parsing and generating happen in children to keep this process small."""
+    out = subprocess.run(cmd, cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:4])}... failed: {out.stderr.decode(errors='replace')[-500:]}")
+    return orjson.loads(out.stdout.splitlines()[-1])
 
 
 def measure(row: Row, pairs: list[Pair], work: Path, tries: int, counted: bool = False) -> Row:
     """Best-of-`tries` floor and convert for the case (the sum over its pairs, one pair per rank)."""
     files = [f for p in pairs for f in (p.host, p.kineto) if f is not None]
     if not counted:
-        row.input_bytes = sum(uncompressed_size(f) for f in files)
-        row.events = sum(count_events(f) for f in files)
+        stats = child_json([sys.executable, str(FLOOR), "--stats", *map(str, files)])
+        row.input_bytes, row.events = stats["bytes"], stats["events"]
     floors, converts = [], []
     floor_rss = convert_rss = 0
     for _ in range(tries):
@@ -174,13 +161,15 @@ def real_pairs(name: str) -> list[Pair]:
 
 def scaled_case(work: Path, row: Row, compress: bool, k: int | None = None, target: int | None = None) -> list[Pair]:
     t0 = time.perf_counter()
-    sp = scale(work / "scaled", k=k, target_bytes=target, compress=compress)
-    row.case = f"linear x{sp.k}"
-    row.input_bytes = sp.host_bytes + sp.kineto_bytes
-    row.events = sp.host_nodes + sp.kineto_events
-    print(f"  generated {row.case}: {sp.kineto_bytes / 1e6:.0f} MB Kineto in {time.perf_counter() - t0:.1f} s",
+    size = ["--k", str(k)] if k is not None else ["--target-bytes", str(target)]
+    sp = child_json([sys.executable, "-m", "bench.scale", *size, "--out", str(work / "scaled"),
+                     *(["--gzip"] if compress else [])])
+    row.case = f"linear x{sp['k']}"
+    row.input_bytes = sp["host_bytes"] + sp["kineto_bytes"]
+    row.events = sp["host_nodes"] + sp["kineto_events"]
+    print(f"  generated {row.case}: {sp['kineto_bytes'] / 1e6:.0f} MB Kineto in {time.perf_counter() - t0:.1f} s",
           flush=True)
-    return [Pair(sp.host, sp.kineto)]
+    return [Pair(Path(sp["host"]), Path(sp["kineto"]))]
 
 
 def fmt(v: float | int | None, spec: str) -> str:

@@ -3,13 +3,17 @@
 Copy k of every Kineto event is shifted in time by k * (span of the trace + a gap), and every id-like field is
 offset by k * (its maximum + 1), one stride per id space, so that copies never collide and every reference
 (correlation -> runtime call, flow id, External id, Sequence number <-> host seq_id) stays inside its copy.
-Metadata events (ph "M") are written once. The host ET is either kept as it is ("single": it links to copy 0)
-or replicated too ("replicate": node, tensor and storage ids, parents, rf_id and seq_id offset per copy; the
-process and thread roots and the process-group node written once). Output is plain JSON, streamed chunk by
-chunk so the K-times document never exists in memory.
+Metadata events (ph "M") are written once. Output is plain JSON (or gzip with --gzip), streamed chunk by chunk
+so that the K-times document never exists in memory.
+
+The host ET is kept as it is by default ("single"): it covers one iteration and links to that iteration in
+copy 0, exactly as on the base pair. "replicate" copies it K times too (node, tensor and storage ids, parents,
+rf_id and seq_id offset per copy; the process and thread roots and the process-group node written once), but
+today's aligner walks one contiguous stretch of each Kineto thread, so it links host copy k > 0 to the next
+iterations of copy 0 (by name, seq-less ops) instead of to copy k: use it for reader and future-linker tests.
 
     python -m bench.scale --k 10 --out /tmp/scaled
-    python -m bench.scale --target-bytes 1000000000 --out /tmp/scaled [--gzip]
+    python -m bench.scale --target-bytes 1000000000 --out /tmp/scaled [--gzip] [--host-mode replicate]
 """
 
 from __future__ import annotations
@@ -341,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="folder for host.json and kineto.json")
     p.add_argument("--host-mode", choices=HOST_MODES, default="single",
                    help="keep the host ET as it is (default; it links to copy 0) or replicate it with the Kineto "
-                        "trace (see bench/README.md: the aligner links copies > 0 to the wrong iteration)")
+                        "trace (the aligner then links host copies > 0 to the wrong iteration: see the docstring)")
     p.add_argument("--gzip", action="store_true", help="write .json.gz (gzip level 1) instead of plain JSON")
     args = p.parse_args(argv)
     pair = scale(args.out, k=args.k, target_bytes=args.target_bytes, host_mode=args.host_mode,

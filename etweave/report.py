@@ -8,7 +8,7 @@ from etweave.collectives import CollectiveStats
 from etweave.deps import Dependencies
 from etweave.link import DeviceSelection, HostLink
 from etweave.model import GPU_KINDS, HOST_OP, RUNTIME, THREAD_ROOT, Graph
-from etweave.read.host_et import HostTrace
+from etweave.read.host_et import PG_INIT_NAME, HostTrace
 from etweave.read.kineto import KinetoTrace
 from etweave.repair import Repair
 
@@ -31,7 +31,8 @@ def build_report(host: HostTrace | None, kineto: KinetoTrace | None, link: HostL
     for src in (host.warnings if host else {}, kineto.warnings if kineto else {}, link.warnings):
         warnings.update(src)
     if kineto is not None and host is not None:
-        unlinked = sum(1 for it in g.items if it.kind == HOST_OP and not it.measured)
+        # `## process_group:init ##` is written when the observer starts: Kineto never has it.
+        unlinked = sum(1 for it in g.items if it.kind == HOST_OP and not it.measured and it.name != PG_INIT_NAME)
         warnings["host_ops_unlinked"] = unlinked
     for source, n in sorted(stats.type_fallbacks.items()):
         warnings[f"collective_type_from_{source}"] = n

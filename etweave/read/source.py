@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 import zlib
 from pathlib import Path
 
@@ -20,10 +21,9 @@ def read_bytes(path: Path, limit: int = MAX_DECOMPRESSED_BYTES) -> bytes:
             head = f.read(2)
             f.seek(0)
             if head != b"\x1f\x8b":
-                data = f.read(limit + 1)
-                if len(data) > limit:
+                if os.fstat(f.fileno()).st_size > limit:
                     raise BadInput(path, f"larger than the {limit} byte limit")
-                return data
+                return f.read()
             return _gunzip(f, path, limit)
     except OSError as exc:
         raise BadInput(path, f"cannot read: {exc.strerror or exc}") from exc

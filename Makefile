@@ -1,0 +1,25 @@
+# Two commands do all set-up on a fresh machine (a virtual environment in .venv):
+#   make example   installs etweave and converts the bundled example run
+#   make test      installs etweave with its test dependencies and runs the test suite
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: example test bench lint
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+example: $(BIN)/python
+	$(BIN)/pip install -q -e .
+	$(BIN)/etweave example -o etweave-example
+
+test: $(BIN)/python
+	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/ruff check etweave tests bench
+	$(BIN)/pytest
+
+bench: $(BIN)/python
+	$(BIN)/pip install -q -e .
+	$(BIN)/python -m bench.run
