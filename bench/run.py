@@ -62,6 +62,7 @@ class Row:
     convert_s: float | None = None
     floor_rss_mb: float | None = None
     convert_rss_mb: float | None = None
+    rss_over_input: float | None = None  # convert peak RSS / its own pair's input; the worst rank
     note: str = ""
     reports: list[dict[str, Any]] = field(default_factory=list)
 
@@ -73,15 +74,10 @@ class Row:
     def us_per_event(self) -> float | None:
         return self.convert_s / self.events * 1e6 if self.convert_s and self.events else None
 
-    @property
-    def rss_over_input(self) -> float | None:
-        return self.convert_rss_mb * (1 << 20) / self.input_bytes if self.convert_rss_mb and self.input_bytes \
-            else None
-
     def as_json(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("reports")
-        d.update(ratio=self.ratio, us_per_event=self.us_per_event, rss_over_input=self.rss_over_input,
+        d.update(ratio=self.ratio, us_per_event=self.us_per_event,
                  device_ops=[r.get("device_ops") for r in self.reports],
                  host_ops=[r.get("host_ops") for r in self.reports])
         return d
@@ -91,6 +87,10 @@ class Row:
 class Pair:
     host: Path | None
     kineto: Path
+
+    @property
+    def files(self) -> list[Path]:
+        return [f for f in (self.host, self.kineto) if f is not None]
 
 
 def convert_cmd() -> list[str]:
@@ -108,16 +108,19 @@ def child_json(cmd: list[str]) -> Any:
 
 def measure(row: Row, pairs: list[Pair], work: Path, tries: int, counted: bool = False) -> Row:
     """Best-of-`tries` floor and convert for the case (the sum over its pairs, one pair per rank)."""
-    files = [f for p in pairs for f in (p.host, p.kineto) if f is not None]
-    if not counted:
-        stats = child_json([sys.executable, str(FLOOR), "--stats", *map(str, files)])
-        row.input_bytes, row.events = stats["bytes"], stats["events"]
+    if counted:
+        pair_bytes = [row.input_bytes]
+    else:
+        stats = [child_json([sys.executable, str(FLOOR), "--stats", *map(str, p.files)]) for p in pairs]
+        pair_bytes = [s["bytes"] for s in stats]
+        row.input_bytes, row.events = sum(pair_bytes), sum(s["events"] for s in stats)
     floors, converts = [], []
     floor_rss = convert_rss = 0
+    rss_ratio = 0.0
     for _ in range(tries):
         t = 0.0
         for p in pairs:
-            r = run_proc([sys.executable, str(FLOOR), *(str(f) for f in (p.host, p.kineto) if f is not None)], REPO)
+            r = run_proc([sys.executable, str(FLOOR), *map(str, p.files)], REPO)
             if r.rc != 0:
                 row.note = f"floor failed (rc {r.rc}): {r.err.splitlines()[-1] if r.err else ''}"
                 return row
@@ -140,11 +143,12 @@ def measure(row: Row, pairs: list[Pair], work: Path, tries: int, counted: bool =
                 return row
             t += r.wall_s
             convert_rss = max(convert_rss, r.rss_kib)
+            rss_ratio = max(rss_ratio, r.rss_kib * 1024 / pair_bytes[n])
             reports.append(orjson.loads(rep.read_bytes()))
             out.unlink(missing_ok=True)
         converts.append(t)
         row.reports = reports
-    row.convert_s, row.convert_rss_mb = min(converts), convert_rss / 1024
+    row.convert_s, row.convert_rss_mb, row.rss_over_input = min(converts), convert_rss / 1024, rss_ratio
     dev_in = sum(r["device_ops"]["input"] for r in row.reports)
     dev_out = sum(r["device_ops"]["output"] for r in row.reports)
     row.note = f"device ops out/in {dev_out}/{dev_in}"
@@ -201,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     notes: list[str] = []
     print(f"etweave convert = {' '.join(convert_cmd())}; python {platform.python_version()}; "
-          f"{os.cpu_count()} CPUs", flush=True)
+          f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f} (other processes skew the times)", flush=True)
     with tempfile.TemporaryDirectory(prefix="etweave-bench-") as tmp:
         work = Path(tmp)
         cases: list[tuple[str, Callable[[Row], list[Pair]], int]] = [
@@ -239,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         spread = max(costs) / min(costs)
         print(f"per-event cost across {len(scaled)} scaled sizes ({', '.join(r.case for r in scaled)}): "
               f"max/min = {spread:.2f}")
+    notes.append(f"load average at the end: {os.getloadavg()[0]:.2f}")
     for n in notes:
         print(n)
     if args.save:

@@ -5,6 +5,7 @@ enclosing op, and the kernel name last (counted as a fallback)."""
 from __future__ import annotations
 
 import bisect
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -79,6 +80,7 @@ class CollectiveStats:
     mapped: Counter[str] = field(default_factory=Counter)  # "barrier->ALL_REDUCE"
     type_fallbacks: Counter[str] = field(default_factory=Counter)  # where a type came from kernel name or default
     size_unknown: int = 0
+    coalesced_without_metadata: int = 0  # NCCL kernels of a coalesced group that carry no Kineto args
 
 
 def find_collectives(g: Graph, groups: dict[str, str]) -> CollectiveStats:
@@ -174,7 +176,11 @@ def _make_comm(g: Graph, it: Item, call: Item | None, groups: dict[str, str], st
         kind = pb.ALL_REDUCE
     if source in ("kernel_name", "default"):
         stats.type_fallbacks[source] += 1
-    size = _size(call, rpc, it)
+    if it.kind == KERNEL and args is not None and args.collective_name is None and args.in_nelems is None \
+            and _enclosing(g, it, lambda h: "coalesced" in h.name.lower()) is not None:
+        # one kernel for a whole group (`nccl:coalesced`): its type and size are a guess, say so
+        stats.coalesced_without_metadata += 1
+    size = _size(call, rpc, it, annotation)
     if size is None:
         stats.size_unknown += 1
         size = 0
@@ -214,7 +220,21 @@ def _tensor_bytes(op: HostOp, position: int | None) -> int | None:
     return sum(nb for pos, nb in found if pos == found[0][0])
 
 
-def _size(call: Item | None, rpc: Item | None, it: Item) -> int | None:
+def _dims_bytes(it: Item | None, position: int) -> int | None:
+    """Bytes of the tensor at `position` from the Kineto `Input Dims` / `Input type` of the item's event."""
+    args = it.event.args if it is not None and it.event is not None else None
+    if args is None or not isinstance(args.input_dims, list) or not isinstance(args.input_type, list):
+        return None
+    if position >= min(len(args.input_dims), len(args.input_type)):
+        return None
+    dims, dtype = args.input_dims[position], args.input_type[position]
+    elem = _DTYPE_BYTES.get(dtype.lower()) if isinstance(dtype, str) else None
+    if elem is None or not isinstance(dims, list) or not all(isinstance(d, int) and d >= 0 for d in dims):
+        return None  # a TensorList or a scalar: no usable shape
+    return math.prod(dims) * elem
+
+
+def _size(call: Item | None, rpc: Item | None, it: Item, annotation: Item | None = None) -> int | None:
     if call is not None and call.host is not None:
         base = call.name[6:]
         size = _tensor_bytes(call.host, 1 if base in _INPUT_AT_1 else 0)
@@ -229,7 +249,16 @@ def _size(call: Item | None, rpc: Item | None, it: Item) -> int | None:
         if args is not None and as_int(args.in_nelems) is not None and args.dtype:
             return int(as_int(args.in_nelems) or 0) * _DTYPE_BYTES.get(str(args.dtype).lower(), 4)
     if it.host is not None:  # gloo op: its own input tensor
-        return _tensor_bytes(it.host, None)
+        size = _tensor_bytes(it.host, None)
+        if size is not None:
+            return size
+    # Kineto-only (or a host ET without tensors): the shapes Kineto recorded: the call's input, else what the
+    # `nccl:*` op (or the gloo op itself) was given
+    call_input = 1 if call is not None and call.name[6:] in _INPUT_AT_1 else 0
+    for src, position in ((call, call_input), (annotation, 0), (it if it.kind == HOST_OP else None, 0)):
+        size = _dims_bytes(src, position)
+        if size is not None:
+            return size
     return None
 
 
@@ -250,10 +279,11 @@ def _pg_name(call: Item | None, rpc: Item | None, it: Item, groups: dict[str, st
 
 
 def _seq(rpc: Item | None, it: Item) -> int | None:
-    if it.event is not None:
-        s = as_int(it.event.args.seq)
-        if s is not None:
-            return s
+    for src in (it, rpc):
+        if src is not None and src.event is not None:
+            s = as_int(src.event.args.seq)
+            if s is not None:
+                return s
     if rpc is not None and rpc.host is not None and len(rpc.host.inputs.values) > 1:
         s = rpc.host.inputs.values[1]
         if isinstance(s, int) and not isinstance(s, bool):

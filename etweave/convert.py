@@ -23,6 +23,7 @@ from etweave.model import Graph
 from etweave.nodes import build_nodes
 from etweave.read.host_et import HostTrace, read_host_et
 from etweave.read.kineto import KinetoTrace, read_kineto
+from etweave.read.kineto_host import Selection, kineto_host, restrict
 from etweave.repair import repair
 from etweave.report import build_report
 from etweave.waits import resolve_waits
@@ -57,12 +58,23 @@ def process_groups(host: HostTrace | None, kineto: KinetoTrace | None) -> dict[s
     return out
 
 
-def run_pipeline(host: HostTrace | None, kineto: KinetoTrace | None, rank: int | None = None) -> Result:
+def run_pipeline(host: HostTrace | None, kineto: KinetoTrace | None, rank: int | None = None,
+                 select: Selection | None = None) -> Result:
     if host is None and kineto is None:
         raise BadInput("convert", "give a host ET (--host), a Kineto trace (--device), or both")
     if rank is None:
         rank = (kineto.rank if kineto is not None else None) or 0
-    link = link_host(host, kineto) if host is not None else HostLink("none", {}, {})
+    window = None
+    if select is not None:
+        if kineto is None:
+            raise BadInput("convert", "--steps and --window select part of a Kineto trace: give --device")
+        window = select.resolve(kineto)
+    if host is None and kineto is not None:  # Kineto only: its cpu ops stand in for the host ops
+        host, link = kineto_host(kineto, window)
+    else:
+        link = link_host(host, kineto) if host is not None else HostLink("none", {}, {})
+        if window is not None:
+            link.window = restrict(link.window, window)
     device = select_device(kineto, link.window) if kineto is not None else None
     next_id = max((op.id for op in host.ops), default=0) + 1 if host is not None else 1
     rep = None
@@ -88,11 +100,11 @@ def run_pipeline(host: HostTrace | None, kineto: KinetoTrace | None, rank: int |
 
 
 def convert(host: Path | None, device: Path | None, out: Path, report_path: Path | None = None,
-            rank: int | None = None) -> Result:
+            rank: int | None = None, select: Selection | None = None) -> Result:
     """Convert one rank's traces to `out` (and the audit report to `report_path`), both written atomically."""
     host_trace = read_host_et(Path(host)) if host is not None else None
     kineto = read_kineto(Path(device)) if device is not None else None
-    result = run_pipeline(host_trace, kineto, rank)
+    result = run_pipeline(host_trace, kineto, rank, select)
     write_et(Path(out), result.metadata, result.nodes)
     if report_path is not None:
         write_json(Path(report_path), result.report)

@@ -25,6 +25,7 @@ class Repair:
     synthesized_roots: dict[int, int] = field(default_factory=dict)  # host ET tid -> synthesized root id
     missing: list[MissingParent] = field(default_factory=list)
     orphan_parent: dict[int, int] = field(default_factory=dict)  # orphan id -> the missing parent id
+    cycles: int = 0  # parent cycles in the host ET (an observer bug), each broken at its smallest id
 
 
 def is_collective_call(op: HostOp) -> bool:
@@ -48,8 +49,10 @@ def repair(host: HostTrace, next_id: int) -> tuple[Repair, int]:
     children: dict[int, list[int]] = defaultdict(list)
     missing: dict[int, list[HostOp]] = defaultdict(list)
     for op in host.ops:
-        if op.is_process_root or op.parent == op.id:
+        if op.is_process_root:
             parent_of[op.id] = None
+        elif op.parent == op.id:  # a one-node parent cycle: broken below like the longer ones
+            parent_of[op.id] = op.id
         elif op.parent in ids:
             parent_of[op.id] = op.parent
             children[op.parent].append(op.id)
@@ -65,6 +68,7 @@ def repair(host: HostTrace, next_id: int) -> tuple[Repair, int]:
                 next_id += 1
             parent_of[op.id] = root
             rep.orphan_parent[op.id] = missing_id
+    rep.cycles = _break_cycles(host, parent_of, children, thread_root_of)
     by_id = {op.id: op for op in host.ops}
     for missing_id in sorted(missing):
         orphans = missing[missing_id]
@@ -82,3 +86,30 @@ def repair(host: HostTrace, next_id: int) -> tuple[Repair, int]:
             collectives=sorted(by_id[n].name for n in below if is_collective_call(by_id[n])),
         ))
     return rep, next_id
+
+
+def _break_cycles(host: HostTrace, parent_of: dict[int, int | None], children: dict[int, list[int]],
+                  thread_root_of: dict[int, int]) -> int:
+    """Each op has at most one parent, so a cycle is found by walking up with three colours, O(N)."""
+    state: dict[int, int] = {}  # 1 = on the current walk, 2 = done
+    by_id = {op.id: op for op in host.ops}
+    cycles = 0
+    for start in sorted(parent_of):
+        path: list[int] = []
+        node: int | None = start
+        while node is not None and state.get(node) is None and node in parent_of:
+            state[node] = 1
+            path.append(node)
+            node = parent_of[node]
+        if node is not None and state.get(node) == 1:  # walked back onto this path: a cycle
+            loop = path[path.index(node):]
+            cut = min(loop)
+            old = parent_of[cut]
+            root = thread_root_of.get(by_id[cut].et_tid)
+            parent_of[cut] = root if root != cut else None
+            if old is not None and cut in children.get(old, []):
+                children[old].remove(cut)
+            cycles += 1
+        for n in path:
+            state[n] = 2
+    return cycles

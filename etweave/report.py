@@ -6,10 +6,11 @@ from typing import Any
 
 from etweave.collectives import CollectiveStats
 from etweave.deps import Dependencies
-from etweave.link import DeviceSelection, HostLink
+from etweave.link import DeviceSelection, HostLink, LeftOut
 from etweave.model import GPU_KINDS, HOST_OP, RUNTIME, THREAD_ROOT, Graph
 from etweave.read.host_et import PG_INIT_NAME, HostTrace
 from etweave.read.kineto import KinetoTrace
+from etweave.read.kineto_host import in_window, is_cpu_op
 from etweave.repair import Repair
 
 
@@ -17,6 +18,9 @@ def build_report(host: HostTrace | None, kineto: KinetoTrace | None, link: HostL
                  rep: Repair | None, g: Graph, deps: Dependencies, stats: CollectiveStats) -> dict[str, Any]:
     host_in = len(host.ops) if host is not None else 0
     host_out = sum(1 for it in g.items if it.host is not None)
+    kineto_only = link.method == "kineto"  # the host ops were synthesized from Kineto cpu ops: count those instead
+    if kineto_only:
+        host_in = host_out = 0
     gpu_out = sum(1 for it in g.items if it.kind in GPU_KINDS)
     runtime_out = sum(1 for it in g.items if it.kind == RUNTIME)
     left_out: list[dict[str, Any]] = []
@@ -30,13 +34,17 @@ def build_report(host: HostTrace | None, kineto: KinetoTrace | None, link: HostL
     warnings: dict[str, int] = {}
     for src in (host.warnings if host else {}, kineto.warnings if kineto else {}, link.warnings):
         warnings.update(src)
-    if kineto is not None and host is not None:
+    if kineto is not None and host is not None and not kineto_only:
         # `## process_group:init ##` is written when the observer starts: Kineto never has it.
         unlinked = sum(1 for it in g.items if it.kind == HOST_OP and not it.measured and it.name != PG_INIT_NAME)
         warnings["host_ops_unlinked"] = unlinked
+    if rep is not None and rep.cycles:
+        warnings["host_parent_cycles_broken"] = rep.cycles
     for source, n in sorted(stats.type_fallbacks.items()):
         warnings[f"collective_type_from_{source}"] = n
     warnings["collective_size_unknown"] = stats.size_unknown
+    if stats.coalesced_without_metadata:
+        warnings["collective_coalesced_without_metadata"] = stats.coalesced_without_metadata
     warnings["gpu_ops_without_launcher"] = sum(1 for it in g.items if it.kind in GPU_KINDS and it.launcher is None) \
         if kineto is not None else 0
     for source, n in sorted(deps.rejected.items()):
@@ -65,16 +73,39 @@ def build_report(host: HostTrace | None, kineto: KinetoTrace | None, link: HostL
                   "inferred": dict(sorted(deps.inferred.items()))},
         "nodes": len(g.items),
     }
+    if kineto_only and kineto is not None:
+        cpu_in, cpu_left = _kineto_cpu_ops(kineto, link)
+        report["cpu_ops"] = {"input": cpu_in, "output": sum(1 for it in g.items if it.kind == HOST_OP)}
+        report["synthesized"] = {"process_root": 1, "thread_roots": sum(1 for it in g.items if it.kind == THREAD_ROOT)}
+        if cpu_left.count:
+            left_out.append({"kind": "cpu_ops", "reason": "outside_window", "count": cpu_left.count,
+                             "examples": cpu_left.examples})
     if link.seq_offset:
         report["link"]["note"] = (f"the host ET comes from another iteration than the Kineto trace (sequence numbers "
                                   f"differ by {link.seq_offset}); linked to the structurally identical iteration")
     return report
 
 
+def _kineto_cpu_ops(kineto: KinetoTrace, link: HostLink) -> tuple[int, LeftOut]:
+    """Kineto-only runs: the trace's cpu ops, and those outside the window (by the rule that selected them, so
+    an op in the window that did not become a node breaks the reconciliation)."""
+    converted = set(link.event_of.values())
+    total, left = 0, LeftOut()
+    for i, ev in enumerate(kineto.events):
+        if is_cpu_op(ev):
+            total += 1
+            if i not in converted and not in_window(ev, link.window):
+                left.add(f"{ev.name[:80]} @ {ev.ts}")
+    return total, left
+
+
 def reconciles(report: dict[str, Any]) -> list[str]:
     """The kinds whose input != output + left out (empty when the report accounts for everything)."""
     bad = []
-    for kind in ("host_ops", "device_ops", "runtime_calls", "collectives"):
+    kinds = ["host_ops", "device_ops", "runtime_calls", "collectives"]
+    if "cpu_ops" in report:  # Kineto-only runs
+        kinds.append("cpu_ops")
+    for kind in kinds:
         left = sum(lo["count"] for lo in report["left_out"] if lo["kind"] == kind)
         if report[kind]["input"] != report[kind]["output"] + left:
             bad.append(kind)
@@ -89,7 +120,7 @@ def summary(report: dict[str, Any]) -> str:
         return f"  {kind:<13} {r['input']:>8} in  {r['output']:>8} out  {left:>8} left out"
     out = [f"rank {report['rank']}: {report['nodes']} nodes, {report['edges']['total']} edges "
            f"(linked by {report['link']['method']})"]
-    out += [line(k) for k in ("host_ops", "device_ops", "runtime_calls", "collectives")]
+    out += [line(k) for k in ("host_ops", "cpu_ops", "device_ops", "runtime_calls", "collectives") if k in report]
     for lo in report["left_out"]:
         out.append(f"  left out: {lo['count']} {lo['kind']} ({lo['reason']})")
     orphans = report["orphans"]

@@ -37,6 +37,15 @@ class _Chains:
         self.g = g
         self.ids: dict[int | str, list[int]] = {tid: list(order) for tid, order in g.threads.items()}
         self.removed: set[int] = set()
+        # Period starts per thread, parallel to `ids`: built on first use by _executing (once every start is
+        # final) and kept in step by split, so lookups are O(log n) instead of a rebuild per call.
+        self._starts: dict[int | str, list[float]] = {}
+
+    def starts(self, tid: int | str) -> list[float]:
+        s = self._starts.get(tid)
+        if s is None:
+            s = self._starts[tid] = [self.g.by_id[i].start for i in self.ids[tid]]
+        return s
 
     def split(self, it: Item, at: float, kind: str) -> Item:
         """Cut `it`'s period at `at`: `it` keeps [start, at], a new item of `kind` takes [at, end]."""
@@ -48,7 +57,17 @@ class _Chains:
         it.seg_end = max(it.start, min(it.seg_end, at))
         self.g.add(tail)
         order = self.ids[it.tid]  # type: ignore[index]
-        order.insert(order.index(it.id) + 1, tail.id)
+        starts = self._starts.get(it.tid)  # type: ignore[arg-type]
+        pos = -1
+        if starts is not None:  # find the period by its start instead of scanning the chain
+            pos = bisect.bisect_left(starts, it.start)
+            while pos < len(order) and order[pos] != it.id and starts[pos] == it.start:
+                pos += 1
+        if not 0 <= pos < len(order) or order[pos] != it.id:
+            pos = order.index(it.id)
+        order.insert(pos + 1, tail.id)
+        if starts is not None:
+            starts.insert(pos + 1, at)
         return tail
 
     def store(self) -> None:
@@ -148,7 +167,7 @@ def _handoffs(g: Graph, chains: _Chains) -> None:
 def _executing(g: Graph, chains: _Chains, tid: int | str, t: float) -> Item | None:
     """The period running on thread `tid` at time t (not an idle gap), if any."""
     order = chains.ids[tid]
-    starts = [g.by_id[i].start for i in order]  # periods are in start order
+    starts = chains.starts(tid)  # periods are in start order
     k = bisect.bisect_right(starts, t) - 1
     while k >= 0:
         it = g.by_id[order[k]]

@@ -5,6 +5,6 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from etweave.commands import check_cmd, convert_cmd, example_cmd, jsonize_cmd, simulate_cmd
+from etweave.commands import check_cmd, convert_cmd, convert_run_cmd, example_cmd, jsonize_cmd, simulate_cmd
 
-COMMANDS: list[ModuleType] = [convert_cmd, check_cmd, simulate_cmd, jsonize_cmd, example_cmd]
+COMMANDS: list[ModuleType] = [convert_cmd, convert_run_cmd, check_cmd, simulate_cmd, jsonize_cmd, example_cmd]

@@ -7,12 +7,14 @@ from pathlib import Path
 
 from etweave.convert import convert
 from etweave.errors import BadInput
+from etweave.read.kineto_host import Selection
 from etweave.report import summary
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("convert", help="convert one rank's traces to a Chakra .et file",
-                       description="Convert a PyTorch host execution trace and/or Kineto trace of one rank.")
+                       description="Convert a PyTorch host execution trace and/or Kineto trace of one rank. "
+                       "With only --device, the Kineto cpu ops stand in for the host ET's ops.")
     p.add_argument("--host", type=Path, help="host execution trace (.json or .json.gz)")
     p.add_argument("--device", type=Path, help="Kineto trace (.json or .json.gz)")
     p.add_argument("-o", "--output", type=Path, required=True, help="output .et file")
@@ -20,6 +22,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--rank", type=int, help="this rank's global rank (default: from the Kineto trace, else 0)")
     p.add_argument("--explain", type=int, metavar="NODE_ID", action="append", default=[],
                    help="print the node's predecessors and the evidence for each (repeatable)")
+    p.add_argument("--steps", metavar="A:B",
+                   help="convert only ProfilerStep#A through #B inclusive (A alone: one step). With --host: "
+                   "only the device events of the linked window that lie within those steps")
+    p.add_argument("--window", metavar="START:END",
+                   help="convert only what starts in this time window (µs, Kineto clock; either side may be "
+                   "empty). With --host: as --steps")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
     p.set_defaults(run=run)
 
@@ -27,7 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def run(args: argparse.Namespace) -> int:
     if args.host is None and args.device is None:
         raise BadInput("convert", "give --host, --device, or both")
-    result = convert(args.host, args.device, args.output, args.report, args.rank)
+    select = Selection.parse(args.steps, args.window)
+    result = convert(args.host, args.device, args.output, args.report, args.rank, select)
     if not args.quiet:
         print(summary(result.report))
     for node_id in args.explain:

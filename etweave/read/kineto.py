@@ -45,10 +45,13 @@ class Args(msgspec.Struct, frozen=True):
 _NO_ARGS = Args()
 
 
+_INT64 = 1 << 63
+
+
 def as_int(value: Any, default: int | None = None) -> int | None:
     """Kineto writes some ids as numbers in one version and strings in another."""
     if isinstance(value, int) and not isinstance(value, bool):
-        return value
+        return value if -_INT64 <= value < _INT64 else default  # nothing real is that large: a corrupt field
     if isinstance(value, str):
         try:
             return int(value)
@@ -66,7 +69,7 @@ class Event(msgspec.Struct):
     pid: int | str = 0
     tid: int | str = 0
     ts: float = 0.0
-    dur: float = 0.0
+    dur: float = float("nan")  # NaN = missing, counted and set to 0 by _tolerate
     id: int | str | None = None
     args: Args = _NO_ARGS
 
@@ -115,6 +118,8 @@ def read_kineto(path: Path) -> KinetoTrace:
         raise BadInput(path, f"not a Kineto trace: {exc}") from exc
     except msgspec.DecodeError as exc:
         raise BadInput(path, f"not valid JSON ({exc})") from exc
+    except RecursionError as exc:
+        raise BadInput(path, "JSON nested too deeply") from exc
     if stripped == b"{" and b'"traceEvents"' not in data:
         if b'"nodes"' in data:
             raise BadInput(path, "this looks like a host execution trace (has nodes/schema), not a Kineto trace")
@@ -125,13 +130,16 @@ def read_kineto(path: Path) -> KinetoTrace:
 
 
 def _tolerate(trace: KinetoTrace) -> None:
-    """Drop exact duplicate duration events and clamp negative durations, counting each as a warning."""
+    """Drop exact duplicate duration events, set negative or missing durations to 0; each counted as a warning."""
     seen: set[tuple[Any, ...]] = set()
     kept: list[Event] = []
-    duplicates = negative = 0
+    duplicates = negative = missing = 0
     for ev in trace.events:
         if ev.ph == "X":
-            if ev.dur < 0:
+            if ev.dur != ev.dur:  # NaN: no "dur" field
+                ev.dur = 0.0
+                missing += 1
+            elif ev.dur < 0:
                 ev.dur = 0.0
                 negative += 1
             # a real duplicate repeats the ids too; equal zero-length ops at one timestamp are legitimate
@@ -146,3 +154,5 @@ def _tolerate(trace: KinetoTrace) -> None:
         trace.warnings["duplicate_kineto_events"] = duplicates
     if negative:
         trace.warnings["negative_durations"] = negative
+    if missing:
+        trace.warnings["missing_durations"] = missing

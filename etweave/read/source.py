@@ -9,13 +9,20 @@ from pathlib import Path
 
 from etweave.errors import BadInput
 
-# A gzip bomb expands without bound; past this we stop and say so. Overridable for very large real traces.
-MAX_DECOMPRESSED_BYTES = 64 << 30
+# A gzip bomb expands without bound; past this we stop and say so. ETWEAVE_MAX_INPUT_BYTES overrides it for a
+# larger real trace (or a smaller machine).
+MAX_DECOMPRESSED_BYTES = 32 << 30
+
+
+def input_limit() -> int:
+    value = os.environ.get("ETWEAVE_MAX_INPUT_BYTES", "")
+    return int(value) if value.isdecimal() else MAX_DECOMPRESSED_BYTES
 _CHUNK = 1 << 22
 
 
-def read_bytes(path: Path, limit: int = MAX_DECOMPRESSED_BYTES) -> bytes:
+def read_bytes(path: Path, limit: int | None = None) -> bytes:
     """The file's content, gunzipped when it starts with the gzip magic, whatever its name."""
+    limit = input_limit() if limit is None else limit
     try:
         with open(path, "rb") as f:
             head = f.read(2)

@@ -1,0 +1,276 @@
+"""Bad input: one clear line, exit 2, nothing written. Tolerable input: accepted, each oddity counted.
+Every row of docs/ERRORS.md is one case here."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+import pytest
+from conftest import load_gz, write_gz
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from etweave.check import check_nodes
+from etweave.convert import run_pipeline
+from etweave.errors import BadInput
+from etweave.read.host_et import read_host_et
+from etweave.read.kineto import read_kineto
+from etweave.report import reconciles
+
+PAIR = "gpu/simple-add"
+GLOO = "cpu-gloo/dist_ddp_w2/rank0"
+
+settings.register_profile("ci", max_examples=15, deadline=None,
+                          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+settings.register_profile("long", max_examples=1500, deadline=None,
+                          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+settings.load_profile(os.environ.get("ETWEAVE_HYPOTHESIS_PROFILE", "ci"))
+
+
+def _run(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "etweave", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})})
+
+
+def _host(traces: Path, rel: str = PAIR) -> dict:
+    return load_gz(traces / rel / "host.json.gz")
+
+
+def _kineto(traces: Path, rel: str = PAIR) -> dict:
+    return load_gz(traces / rel / "kineto.json.gz")
+
+
+def _raw(tmp: Path, name: str, data: bytes) -> Path:
+    p = tmp / name
+    p.write_bytes(data)
+    return p
+
+
+def _json(tmp: Path, name: str, doc: object) -> Path:
+    return _raw(tmp, name, orjson.dumps(doc))
+
+
+def _host_dup(t: Path, tmp: Path) -> Path:
+    doc = _host(t)
+    doc["nodes"].append(dict(doc["nodes"][3]))
+    return _json(tmp, "host.json", doc)
+
+
+def _host_no_id(t: Path, tmp: Path) -> Path:
+    doc = _host(t)
+    doc["nodes"][2] = {"label": "x"}
+    return _json(tmp, "host.json", doc)
+
+
+def _kineto_bad_type(t: Path, tmp: Path) -> Path:
+    doc = _kineto(t)
+    doc["traceEvents"][5]["ts"] = "soon"
+    return _json(tmp, "kineto.json", doc)
+
+
+def _bomb(t: Path, tmp: Path) -> Path:
+    return _raw(tmp, "host.json.gz", gzip.compress(b" " * (4 << 20)))
+
+
+# (case, builder of the bad file, which flag gets it, words the one-line message must contain, extra env)
+REJECTED: list[tuple[str, Callable[[Path, Path], Path], str, str, dict[str, str]]] = [
+    ("not JSON", lambda t, d: _raw(d, "host.json", b"hello"), "--host", "not valid JSON", {}),
+    ("truncated JSON", lambda t, d: _raw(d, "host.json", orjson.dumps(_host(t))[:500]), "--host",
+     "not valid JSON", {}),
+    ("truncated Kineto JSON", lambda t, d: _raw(d, "k.json", orjson.dumps(_kineto(t))[:900]), "--device",
+     "not valid JSON", {}),
+    ("top level not an object", lambda t, d: _json(d, "host.json", [1, 2]), "--host",
+     "expected a JSON object", {}),
+    ("nodes not a list", lambda t, d: _json(d, "host.json", {"schema": "1.0.1", "nodes": {}}), "--host",
+     "'nodes' is not a list", {}),
+    ("unknown schema, no node shape", _host_no_id, "--host", "unknown schema", {}),
+    ("duplicate host node ids", _host_dup, "--host", "duplicate node id", {}),
+    ("Kineto trace given as host ET", lambda t, d: t / PAIR / "kineto.json.gz", "--host",
+     "looks like a Kineto trace", {}),
+    ("host ET given as Kineto trace", lambda t, d: t / PAIR / "host.json.gz", "--device",
+     "looks like a host execution trace", {}),
+    ("Kineto field of the wrong type", _kineto_bad_type, "--device", "not a Kineto trace", {}),
+    ("traceEvents not a list", lambda t, d: _json(d, "k.json", {"traceEvents": {"a": 1}}), "--device",
+     "not a Kineto trace", {}),
+    ("deeply nested JSON (host)", lambda t, d: _raw(d, "host.json", b"[" * 5000 + b"]" * 5000), "--host",
+     "not valid JSON", {}),
+    ("deeply nested JSON (Kineto)", lambda t, d: _raw(
+        d, "k.json", b'{"traceEvents":[{"ph":"X","args":{"Input Dims":' + b"[" * 100000 + b"]" * 100000 + b"}}]}"),
+     "--device", "nested too deeply", {}),
+    ("enormous integer id", lambda t, d: _raw(d, "host.json", b'{"nodes":[{"id":1' + b"0" * 60 + b',"name":"a"}]}'),
+     "--host", "must be an integer", {}),
+    ("gzip bomb", _bomb, "--host", "byte limit", {"ETWEAVE_MAX_INPUT_BYTES": str(1 << 20)}),
+    ("corrupt gzip", lambda t, d: _raw(d, "host.json.gz", (t / PAIR / "host.json.gz").read_bytes()[:300]),
+     "--host", "gzip", {}),
+    ("missing file", lambda t, d: d / "nope.json", "--host", "cannot read", {}),
+]
+
+
+@pytest.mark.parametrize("case", REJECTED, ids=[c[0] for c in REJECTED])
+def test_rejected(traces: Path, tmp_path: Path, case: tuple) -> None:
+    _, build, flag, words, env = case
+    bad = build(traces, tmp_path)
+    out = tmp_path / "out" / "t.et"
+    out.parent.mkdir()
+    proc = _run(["convert", flag, str(bad), "-o", str(out), "--report", str(tmp_path / "out" / "r.json")], env)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert words in proc.stderr and bad.name in proc.stderr
+    assert list(out.parent.iterdir()) == [], "nothing written, not even half"
+
+
+def test_no_input_given(tmp_path: Path) -> None:
+    proc = _run(["convert", "-o", str(tmp_path / "t.et")])
+    assert proc.returncode == 2 and "give --host, --device, or both" in proc.stderr
+
+
+def _tolerated(traces: Path, tmp_path: Path, host: dict | None = None, kineto: dict | None = None,
+               rel: str = PAIR) -> dict:
+    h = _json(tmp_path, "h.json", host) if host is not None else traces / rel / "host.json.gz"
+    k = _json(tmp_path, "k.json", kineto) if kineto is not None else traces / rel / "kineto.json.gz"
+    result = run_pipeline(read_host_et(h), read_kineto(k))
+    assert reconciles(result.report) == [] and check_nodes(result.nodes, "x") == []
+    return result.report
+
+
+def test_unknown_fields_ignored(traces: Path, tmp_path: Path) -> None:
+    host, kineto = _host(traces), _kineto(traces)
+    host["novel"] = {"x": 1}
+    for n in host["nodes"]:
+        n["future_field"] = [1, 2]
+    for e in kineto["traceEvents"]:
+        e["newKey"] = "v"
+    assert _tolerated(traces, tmp_path, host, kineto)["warnings"] == _tolerated(traces, tmp_path)["warnings"]
+
+
+def test_missing_optional_fields_defaulted(traces: Path, tmp_path: Path) -> None:
+    host = _host(traces, GLOO)
+    for n in host["nodes"][5:50]:
+        n.pop("inputs", None)
+        n.pop("outputs", None)
+        n["attrs"] = [a for a in n["attrs"] if a["name"] not in ("seq_id", "scope", "op_schema")]
+    report = _tolerated(traces, tmp_path, host, rel=GLOO)
+    assert report["host_ops"]["output"] == len(host["nodes"])
+
+
+def test_truncated_process_group_init(traces: Path, tmp_path: Path) -> None:
+    host = _host(traces, GLOO)
+    pg = next(n for n in host["nodes"] if n["name"] == "## process_group:init ##")
+    pg["inputs"]["values"][0] = pg["inputs"]["values"][0][:40]
+    assert _tolerated(traces, tmp_path, host, rel=GLOO)["warnings"]["process_group_init_truncated"] == 1
+
+
+def test_duplicate_kineto_events(traces: Path, tmp_path: Path) -> None:
+    kineto = _kineto(traces)
+    dups = [e for e in kineto["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    kineto["traceEvents"].extend(dups)
+    report = _tolerated(traces, tmp_path, kineto=kineto)
+    assert report["warnings"]["duplicate_kineto_events"] == len(dups)
+    assert report["device_ops"]["output"] == len(dups)
+
+
+def test_ctrl_deps_cycle_broken(traces: Path, tmp_path: Path) -> None:
+    host = _host(traces, GLOO)
+    a, b = host["nodes"][10], host["nodes"][11]
+    a["ctrl_deps"], b["ctrl_deps"] = b["id"], a["id"]
+    assert _tolerated(traces, tmp_path, host, rel=GLOO)["warnings"]["host_parent_cycles_broken"] == 1
+
+
+def test_ids_out_of_order(traces: Path, tmp_path: Path) -> None:
+    host = _host(traces)
+    random.Random(7).shuffle(host["nodes"])
+    shuffled = run_pipeline(read_host_et(_json(tmp_path, "h.json", host)), read_kineto(traces / PAIR / "kineto.json.gz"))
+    plain = run_pipeline(read_host_et(traces / PAIR / "host.json.gz"), read_kineto(traces / PAIR / "kineto.json.gz"))
+    assert shuffled.nodes == plain.nodes
+
+
+def test_negative_and_missing_durations(traces: Path, tmp_path: Path) -> None:
+    kineto = _kineto(traces)
+    xs = [e for e in kineto["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
+    xs[3]["dur"] = -5
+    del xs[4]["dur"]
+    warnings = _tolerated(traces, tmp_path, kineto=kineto)["warnings"]
+    assert warnings["negative_durations"] == 1 and warnings["missing_durations"] == 1
+
+
+# ---- property-based: mutations that keep the shape valid are accepted, the others rejected cleanly ----
+
+@st.composite
+def shape_keeping(draw: st.DrawFn) -> tuple[str, int]:
+    return draw(st.sampled_from(["delete", "drop_fields", "shuffle", "dup_events"])), draw(st.integers(0, 2**31))
+
+
+@given(shape_keeping())
+def test_shape_keeping_mutations_accepted(traces: Path, tmp_path: Path, mutation: tuple[str, int]) -> None:
+    kind, seed = mutation
+    rng = random.Random(seed)
+    rel = rng.choice([PAIR, GLOO, "cpu-gloo/single_cnn/rank0"])
+    host, kineto = _host(traces, rel), _kineto(traces, rel)
+    nodes = host["nodes"]
+    if kind == "delete":
+        for _ in range(rng.randint(1, max(1, len(nodes) // 4))):
+            nodes.pop(rng.randrange(len(nodes)))
+    elif kind == "drop_fields":
+        for n in rng.sample(nodes, k=max(1, len(nodes) // 3)):
+            for key in [k for k in n if k not in ("id", "name")]:
+                if rng.random() < 0.5:
+                    del n[key]
+    elif kind == "shuffle":
+        rng.shuffle(nodes)
+        rng.shuffle(kineto["traceEvents"])
+    else:
+        events = kineto["traceEvents"]
+        events.extend(rng.sample(events, k=min(len(events), rng.randint(1, 50))))
+    result = run_pipeline(read_host_et(_json(tmp_path, "h.json", host)), read_kineto(_json(tmp_path, "k.json", kineto)))
+    assert reconciles(result.report) == []
+    assert check_nodes(result.nodes, rel) == []
+    assert {n["id"] for n in nodes} <= {n.id for n in result.nodes}
+
+
+def _gzip_header_end(data: bytes) -> int:
+    flags, pos = data[3], 10
+    if flags & 4:  # FEXTRA
+        pos += 2 + int.from_bytes(data[pos:pos + 2], "little")
+    for bit in (8, 16):  # FNAME, FCOMMENT: zero-terminated
+        if flags & bit:
+            pos = data.index(b"\0", pos) + 1
+    return pos + (2 if flags & 2 else 0)
+
+
+@given(st.sampled_from(["truncate", "retype", "corrupt_gzip"]), st.integers(0, 2**31), st.booleans())
+def test_shape_breaking_mutations_rejected(traces: Path, tmp_path: Path, kind: str, seed: int, host_side: bool) -> None:
+    rng = random.Random(seed)
+    rel = rng.choice([PAIR, GLOO])
+    name = "host.json.gz" if host_side else "kineto.json.gz"
+    original = (traces / rel / name).read_bytes()
+    if kind == "truncate":
+        raw = gzip.decompress(original)
+        data = raw[: rng.randrange(1, raw.rindex(b"}"))]
+    elif kind == "retype":
+        doc = orjson.loads(gzip.decompress(original))
+        if host_side:
+            node = rng.choice(doc["nodes"])
+            if rng.random() < 0.5:
+                node["id"] = rng.choice([[1], {"a": 1}, None, True, "7", 1.5])
+            else:
+                node["name"] = rng.choice([[1], {"a": 1}, None, 7])
+        else:
+            ev = rng.choice([e for e in doc["traceEvents"] if "ts" in e])
+            ev["ts"] = rng.choice(["x", [1], {"a": 1}])
+        data = orjson.dumps(doc)
+    else:
+        buf = bytearray(original)
+        pos = rng.randrange(_gzip_header_end(original), len(buf))  # header names and dates guard no data
+        buf[pos] ^= rng.randrange(1, 256)
+        data = bytes(buf)
+    path = _raw(tmp_path, "mutated.json", data)
+    reader = read_host_et if host_side else read_kineto
+    with pytest.raises(BadInput):
+        reader(path)
