@@ -13,7 +13,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import load_gz, write_gz
+from conftest import load_gz
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -186,7 +186,8 @@ def test_ctrl_deps_cycle_broken(traces: Path, tmp_path: Path) -> None:
 def test_ids_out_of_order(traces: Path, tmp_path: Path) -> None:
     host = _host(traces)
     random.Random(7).shuffle(host["nodes"])
-    shuffled = run_pipeline(read_host_et(_json(tmp_path, "h.json", host)), read_kineto(traces / PAIR / "kineto.json.gz"))
+    kineto = read_kineto(traces / PAIR / "kineto.json.gz")
+    shuffled = run_pipeline(read_host_et(_json(tmp_path, "h.json", host)), kineto)
     plain = run_pipeline(read_host_et(traces / PAIR / "host.json.gz"), read_kineto(traces / PAIR / "kineto.json.gz"))
     assert shuffled.nodes == plain.nodes
 
