@@ -188,7 +188,6 @@ def test_ids_out_of_order(traces: Path, tmp_path: Path) -> None:
     random.Random(7).shuffle(host["nodes"])
     kineto = read_kineto(traces / PAIR / "kineto.json.gz")
     shuffled = run_pipeline(read_host_et(_json(tmp_path, "h.json", host)), kineto)
-    shuffled = run_pipeline(read_host_et(_json(tmp_path, "h.json", host)), kineto)
     plain = run_pipeline(read_host_et(traces / PAIR / "host.json.gz"), read_kineto(traces / PAIR / "kineto.json.gz"))
     assert shuffled.nodes == plain.nodes
 
