@@ -12,21 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from etweave.chakra import et_def_pb2 as pb
+from etweave.check import SIMULATOR_MAPPING
 from etweave.model import HOST_OP, KERNEL, Comm, Graph, Item
 from etweave.read.host_et import HostOp, tensors
 from etweave.read.kineto import as_int
 from etweave.repair import is_collective_call
 
 SEND, RECV = "send", "recv"
-
-# Collectives the simulator cannot run, and the supported type etweave writes instead (name kept in the node).
-UNSUPPORTED_MAPPING: dict[int, int] = {
-    pb.BARRIER: pb.ALL_REDUCE,  # gloo and NCCL implement barrier as a tiny all-reduce
-    pb.REDUCE: pb.ALL_REDUCE,  # same traffic pattern up to the root; ALL_REDUCE is the closest the simulator runs
-    pb.GATHER: pb.ALL_GATHER,
-    pb.SCATTER: pb.ALL_TO_ALL,  # the root sends a distinct piece to every rank
-    pb.REDUCE_SCATTER_BLOCK: pb.REDUCE_SCATTER,
-}
 
 # Checked in order: the first pattern found in the normalized name decides.
 _PATTERNS: list[tuple[str, int | str | None]] = [
@@ -194,7 +186,7 @@ def _make_comm(g: Graph, it: Item, call: Item | None, groups: dict[str, str], st
                     src=me if kind == SEND else peer, dst=peer if kind == SEND else me, tag=tag, type_source=source)
     else:
         assert isinstance(kind, int)
-        written = UNSUPPORTED_MAPPING.get(kind, kind)
+        written = SIMULATOR_MAPPING.get(kind, kind)
         if written != kind:
             stats.mapped[f"{pb.CollectiveCommType.Name(kind)}->{pb.CollectiveCommType.Name(written)}"] += 1
         comm = Comm(pb.COMM_COLL_NODE, short, written, size, pg, seq, type_source=source)
