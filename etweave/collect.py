@@ -20,8 +20,9 @@ torch is imported only when `collect` is used: the converter itself never needs 
 from __future__ import annotations
 
 import contextlib
-import io
+import gzip
 import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,9 +95,15 @@ class Collector:
         self.profiler.step()
 
 
-def _tmp(path: Path) -> Path:
-    # torch gzips when the name ends in .gz; keep that suffix on the temporary name.
-    return path.with_name(f".{path.name.removesuffix('.json.gz')}.tmp-{os.getpid()}.json.gz")
+def _tmp(path: Path, suffix: str = ".json.gz") -> Path:
+    # Written beside the final file, renamed into place when complete: a crashed run leaves no half trace
+    # under the names convert-run reads. torch gzips the Kineto export because the name ends in .gz.
+    return path.with_name(f".{path.name.removesuffix('.json.gz')}.tmp-{os.getpid()}{suffix}")
+
+
+def _gzip(src: Path, dst: Path) -> None:
+    with open(src, "rb") as fin, gzip.open(dst, "wb", compresslevel=6) as fout:
+        shutil.copyfileobj(fin, fout, 1 << 20)
 
 
 @contextlib.contextmanager
@@ -109,6 +116,10 @@ def collect(run_dir: str | os.PathLike[str], rank: int | None = None, *, steps: 
     Kineto `Record function id`), `record_shapes`, all threads profiled (gloo workers, autograd, user threads),
     and on CUDA machines GPU activities with CUDA synchronization events. One window only (repeat=1): the host ET
     observer writes one file and must see one contiguous window.
+
+    The rank is `torch.distributed.get_rank()` when a process group is initialized, else `rank`, else 0. Leaving
+    the block inside the window writes the steps recorded so far; leaving it before the window raises
+    RuntimeError; an exception raised in the block propagates and nothing is written.
     """
     if steps < 1 or wait < 0 or warmup < 0:
         raise ValueError(f"need steps >= 1, wait >= 0, warmup >= 0 (got steps={steps}, wait={wait}, warmup={warmup})")
@@ -119,7 +130,8 @@ def collect(run_dir: str | os.PathLike[str], rank: int | None = None, *, steps: 
     out = rank_dir(run_dir, r)
     out.mkdir(parents=True, exist_ok=True)
     host, kineto = out / HOST_NAME, out / KINETO_NAME
-    host_tmp, kineto_tmp = _tmp(host), _tmp(kineto)
+    # The ET observer writes plain JSON here; we gzip it ourselves (torch would print a line on stdout doing so).
+    host_raw, host_tmp, kineto_tmp = _tmp(host, ".json"), _tmp(host), _tmp(kineto)
 
     cuda = torch.cuda.is_available()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -127,16 +139,20 @@ def collect(run_dir: str | os.PathLike[str], rank: int | None = None, *, steps: 
     # or ops on gloo worker / user threads have no measured time.
     config = torch._C._profiler._ExperimentalConfig(profile_all_threads=True, enable_cuda_sync_events=cuda)
     collector = Collector(Path(run_dir), r, wait, warmup, steps)
-    observer = ExecutionTraceObserver().register_callback(str(host_tmp))
+    observer = ExecutionTraceObserver().register_callback(str(host_raw))
+    if not observer.is_registered:
+        raise RuntimeError("etweave.collect: could not register the ExecutionTraceObserver (only one can be "
+                           "registered per process; is another one, e.g. ENABLE_PYTORCH_EXECUTION_TRACE, active?)")
 
     def on_trace_ready(prof: Any) -> None:
         if collector.aborted:
             return
         prof.export_chrome_trace(str(kineto_tmp))
-        # Finalize the host ET now (not at the profiler's exit): steps after the window stay unrecorded and
-        # the file is complete as soon as `done` says so. torch prints a line while gzipping; keep stdout clean.
-        with contextlib.redirect_stdout(io.StringIO()):
-            observer.unregister_callback()
+        # Finalize the host ET now, not at the profiler's exit: the files are complete as soon as `done` says so,
+        # however many steps the caller runs after the window.
+        observer.unregister_callback()
+        _gzip(host_raw, host_tmp)
+        host_raw.unlink()
         os.replace(kineto_tmp, kineto)
         os.replace(host_tmp, host)
         collector.saved = True
@@ -158,11 +174,10 @@ def collect(run_dir: str | os.PathLike[str], rank: int | None = None, *, steps: 
         raise
     finally:
         # Exiting stops at the current step boundary; inside the active window it saves what was recorded.
-        with contextlib.redirect_stdout(io.StringIO()):
-            prof.__exit__(None, None, None)
-            observer.unregister_callback()  # no-op when on_trace_ready finalized it
-        host_tmp.unlink(missing_ok=True)
-        kineto_tmp.unlink(missing_ok=True)
+        prof.__exit__(None, None, None)
+        observer.unregister_callback()  # no-op when on_trace_ready finalized it
+        for tmp in (host_raw, host_tmp, kineto_tmp):
+            tmp.unlink(missing_ok=True)
     if not collector.saved:
         raise RuntimeError(f"etweave.collect: {collector.steps_done} step(s) ran, but the schedule records from "
                            f"step {wait + warmup + 1} (wait={wait}, warmup={warmup}): nothing was written; call "

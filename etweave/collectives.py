@@ -19,6 +19,8 @@ from etweave.read.kineto import as_int
 from etweave.repair import is_collective_call
 
 SEND, RECV = "send", "recv"
+# How many calls back a gloo op's call may be: async calls (DDP buckets) can be open several at a time.
+_OPEN_CALLS = 16
 
 # Checked in order: the first pattern found in the normalized name decides.
 _PATTERNS: list[tuple[str, int | str | None]] = [
@@ -99,19 +101,34 @@ def find_collectives(g: Graph, groups: dict[str, str]) -> CollectiveStats:
 
 
 def _gloo_call(calls_by_thread: dict[int, list[Item]], gloo: Item, paired: set[int]) -> Item | None:
-    """The c10d call a gloo op works for: the latest unpaired call entered before it on the issuing thread.
+    """The c10d call a gloo op works for, among the unpaired calls entered before it on the issuing thread.
 
-    The host ET's parent of a gloo op is often not its c10d op (FORMATS.md), but ids are handed out at op entry
-    and the gloo op is entered inside its call, on the issuing thread's counter.
+    The host ET's parent of a gloo op is often not its c10d op (FORMATS.md), but ids are handed out at op entry,
+    so the call comes before its gloo op on the issuing thread's counter. Async calls (DDP buckets) can have
+    several open at once: the one whose input tensor the gloo op works on is it; else the oldest of the same
+    kind, since a process group runs its work in issue order.
     """
     assert gloo.host is not None
     calls = calls_by_thread.get(gloo.host.et_tid, [])
     pos = bisect.bisect_left(calls, gloo.id, key=lambda c: c.id)
-    for c in reversed(calls[max(0, pos - 4):pos]):  # the call is open around its gloo op: it is a recent one
-        if c.id not in paired:
-            paired.add(c.id)
-            return c
-    return None
+    open_calls = [c for c in calls[max(0, pos - _OPEN_CALLS):pos] if c.id not in paired]
+    if not open_calls:
+        return None
+    wanted = {(t, s) for _, t, s, _, _ in tensors(gloo.host.inputs.values, gloo.host.inputs.types)}
+    kind = classify(gloo.name)
+
+    def same_tensor(c: Item) -> bool:
+        assert c.host is not None
+        return any((t, s) in wanted for _, t, s, _, _ in tensors(c.host.inputs.values, c.host.inputs.types))
+
+    def same_kind(c: Item) -> bool:
+        # reduce_scatter_tensor runs as gloo:all_reduce (FORMATS.md)
+        return classify(c.name) == kind or (kind == pb.ALL_REDUCE and classify(c.name) == pb.REDUCE_SCATTER)
+
+    call = next((c for c in open_calls if wanted and same_tensor(c)), None) \
+        or next((c for c in open_calls if same_kind(c)), None) or open_calls[0]
+    paired.add(call.id)
+    return call
 
 
 def _enclosing(g: Graph, it: Item, want: Any) -> Item | None:
