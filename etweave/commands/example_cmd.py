@@ -6,8 +6,7 @@ import argparse
 from importlib import resources
 from pathlib import Path
 
-from etweave.convert import convert, write_json
-from etweave.report import summary
+from etweave.commands import convert_run_cmd
 
 
 def example_dir() -> Path:
@@ -23,14 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def run(args: argparse.Namespace) -> int:
     src = example_dir()
-    out: Path = args.output
-    out.mkdir(parents=True, exist_ok=True)
-    reports = {}
-    for rank_dir in sorted(src.glob("rank*")):
-        rank = int(rank_dir.name[4:])
-        result = convert(rank_dir / "host.json.gz", rank_dir / "kineto.json.gz", out / f"trace.{rank}.et", rank=rank)
-        reports[str(rank)] = result.report
-        print(summary(result.report))
-    write_json(out / "report.json", reports)
-    print(f"wrote {len(reports)} .et files and report.json to {out}/ (from {src})")
-    return 0
+    print(f"converting the bundled example run {src}")
+    run_args = argparse.Namespace(run_dir=src, output=args.output, prefix="trace", allow_mismatch=False,
+                                  jobs=1, scheduler=None, quiet=False)
+    code = convert_run_cmd.run(run_args)
+    print(f"check the result with: etweave check {args.output}; replay it with: etweave simulate {args.output}")
+    return code

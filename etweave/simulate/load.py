@@ -16,7 +16,7 @@ COMM_GROUP_FILE = "comm_group.json"
 _RANK_IN_NAME = re.compile(r"\.(\d+)\.et$")
 _COMM_TYPES = (pb.COMM_COLL_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE)
 _WANTED = frozenset({"device", "stream", "tid", "pg_name", "comm_src", "comm_dst", "comm_tag",
-                     "transfer_duration_micros"})
+                     "transfer_duration_micros", "measured_duration_micros"})
 
 
 def resource_of(attrs: dict[str, object]) -> str | None:
@@ -51,7 +51,9 @@ def to_sim_node(node: pb.Node, path: Path) -> SimNode:
         duration=duration,
         resource=resource_of(attrs),
         measured_start=node.start_time_micros,
-        measured_duration=node.duration_micros,
+        # whole-run conversion shortens a comm node to its transfer time; the measured one is kept as an attr
+        measured_duration=_int(attrs.get("measured_duration_micros", node.duration_micros), path, node.id,
+                               "measured_duration_micros"),
     )
     if node.type == pb.COMM_COLL_NODE:
         pg = attrs.get("pg_name", "")
