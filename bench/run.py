@@ -35,6 +35,7 @@ TRIES, TRIES_HUGE = 3, 1
 @dataclass(slots=True)
 class Proc:
     wall_s: float
+    cpu_s: float  # user + sys: less sensitive than wall time to other processes on a shared machine
     rss_kib: int
     rc: int
     err: str
@@ -50,7 +51,7 @@ def run_proc(cmd: list[str], cwd: Path) -> Proc:
         p.returncode = rc = os.waitstatus_to_exitcode(status)  # reaped here: keep Popen from waiting again
         err.seek(0)
         tail = err.read()[-2000:].decode(errors="replace").strip()
-    return Proc(wall, ru.ru_maxrss, rc, tail)
+    return Proc(wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss, rc, tail)
 
 
 @dataclass(slots=True)
@@ -60,6 +61,8 @@ class Row:
     events: int = 0  # Kineto traceEvents + host ET nodes
     floor_s: float | None = None
     convert_s: float | None = None
+    floor_cpu_s: float | None = None
+    convert_cpu_s: float | None = None
     floor_rss_mb: float | None = None
     convert_rss_mb: float | None = None
     rss_over_input: float | None = None  # convert peak RSS / its own pair's input; the worst rank
@@ -114,22 +117,23 @@ def measure(row: Row, pairs: list[Pair], work: Path, tries: int, counted: bool =
         stats = [child_json([sys.executable, str(FLOOR), "--stats", *map(str, p.files)]) for p in pairs]
         pair_bytes = [s["bytes"] for s in stats]
         row.input_bytes, row.events = sum(pair_bytes), sum(s["events"] for s in stats)
-    floors, converts = [], []
+    floors, converts, floor_cpus, convert_cpus = [], [], [], []
     floor_rss = convert_rss = 0
     rss_ratio = 0.0
     for _ in range(tries):
-        t = 0.0
+        t = cpu = 0.0
         for p in pairs:
             r = run_proc([sys.executable, str(FLOOR), *map(str, p.files)], REPO)
             if r.rc != 0:
                 row.note = f"floor failed (rc {r.rc}): {r.err.splitlines()[-1] if r.err else ''}"
                 return row
-            t += r.wall_s
+            t, cpu = t + r.wall_s, cpu + r.cpu_s
             floor_rss = max(floor_rss, r.rss_kib)
         floors.append(t)
-    row.floor_s, row.floor_rss_mb = min(floors), floor_rss / 1024
+        floor_cpus.append(cpu)
+    row.floor_s, row.floor_cpu_s, row.floor_rss_mb = min(floors), min(floor_cpus), floor_rss / 1024
     for _ in range(tries):
-        t = 0.0
+        t = cpu = 0.0
         reports = []
         for n, p in enumerate(pairs):
             out, rep = work / f"out{n}.et", work / f"report{n}.json"
@@ -141,13 +145,15 @@ def measure(row: Row, pairs: list[Pair], work: Path, tries: int, counted: bool =
             if r.rc != 0:
                 row.note = f"convert failed (rc {r.rc}): {r.err.splitlines()[-1] if r.err else ''}"
                 return row
-            t += r.wall_s
+            t, cpu = t + r.wall_s, cpu + r.cpu_s
             convert_rss = max(convert_rss, r.rss_kib)
             rss_ratio = max(rss_ratio, r.rss_kib * 1024 / pair_bytes[n])
             reports.append(orjson.loads(rep.read_bytes()))
             out.unlink(missing_ok=True)
         converts.append(t)
+        convert_cpus.append(cpu)
         row.reports = reports
+    row.convert_cpu_s = min(convert_cpus)
     row.convert_s, row.convert_rss_mb, row.rss_over_input = min(converts), convert_rss / 1024, rss_ratio
     dev_in = sum(r["device_ops"]["input"] for r in row.reports)
     dev_out = sum(r["device_ops"]["output"] for r in row.reports)
@@ -181,14 +187,14 @@ def fmt(v: float | int | None, spec: str) -> str:
 
 
 HEADER = (f"{'case':<20} {'input MB':>9} {'events':>10} {'floor s':>8} {'convert s':>9} {'ratio':>6} "
-          f"{'us/event':>8} {'floor RSS MB':>12} {'convert RSS MB':>14} {'RSS/input':>9}  note")
+          f"{'us/event':>8} {'floor RSS MB':>12} {'convert RSS MB':>14} {'RSS/input':>9} {'cpu s f/c':>13}  note")
 
 
 def line(r: Row) -> str:
     return (f"{r.case:<20} {fmt(r.input_bytes / 1e6, '9.1f')} {r.events:>10} {fmt(r.floor_s, '8.2f')} "
             f"{fmt(r.convert_s, '9.2f')} {fmt(r.ratio, '6.2f')} {fmt(r.us_per_event, '8.2f')} "
-            f"{fmt(r.floor_rss_mb, '12.0f')} {fmt(r.convert_rss_mb, '14.0f')} {fmt(r.rss_over_input, '9.2f')}  "
-            f"{r.note}")
+            f"{fmt(r.floor_rss_mb, '12.0f')} {fmt(r.convert_rss_mb, '14.0f')} {fmt(r.rss_over_input, '9.2f')} "
+            f"{fmt(r.floor_cpu_s, '6.2f')}/{fmt(r.convert_cpu_s, '<6.2f')}  {r.note}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,7 +236,13 @@ def main(argv: list[str] | None = None) -> int:
                 notes.append(f"skipped {name}: less than {DISK_MARGIN / 1e9:.0f} GB free in {tmp}")
                 continue
             row = Row(name)
-            pairs = make(row)
+            try:
+                pairs = make(row)
+            except RuntimeError as exc:  # a generator failure costs this case, not the run
+                row.note = str(exc).splitlines()[0]
+                rows.append(row)
+                print(line(row), flush=True)
+                continue
             measure(row, pairs, work, tries, counted=name.startswith("linear"))
             if name.startswith("kineto-only") and row.convert_s is None and row.note.startswith("convert failed"):
                 row.note = "kineto-only: not supported yet"
@@ -238,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             print(line(row), flush=True)
             shutil.rmtree(work / "scaled", ignore_errors=True)  # disk: one scaled pair at a time
     scaled = [r for r in rows if r.case.startswith("linear x") and r.us_per_event]
+    spread = None
     if len(scaled) >= 2:
         costs = [r.us_per_event for r in scaled if r.us_per_event]
         spread = max(costs) / min(costs)
@@ -251,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         out.write_bytes(orjson.dumps({
             "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "python": platform.python_version(),
             "cpus": os.cpu_count(), "quick": args.quick, "gzip_scaled": args.gzip, "notes": notes,
+            "per_event_spread": spread,
             "rows": [r.as_json() for r in rows]}, option=orjson.OPT_INDENT_2) + b"\n")
         print(f"wrote {out}")
     return 0

@@ -87,7 +87,10 @@ def find_collectives(g: Graph, groups: dict[str, str]) -> CollectiveStats:
         calls_by_thread.setdefault(c.host.et_tid if c.host else 0, []).append(c)
     for it in g.items:
         if it.kind == HOST_OP and it.name.startswith("gloo:"):
-            call = _gloo_call(calls_by_thread, it, paired)
+            assert it.host is not None
+            # Without a host ET (Kineto only) a gloo op sits on its worker thread, not the issuing one: then
+            # its call is among every thread's calls.
+            call = _gloo_call(calls_by_thread.get(it.host.et_tid, []), it, paired) or _gloo_call(calls, it, paired)
             _make_comm(g, it, call, groups, stats)
         elif is_nccl_kernel(it):
             call = _enclosing(g, it, lambda h: h.kind == HOST_OP and h.host is not None
@@ -100,16 +103,15 @@ def find_collectives(g: Graph, groups: dict[str, str]) -> CollectiveStats:
     return stats
 
 
-def _gloo_call(calls_by_thread: dict[int, list[Item]], gloo: Item, paired: set[int]) -> Item | None:
+def _gloo_call(calls: list[Item], gloo: Item, paired: set[int]) -> Item | None:
     """The c10d call a gloo op works for, among the unpaired calls entered before it on the issuing thread.
 
     The host ET's parent of a gloo op is often not its c10d op (FORMATS.md), but ids are handed out at op entry,
     so the call comes before its gloo op on the issuing thread's counter. Async calls (DDP buckets) can have
     several open at once: the one whose input tensor the gloo op works on is it; else the oldest of the same
-    kind, since a process group runs its work in issue order.
+    kind, since a process group runs its work in issue order. `calls` are in id order.
     """
     assert gloo.host is not None
-    calls = calls_by_thread.get(gloo.host.et_tid, [])
     pos = bisect.bisect_left(calls, gloo.id, key=lambda c: c.id)
     open_calls = [c for c in calls[max(0, pos - _OPEN_CALLS):pos] if c.id not in paired]
     if not open_calls:

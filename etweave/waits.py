@@ -203,12 +203,20 @@ def _stream_waits(g: Graph) -> None:
                 ends, ops = index[key[0]]
                 x = _latest_before(ends, ops, ready, it.start + TOLERANCE,
                                    lambda o, s=key[1]: (o.stream or 0) != s)
+                idle_from = ready
                 if x is not None:
-                    it.awaits.append((x.id, "stream_wait", True))
-                else:
-                    d = g.add(Item(id=0, kind=DELAY, name="[gpu idle]", start=ready, seg_end=it.start,
-                                   measured=True, device=key[0], stream=key[1], part_of=None))
-                    d.dur = d.excl = it.start - ready
+                    x_end = x.start + x.dur
+                    if it.start - x_end <= TOLERANCE:
+                        it.awaits.append((x.id, "stream_wait", True))
+                        idle_from = it.start
+                    else:  # it waited for x, then for something no record shows: idle after x
+                        idle_from = x_end
+                if it.start - idle_from > TOLERANCE:
+                    d = g.add(Item(id=0, kind=DELAY, name="[gpu idle]", start=idle_from, seg_end=it.start,
+                                   measured=True, device=key[0], stream=key[1]))
+                    d.dur = d.excl = it.start - idle_from
+                    if x is not None and idle_from > ready:
+                        d.awaits.append((x.id, "stream_wait", True))
                     new_order.append(d.id)
             new_order.append(i)
             prev = it

@@ -19,7 +19,7 @@ from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import node_attrs
 from etweave.check import check_nodes
 from etweave.cli import main
-from etweave.collectives import _DTYPE_BYTES
+from etweave.collectives import _DTYPE_BYTES, classify
 from etweave.convert import Result, run_pipeline
 from etweave.fidelity import measure
 from etweave.read.host_et import read_host_et
@@ -143,6 +143,17 @@ def test_pair_window_matches_the_pair(traces: Path, rel: str) -> None:
     assert f.start_error_p95 <= 2.0
     assert f.start_error_max <= 5.0
     assert f.collective_error_max <= 5.0
+
+
+@pytest.mark.parametrize("rel", ["cpu-gloo/dist_ddp_w2/rank0", "cpu-gloo/dist_fsdp1_w2/rank1"])
+def test_gloo_collectives_without_host_et(traces: Path, rel: str) -> None:
+    # gloo ops run on worker threads: without a host ET their c10d call is found on the issuing thread anyway
+    pair = convert_pair(traces, rel)
+    lo, hi = pair.report["link"]["window_us"]
+    alone = run_pipeline(None, read_kineto(traces / rel / "kineto.json.gz"), select=Selection(window=(lo, hi)))
+    assert reconciles(alone.report) == []
+    assert _collectives(alone) == _collectives(pair)
+    assert alone.report["collectives"] == pair.report["collectives"]
 
 
 def _gpu_events(result: Result) -> list[tuple[Any, ...]]:
@@ -306,3 +317,27 @@ def test_cpu_op_parents_follow_time_containment(tmp_path: Path) -> None:
     # the backward op on the other thread follows its forward op (same sequence number)
     backward = by_name["autograd::engine::evaluate_function"]
     assert by_name["aten::linear"].id in backward.data_deps
+
+
+@pytest.mark.parametrize(("name", "kind"), [
+    ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)", pb.ALL_REDUCE),
+    ("ncclKernel_Broadcast_RING_LL_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)", pb.BROADCAST),
+    ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", pb.ALL_GATHER),
+    ("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", pb.REDUCE_SCATTER),
+    ("ncclDevKernel_AllReduce_Sum_bf16_TREE_LL128(ncclDevKernelArgsStorage<4096ul>)", pb.ALL_REDUCE),
+    ("ncclDevKernel_Reduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", pb.REDUCE),
+    ("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)", None),  # ambiguous
+    ("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", None),
+    ("ncclDevKernel_Generic(ncclDevComm*, channelMasks, ncclWork*)", None),  # RCCL: every kernel is this
+])
+def test_kernel_name_fallback(name: str, kind: int | None) -> None:
+    assert classify(name) == kind
+
+
+def test_trace_without_cpu_ops(tmp_path: Path) -> None:
+    result = _convert(tmp_path, [
+        _x("cuda_runtime", "cudaLaunchKernel", 0, 5, 1, correlation=1),
+        _gpu("kernel", "k", 3, 5, 1),
+    ])
+    assert result.report["cpu_ops"] == {"input": 0, "output": 0}
+    assert result.report["device_ops"] == {"input": 1, "output": 1}

@@ -8,6 +8,7 @@ from collections import defaultdict
 from etweave.chakra import et_def_pb2 as pb
 from etweave.model import HOST_OP, PROCESS_ROOT, THREAD_ROOT, Edge, Graph, Item
 from etweave.read.host_et import tensors
+from etweave.waits import TOLERANCE as WAIT_TOLERANCE
 
 
 def thread_order(g: Graph) -> list[Edge]:
@@ -77,7 +78,7 @@ def tensor_flow(g: Graph) -> list[Edge]:
 
 
 def collective_order(g: Graph) -> list[Edge]:
-    """Collectives of one process group run in issue order (`Seq` where the trace has it, else start time)."""
+    """Collectives of one process group complete in issue order (`Seq` where the trace has it, else start time)."""
     groups: dict[str, list[Item]] = defaultdict(list)
     for it in g.items:
         if it.comm is not None and it.comm.node_type == pb.COMM_COLL_NODE:
@@ -86,5 +87,8 @@ def collective_order(g: Graph) -> list[Edge]:
     for pg in sorted(groups):
         ops = sorted(groups[pg], key=lambda it: (it.comm.seq if it.comm and it.comm.seq is not None else -1,
                                                  it.start, it.id))
-        edges.extend(Edge(a.id, b.id, "collective_order") for a, b in itertools.pairwise(ops))
+        # An edge says "b starts after a is done": collectives that overlapped (gloo runs one group's work on
+        # several worker threads) were ordered at issue, on the issuing thread, not at completion.
+        edges.extend(Edge(a.id, b.id, "collective_order") for a, b in itertools.pairwise(ops)
+                     if a.start + a.dur <= b.start + WAIT_TOLERANCE)
     return edges

@@ -121,9 +121,10 @@ def kineto_host(kineto: KinetoTrace, window: Window | None = None) -> tuple[Host
     for i, ev in enumerate(events):
         if is_cpu_op(ev) and in_window(ev, window):
             threads.setdefault(ev.tid, []).append(i)
-    # ET thread ids are ints: a Kineto tid that is not one gets a small number of its own.
+    # ET thread ids are ints: a Kineto tid that is not one gets a number above every int tid.
     tids = sorted(threads, key=lambda t: (not isinstance(t, int), str(t)))
-    et_tid = {t: (t if isinstance(t, int) else n) for n, t in enumerate(tids, start=1)}
+    spare = max((t for t in tids if isinstance(t, int)), default=0) + 1
+    et_tid = {t: (t if isinstance(t, int) else spare + n) for n, t in enumerate(tids)}
     no = {t: n for n, t in enumerate(tids)}
     empty = IO([], [], [])
     root_id = 1
