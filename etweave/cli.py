@@ -6,6 +6,7 @@ Exit codes, for every command: 0 ok, 1 internal error, 2 bad input, 3 a check or
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -38,6 +39,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CheckFailed as exc:
         print(f"etweave: check failed: {exc}", file=sys.stderr)
         return EXIT_CHECK
+    except BrokenPipeError:  # output piped into `head`: not an error of ours
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (so that the interpreter's final flush is quiet)
+        return EXIT_OK
     except KeyboardInterrupt:
         print("etweave: interrupted", file=sys.stderr)
         return 130

@@ -227,6 +227,11 @@ class LeftOut:
         if len(self.examples) < 5:
             self.examples.append(example)
 
+    def add_event(self, ev: Event) -> None:
+        self.count += 1
+        if len(self.examples) < 5:  # format only the examples kept: there can be millions left out
+            self.examples.append(f"{ev.name[:80]} @ {ev.ts}")
+
 
 @dataclass(slots=True)
 class DeviceSelection:
@@ -240,7 +245,7 @@ class DeviceSelection:
     left_out: dict[tuple[str, str], LeftOut] = field(default_factory=dict)  # (kind, reason) -> what
 
     def leave_out(self, kind: str, reason: str, ev: Event) -> None:
-        self.left_out.setdefault((kind, reason), LeftOut()).add(f"{ev.name[:80]} @ {ev.ts}")
+        self.left_out.setdefault((kind, reason), LeftOut()).add_event(ev)
 
 
 def select_device(kineto: KinetoTrace, window: tuple[float, float] | None) -> DeviceSelection:

@@ -16,8 +16,10 @@ from etweave.repair import Repair
 
 def build_report(host: HostTrace | None, kineto: KinetoTrace | None, link: HostLink, device: DeviceSelection | None,
                  rep: Repair | None, g: Graph, deps: Dependencies, stats: CollectiveStats) -> dict[str, Any]:
-    host_in = len(host.ops) if host is not None else 0
-    host_out = sum(1 for it in g.items if it.host is not None)
+    # Ops made from Kineto cpu ops are counted as cpu_ops, not as host ET nodes.
+    host_in = len(host.ops) - host.from_kineto if host is not None else 0
+    from_kineto = {op.id for op in host.ops[len(host.ops) - host.from_kineto:]} if host is not None else set()
+    host_out = sum(1 for it in g.items if it.host is not None and it.id not in from_kineto)
     kineto_only = link.method == "kineto"  # the host ops were synthesized from Kineto cpu ops: count those instead
     if kineto_only:
         host_in = host_out = 0
@@ -73,13 +75,16 @@ def build_report(host: HostTrace | None, kineto: KinetoTrace | None, link: HostL
                   "inferred": dict(sorted(deps.inferred.items()))},
         "nodes": len(g.items),
     }
-    if kineto_only and kineto is not None:
+    if kineto is not None:
         cpu_in, cpu_left = _kineto_cpu_ops(kineto, link)
-        report["cpu_ops"] = {"input": cpu_in, "output": sum(1 for it in g.items if it.kind == HOST_OP)}
-        report["synthesized"] = {"process_root": 1, "thread_roots": sum(1 for it in g.items if it.kind == THREAD_ROOT)}
+        report["cpu_ops"] = {"input": cpu_in, "output": len(link.event_of)}
+        if host is not None and host.from_kineto:
+            report["synthesized"]["host_ops_from_kineto"] = host.from_kineto
         if cpu_left.count:
             left_out.append({"kind": "cpu_ops", "reason": "outside_window", "count": cpu_left.count,
                              "examples": cpu_left.examples})
+    if kineto_only and kineto is not None:
+        report["synthesized"] = {"process_root": 1, "thread_roots": sum(1 for it in g.items if it.kind == THREAD_ROOT)}
     if link.seq_offset:
         report["link"]["note"] = (f"the host ET comes from another iteration than the Kineto trace (sequence numbers "
                                   f"differ by {link.seq_offset}); linked to the structurally identical iteration")
@@ -87,15 +92,15 @@ def build_report(host: HostTrace | None, kineto: KinetoTrace | None, link: HostL
 
 
 def _kineto_cpu_ops(kineto: KinetoTrace, link: HostLink) -> tuple[int, LeftOut]:
-    """Kineto-only runs: the trace's cpu ops, and those outside the window (by the rule that selected them, so
-    an op in the window that did not become a node breaks the reconciliation)."""
+    """The trace's cpu ops, and those outside the window (by the rule that selected them, so an op in the window
+    that did not become a node breaks the reconciliation)."""
     converted = set(link.event_of.values())
     total, left = 0, LeftOut()
     for i, ev in enumerate(kineto.events):
         if is_cpu_op(ev):
             total += 1
             if i not in converted and not in_window(ev, link.window):
-                left.add(f"{ev.name[:80]} @ {ev.ts}")
+                left.add_event(ev)
     return total, left
 
 
@@ -103,7 +108,7 @@ def reconciles(report: dict[str, Any]) -> list[str]:
     """The kinds whose input != output + left out (empty when the report accounts for everything)."""
     bad = []
     kinds = ["host_ops", "device_ops", "runtime_calls", "collectives"]
-    if "cpu_ops" in report:  # Kineto-only runs
+    if "cpu_ops" in report:  # every Kineto cpu op: linked, made an op, or outside the window
         kinds.append("cpu_ops")
     for kind in kinds:
         left = sum(lo["count"] for lo in report["left_out"] if lo["kind"] == kind)

@@ -60,7 +60,7 @@ from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import attr_value, write_et
 from etweave.check import Violation, check_nodes, check_run, comm_type_name
 from etweave.collectives import classify
-from etweave.convert import process_groups, run_pipeline, write_json
+from etweave.convert import no_gc, process_groups, run_pipeline, write_json
 from etweave.errors import BadInput, CheckFailed
 from etweave.read.host_et import read_host_et
 from etweave.read.kineto import read_kineto
@@ -190,6 +190,12 @@ def discover(run_dir: Path) -> Discovery:
 
 
 def convert_rank(rank: int | None, host: str | None, kineto: str | None) -> dict[str, Any]:
+    """See _convert_rank; the collector is off while it runs (see etweave.convert.no_gc)."""
+    with no_gc():
+        return _convert_rank(rank, host, kineto)
+
+
+def _convert_rank(rank: int | None, host: str | None, kineto: str | None) -> dict[str, Any]:
     """Convert one rank; plain, picklable data back (the same whether run here, in a pool or on Dask).
 
     Returns {"rank", "et" (the .et stream bytes), "report", "local_groups" (trace pg name -> the id the

@@ -17,7 +17,8 @@ GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", 
 SYNC_CAT = "cuda_sync"
 
 
-class Args(msgspec.Struct, frozen=True):
+# gc=False: events hold no reference cycles, and tracking millions of them made the collector the largest cost.
+class Args(msgspec.Struct, frozen=True, gc=False):
     external_id: Any = msgspec.field(default=None, name="External id")
     rf_id: Any = msgspec.field(default=None, name="Record function id")
     correlation: Any = None
@@ -62,7 +63,7 @@ def as_int(value: Any, default: int | None = None) -> int | None:
     return default
 
 
-class Event(msgspec.Struct):
+class Event(msgspec.Struct, gc=False):
     ph: str = ""
     cat: str = ""
     name: str = ""

@@ -155,6 +155,46 @@ def kineto_host(kineto: KinetoTrace, window: Window | None = None) -> tuple[Host
     return host, link
 
 
+def add_unlinked_cpu_ops(host: HostTrace, kineto: KinetoTrace, link: HostLink) -> None:
+    """Kineto cpu ops in the linked window that no host ET node stands for (recorded while the observer was
+    off, or on a thread it did not see) become ops too, with fresh ids above the host's: nothing is lost.
+
+    Each one's parent is the innermost op containing it on its Kineto thread (a host op where that one is
+    linked), else its thread's root; its ET tid is the host thread linked to that Kineto thread, else the
+    Kineto tid itself."""
+    if link.window is None:
+        return
+    events = kineto.events
+    linked = {i: op_id for op_id, i in link.event_of.items()}
+    threads: dict[int | str, list[int]] = {}
+    for i, ev in enumerate(events):
+        if is_cpu_op(ev) and in_window(ev, link.window):
+            threads.setdefault(ev.tid, []).append(i)
+    new = sorted((i for idx in threads.values() for i in idx if i not in linked),
+                 key=lambda i: (events[i].ts, entry_key(events[i], i)))
+    if not new:
+        return
+    et_of = {ktid: et for et, ktid in link.kthread_of.items()}
+    roots = {op.et_tid: op.id for op in host.ops if op.is_thread_root}
+    process_root = next((op.id for op in host.ops if op.is_process_root), 0)
+    next_id = host.ops[-1].id + 1 if host.ops else 1
+    id_of = dict(linked)
+    for n, i in enumerate(new):
+        id_of[i] = next_id + n
+    fallback = {t: roots.get(et_of[t], process_root) if t in et_of else process_root for t in threads}
+    parent_of, _ = _parents(events, threads, id_of, fallback)
+    for i in new:
+        ev = events[i]
+        tid = et_of.get(ev.tid, ev.tid if isinstance(ev.tid, int) else 0)
+        op = _op(id_of[i], ev.name, parent_of[i], tid, IO([], _list(ev.args.input_dims), _list(ev.args.input_type)))
+        op.rf_id = as_int(ev.args.rf_id, 0) or 0
+        seq = as_int(ev.args.seq_number, -1)
+        op.seq_id = seq if seq is not None else -1
+        host.ops.append(op)
+        link.event_of[op.id] = i
+    host.from_kineto = len(new)
+
+
 def _parents(events: list[Event], threads: dict[int | str, list[int]], id_of: dict[int, int],
              thread_root: dict[int | str, int]) -> tuple[dict[int, int], int]:
     """Each op's parent id: the innermost op on its thread whose time contains it, else the thread root."""
