@@ -17,7 +17,7 @@ example: $(BIN)/python
 
 test: $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
-	$(BIN)/ruff check etweave tests bench
+	$(BIN)/ruff check etweave tests bench examples
 	$(BIN)/pytest
 
 bench: $(BIN)/python

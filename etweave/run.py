@@ -612,6 +612,7 @@ def assemble_run(outputs: Sequence[dict[str, Any]], allow_mismatch: bool = False
                 rewritten += 1
         ranks[rank] = (metadata, nodes)
 
+    offsets = _align_rank_starts(ranks)
     present = sorted(ranks)
     world_members = list(range(world)) if world is not None else present
     absent_ranks = sorted(set(present) - set(world_members))
@@ -685,6 +686,7 @@ def assemble_run(outputs: Sequence[dict[str, Any]], allow_mismatch: bool = False
         "comm_group": dict(comm_group),
         "process_group_ids": dict(sorted(ids.items())),
         "pg_name_rewritten": rewritten,
+        "rank_start_offsets_micros": {str(r): v for r, v in sorted(offsets.items())},
         "cross_rank": {
             "consistent": consistent,
             "allow_mismatch": allow_mismatch,
@@ -710,6 +712,38 @@ def assemble_run(outputs: Sequence[dict[str, Any]], allow_mismatch: bool = False
         more = f" (and {len(violations) - _SHOWN} more)" if len(violations) > _SHOWN else ""
         raise CheckFailed(f"{len(violations)} violation(s) in the converted run, nothing written: {shown}{more}")
     return RunResult(ranks, comm_group, report, consistent, messages)
+
+
+def _align_rank_starts(ranks: dict[int, tuple[pb.GlobalMetadata, list[pb.Node]]]) -> dict[int, int]:
+    """Ranks start their recorded work at different times (dlrm's up to 7 ms apart). A rank that started later
+    than the run's first measured instant gets a `[rank start offset]` delay node that its sources (the nodes
+    whose only predecessor is the process root, or none) wait for, so a replay starts every rank where it
+    started, on one clock. Returns each rank's offset in µs."""
+    starts = {r: min((n.start_time_micros for n in nodes if n.start_time_micros > 0), default=0)
+              for r, (_, nodes) in ranks.items()}
+    measured = [t for t in starts.values() if t > 0]
+    if not measured:
+        return {}
+    run_t0 = min(measured)
+    offsets: dict[int, int] = {}
+    for rank, (_, nodes) in ranks.items():
+        offset = starts[rank] - run_t0 if starts[rank] > 0 else 0
+        offsets[rank] = offset
+        if offset <= 0:
+            continue
+        roots = {n.id for n in nodes if n.type == pb.METADATA_NODE and not n.data_deps and not n.ctrl_deps
+                 and any(a.name == "kind" and a.string_val == "process_root" for a in n.attr)}
+        delay = pb.Node(id=max(n.id for n in nodes) + 1, name="[rank start offset]", type=pb.COMP_NODE,
+                        data_deps=sorted(roots), start_time_micros=run_t0, duration_micros=offset)
+        delay.attr.add(name="kind", string_val="delay")
+        delay.attr.add(name="is_cpu_op", bool_val=True)
+        for n in nodes:
+            if n.type != pb.METADATA_NODE and set(n.data_deps) <= roots and not n.ctrl_deps:
+                n.data_deps.append(delay.id)
+            elif n.type == pb.METADATA_NODE and n.id not in roots and set(n.data_deps) <= roots:
+                n.data_deps.append(delay.id)  # thread roots: everything on the thread follows them
+        nodes.append(delay)
+    return offsets
 
 
 def _as_dict(v: Violation) -> dict[str, Any]:
