@@ -1,0 +1,80 @@
+"""Replay speed and fidelity, in one run: `python -m bench.replay`.
+
+For each real pair and for dlrm-8rank as a whole run: convert it, then report the replay's nodes per second
+(`etweave simulate`'s engine alone, best of 3, the .et already loaded), and the fidelity figures of the
+dependency model (critical path with unlimited resources against the measured span, GPU op start errors)."""
+
+from __future__ import annotations
+
+import gzip
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+from bench.run import traces_dir
+from etweave.chakra.io import write_et
+from etweave.convert import run_pipeline
+from etweave.fidelity import measure
+from etweave.read.host_et import read_host_et
+from etweave.read.kineto import read_kineto
+from etweave.run import convert_run
+from etweave.simulate.engine import RankGraph, replay
+from etweave.simulate.load import find_comm_group, load_comm_group, load_rank
+
+PAIRS = ["gpu/simple-add", "gpu/linear", "gpu/resnet", *[f"gpu/dlrm-8rank/rank{r}" for r in range(8)],
+         "cpu-gloo/single_cnn/rank0", "cpu-gloo/orphan_wiki_single/rank0", "cpu-gloo/dist_ddp_w2/rank0",
+         "cpu-gloo/dist_ddp_w2/rank1", "cpu-gloo/dist_fsdp1_w2/rank0", "cpu-gloo/dist_fsdp1_w2/rank1"]
+
+
+def _replay_rate(ranks: list[RankGraph], groups: dict[str, list[int]]) -> float:
+    nodes = sum(len(r.nodes) for r in ranks)
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        replay(ranks, groups)
+        best = min(best, time.perf_counter() - t)
+    return nodes / best
+
+
+def main() -> int:
+    root = traces_dir()
+    print(f"{'trace':38s} {'nodes':>7s} {'span us':>9s} {'crit.path':>9s} {'gpu p50%':>8s} {'gpu p95%':>8s} "
+          f"{'gpu max%':>8s} {'coll max%':>9s} {'replay nodes/s':>14s}")
+    with tempfile.TemporaryDirectory(prefix="etweave-replay-") as tmp:
+        for rel in PAIRS:
+            d = root / rel
+            result = run_pipeline(read_host_et(d / "host.json.gz"), read_kineto(d / "kineto.json.gz"))
+            f = measure(result.nodes)
+            path = Path(tmp) / "trace.0.et"
+            write_et(path, result.metadata, result.nodes)
+            rate = _replay_rate([load_rank(path)], {})
+            print(f"{rel:38s} {len(result.nodes):7d} {f.span:9.0f} {f.critical_path_error:+8.2f}% "
+                  f"{f.start_error_p50:8.2f} {f.start_error_p95:8.2f} {f.start_error_max:8.2f} "
+                  f"{f.collective_error_max:9.2f} {rate:14,.0f}")
+        # the orphan case of the dependency issue: dlrm rank 0 without `## forward ##` and `## sparse_data_dist ##`
+        src = root / "gpu/dlrm-8rank/rank0"
+        doc = orjson.loads(gzip.decompress((src / "host.json.gz").read_bytes()))
+        doc["nodes"] = [n for n in doc["nodes"] if n["name"] not in ("## forward ##", "## sparse_data_dist ##")]
+        orphan_host = Path(tmp) / "orphans.json"
+        orphan_host.write_bytes(orjson.dumps(doc))
+        result = run_pipeline(read_host_et(orphan_host), read_kineto(src / "kineto.json.gz"))
+        f = measure(result.nodes)
+        print(f"{'dlrm rank0, 2 parents deleted (orphans)':38s} {len(result.nodes):7d} {f.span:9.0f} "
+              f"{f.critical_path_error:+8.2f}% {f.start_error_p50:8.2f} {f.start_error_p95:8.2f} "
+              f"{f.start_error_max:8.2f} {f.collective_error_max:9.2f}")
+        out = Path(tmp) / "dlrm"
+        convert_run(root / "gpu/dlrm-8rank", out, jobs=1)
+        files = sorted(out.glob("*.et"))
+        ranks = [load_rank(p) for p in files]
+        cg = find_comm_group(files)
+        rate = _replay_rate(ranks, load_comm_group(cg) if cg else {})
+        print(f"{'gpu/dlrm-8rank (8 ranks together)':38s} {sum(len(r.nodes) for r in ranks):7d} "
+              f"{'':9s} {'':9s} {'':8s} {'':8s} {'':8s} {'':9s} {rate:14,.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
