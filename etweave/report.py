@@ -51,6 +51,8 @@ def build_report(host: HostTrace | None, kineto: KinetoTrace | None, link: HostL
         if kineto is not None else 0
     for source, n in sorted(deps.rejected.items()):
         warnings[f"edges_rejected_{source}"] = n
+    for source, n in sorted(deps.late.items()):
+        warnings[f"wait_edges_ending_late_{source}"] = n
     report: dict[str, Any] = {
         "rank": g.rank,
         "link": {"method": link.method, "seq_offset": link.seq_offset,

@@ -12,6 +12,7 @@ import bisect
 from collections import defaultdict
 
 from etweave.model import DELAY, GPU_KINDS, HOST_OP, MEMCPY, RESUME, RUNTIME, SELF_PART, THREAD_ROOT, Graph, Item
+from etweave.read.kineto import Event, as_int
 
 # A waiter resumes within this long after what it waited for ended (µs), as FORMATS.md's traces show.
 TOLERANCE = 5.0
@@ -23,7 +24,9 @@ _COPY_PREFIXES = ("cudaMemcpy", "hipMemcpy", "cuMemcpy")
 
 def resolve_waits(g: Graph) -> None:
     chains = _Chains(g)
-    _blocking_calls(g, chains)
+    records = _SyncRecords(g)
+    _event_waits(g, records)
+    _blocking_calls(g, chains, records)
     _cross_thread_waits(g, chains)
     _handoffs(g, chains)
     chains.store()
@@ -94,8 +97,72 @@ def _latest_before(ends: list[float], ops: list[Item], lo: float, hi: float, ok:
     return None
 
 
-def _blocking_calls(g: Graph, chains: _Chains) -> None:
-    """cudaStreamSynchronize & co., and copies that ran inside their call, waited for GPU work (recorded)."""
+class _SyncRecords:
+    """Kineto `cuda_sync` events (when the profiler recorded them): which stream a sync call waited on, and which
+    GPU op a recorded CUDA event stands for (the last op enqueued on its stream before cudaEventRecord)."""
+
+    def __init__(self, g: Graph) -> None:
+        self.by_call: dict[int, Event] = {}  # runtime call correlation -> its cuda_sync event
+        self.runtime: dict[int, Item] = {}  # correlation -> runtime item
+        for it in g.items:
+            if it.kind == RUNTIME and it.event is not None:
+                corr = as_int(it.event.args.correlation)
+                if corr is not None:
+                    self.runtime[corr] = it
+        for ev in g.extra.get("cuda_sync", ()):
+            corr = as_int(ev.args.correlation)
+            if corr is not None:
+                self.by_call[corr] = ev
+        # per (device, stream): GPU ops in launch order, with their launch times
+        self.launched: dict[tuple[int, int], tuple[list[float], list[Item]]] = {}
+        per: dict[tuple[int, int], list[tuple[float, Item]]] = defaultdict(list)
+        for it in g.items:
+            if it.kind in GPU_KINDS and it.launcher is not None:
+                per[(it.device or 0, it.stream or 0)].append((g.by_id[it.launcher].start, it))
+        for key, pairs in per.items():
+            pairs.sort(key=lambda p: (p[0], p[1].id))
+            self.launched[key] = ([t for t, _ in pairs], [it for _, it in pairs])
+
+    def of(self, call: Item) -> Event | None:
+        corr = as_int(call.event.args.correlation) if call.event is not None else None
+        return self.by_call.get(corr) if corr is not None else None
+
+    def recorded_op(self, ev: Event) -> Item | None:
+        """The GPU op a waited-on CUDA event stands for."""
+        record = self.runtime.get(as_int(ev.args.wait_on_event_corr, -1) or -1)
+        stream = as_int(ev.args.wait_on_stream, -1)
+        if record is None or stream is None or stream < 0:
+            return None
+        times, ops = self.launched.get((as_int(ev.args.device, 0) or 0, stream), ([], []))
+        k = bisect.bisect_right(times, record.start)
+        return ops[k - 1] if k else None
+
+    def first_launched_after(self, device: int, stream: int, t: float) -> Item | None:
+        times, ops = self.launched.get((device, stream), ([], []))
+        k = bisect.bisect_left(times, t)
+        return ops[k] if k < len(ops) else None
+
+
+def _event_waits(g: Graph, records: _SyncRecords) -> None:
+    """cudaStreamWaitEvent with its `Stream Wait Event` record: the first op enqueued on the waiting stream after
+    the call waits for the op the event was recorded after (recorded evidence)."""
+    for ev in g.extra.get("cuda_sync", ()):
+        if ev.args.sync_kind != "Stream Wait Event":
+            continue
+        awaited = records.recorded_op(ev)
+        stream = as_int(ev.args.stream, -1)
+        call = records.runtime.get(as_int(ev.args.correlation, -1) or -1)
+        if awaited is None or call is None or stream is None or stream < 0:
+            continue
+        waiter = records.first_launched_after(as_int(ev.args.device, 0) or 0, stream, call.start)
+        if waiter is not None and waiter is not awaited and awaited.start <= waiter.start:
+            waiter.awaits.append((awaited.id, "event_wait", False))
+
+
+def _blocking_calls(g: Graph, chains: _Chains, records: _SyncRecords) -> None:
+    """cudaStreamSynchronize & co., and copies that ran inside their call, waited for GPU work (recorded). A
+    `cuda_sync` record names the stream or event waited on; without one, the GPU op that ended last during the
+    call is what it waited for."""
     ends, ops = _gpu_ends(g)
     launched: dict[int, list[Item]] = defaultdict(list)
     for it in g.items:
@@ -105,7 +172,17 @@ def _blocking_calls(g: Graph, chains: _Chains) -> None:
         end = it.start + it.dur
         awaited: Item | None = None
         if any(w in it.name for w in _SYNC_WORDS):
-            awaited = _latest_before(ends, ops, it.start, end + TOLERANCE)
+            record = records.of(it)
+            kind = record.args.sync_kind if record is not None else None
+            if record is not None and kind == "Event Sync":
+                awaited = records.recorded_op(record)
+                if awaited is not None and not it.start <= awaited.start + awaited.dur <= end + TOLERANCE:
+                    awaited = None
+            elif record is not None and kind == "Stream Sync" and (as_int(record.args.stream, -1) or -1) >= 0:
+                stream = as_int(record.args.stream)
+                awaited = _latest_before(ends, ops, it.start, end + TOLERANCE, lambda o, s=stream: o.stream == s)
+            else:
+                awaited = _latest_before(ends, ops, it.start, end + TOLERANCE)
         elif it.name.startswith(_COPY_PREFIXES):
             # A synchronous copy runs inside its call. A pageable one returns once the last chunk is staged,
             # a little before the DMA ends: the call covered most of the copy, so it waited for it.
@@ -198,7 +275,8 @@ def _stream_waits(g: Graph) -> None:
             it = g.by_id[i]
             launch = g.by_id.get(it.launcher) if it.launcher is not None else None
             # A stream starts idle at the run's first instant: a first op with no launch record waited from there.
-            ready = max(prev.start + prev.dur if prev else t0, launch.seg_end if launch else float("-inf"))
+            ready = max(prev.start + prev.dur if prev else t0, launch.seg_end if launch else float("-inf"),
+                        *(g.by_id[a].start + g.by_id[a].dur for a, how, _ in it.awaits if how == "event_wait"))
             if it.start - ready > TOLERANCE:
                 ends, ops = index[key[0]]
                 x = _latest_before(ends, ops, ready, it.start + TOLERANCE,

@@ -37,6 +37,9 @@ def test_warnings_zero_or_explained(traces: Path, rel: str) -> None:
     if rel in ("gpu/dlrm-8rank/rank1", "gpu/dlrm-8rank/rank3"):
         # README: these ranks really have 64 optimizer kernels with no launch record
         assert warnings == {"gpu_ops_without_launcher": 64}
+    elif rel == "gpu/resnet":
+        # README: a pageable copy's call returns before the DMA's recorded end
+        assert warnings == {"wait_edges_ending_late_sync": 1}
     else:
         assert warnings == {}
 

@@ -335,3 +335,15 @@ def test_pg_name_is_one_id_on_every_rank() -> None:
     assert got == {0: ("0", 20, 20), 1: ("0", 22, 22)}
     [group] = result.report["cross_rank"]["groups"]
     assert (group["group"], group["members"], group["absent"]) == ("0", 2, 0)
+
+
+def test_convert_run_same_bytes_whatever_the_hash_seed(traces: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    outs = []
+    for seed in ("1", "2"):
+        out = tmp_path / f"out{seed}"
+        subprocess.run([sys.executable, "-m", "etweave", "convert-run", str(traces / "cpu-gloo/dist_ddp_w2"), "-o",
+                        str(out), "--quiet"], check=True, env={"PYTHONHASHSEED": seed, "PATH": "/usr/bin:/bin"})
+        outs.append({p.name: p.read_bytes() for p in sorted(out.iterdir())})
+    assert outs[0] == outs[1] and len(outs[0]) == 4

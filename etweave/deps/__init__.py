@@ -18,6 +18,7 @@ from etweave.deps.sources import (
     waits,
 )
 from etweave.model import PROCESS_ROOT, THREAD_ROOT, Edge, Graph, Item
+from etweave.waits import TOLERANCE as WAIT_TOLERANCE
 
 Source = Callable[[Graph], list[Edge]]
 
@@ -30,6 +31,7 @@ class Dependencies:
     per_source: Counter[str] = field(default_factory=Counter)
     inferred: Counter[str] = field(default_factory=Counter)
     rejected: Counter[str] = field(default_factory=Counter)  # evidence that contradicts the timeline
+    late: Counter[str] = field(default_factory=Counter)  # wait edges whose source ended after its target began
 
 
 def infer(g: Graph, sources: list[Source] | None = None) -> Dependencies:
@@ -46,11 +48,22 @@ def infer(g: Graph, sources: list[Source] | None = None) -> Dependencies:
                 deps.rejected[e.source] += 1
                 continue
             seen.add((e.src, e.dst))
+            if e.source in WAIT_SOURCES and _ends_late(g, e):
+                deps.late[e.source] += 1
             deps.preds.setdefault(e.dst, []).append(e)
             deps.per_source[e.source] += 1
             if e.inferred:
                 deps.inferred[e.source] += 1
     return deps
+
+
+# Sources whose edges say "the target waited for the source to end": those ended before the target started.
+WAIT_SOURCES = frozenset({"stream_order", "sync", "event_wait", "stream_wait", "thread_wait"})
+
+
+def _ends_late(g: Graph, e: Edge) -> bool:
+    a, b = g.by_id[e.src], g.by_id[e.dst]
+    return a.start + a.dur > b.start + WAIT_TOLERANCE
 
 
 def _forward(g: Graph, e: Edge) -> bool:
