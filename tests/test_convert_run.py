@@ -347,3 +347,13 @@ def test_convert_run_same_bytes_whatever_the_hash_seed(traces: Path, tmp_path: P
                         str(out), "--quiet"], check=True, env={"PYTHONHASHSEED": seed, "PATH": "/usr/bin:/bin"})
         outs.append({p.name: p.read_bytes() for p in sorted(out.iterdir())})
     assert outs[0] == outs[1] and len(outs[0]) == 4
+
+
+def test_example_command_converts_the_bundled_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from etweave.cli import main
+    assert main(["example", "-o", str(tmp_path / "ex")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("host_ops") == 2 and "warnings: none" in out and "consistent" in out
+    assert sorted(p.name for p in (tmp_path / "ex").iterdir()) == ["comm_group.json", "report.json", "trace.0.et",
+                                                                    "trace.1.et"]
+    assert main(["check", str(tmp_path / "ex")]) == 0

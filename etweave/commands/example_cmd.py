@@ -6,11 +6,12 @@ import argparse
 from importlib import resources
 from pathlib import Path
 
-from etweave.commands import convert_run_cmd
+from etweave.report import summary
+from etweave.run import convert_run
 
 
 def example_dir() -> Path:
-    return Path(str(resources.files("etweave") / "examples" / "dist_ddp_w2"))
+    return Path(str(resources.files("etweave") / "examples" / "gloo_w2"))
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -22,9 +23,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def run(args: argparse.Namespace) -> int:
     src = example_dir()
-    print(f"converting the bundled example run {src}")
-    run_args = argparse.Namespace(run_dir=src, output=args.output, prefix="trace", allow_mismatch=False,
-                                  jobs=1, scheduler=None, quiet=False)
-    code = convert_run_cmd.run(run_args)
-    print(f"check the result with: etweave check {args.output}; replay it with: etweave simulate {args.output}")
-    return code
+    print(f"converting the bundled example run {src} (collected by examples/train_gloo.py)")
+    result = convert_run(src, args.output, jobs=1)
+    for rank_report in result.report["ranks"].values():
+        print(summary(rank_report))
+    cross = result.report["cross_rank"]
+    print(f"cross-rank check: {'consistent' if cross['consistent'] else 'NOT consistent'}; "
+          f"wrote {args.output}/trace.<rank>.et, comm_group.json, report.json")
+    print(f"next: etweave check {args.output}; etweave simulate {args.output}")
+    return 0
