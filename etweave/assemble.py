@@ -21,7 +21,7 @@ from etweave.model import (
     Item,
 )
 from etweave.read.host_et import HostTrace
-from etweave.read.kineto import SYNC_CAT, KinetoTrace, as_int
+from etweave.read.kineto import KinetoTrace, as_int
 from etweave.repair import Repair
 
 _GPU_KIND = {"kernel": KERNEL, "Kernel": KERNEL, "gpu_memcpy": MEMCPY, "Memcpy": MEMCPY,
@@ -41,7 +41,7 @@ def assemble(host: HostTrace | None, kineto: KinetoTrace | None, link: HostLink,
     g = Graph(items=items, by_id={it.id: it for it in items}, rank=rank,
               next_id=max([next_id, *(it.id + 1 for it in items)]))
     if kineto is not None:  # the waits stage reads them: which stream or event a sync call waited on
-        g.extra["cuda_sync"] = [ev for ev in kineto.events if ev.cat == SYNC_CAT and ev.ph == "X"]
+        g.extra["cuda_sync"] = [kineto.events[i] for i in kineto.events.sync]
     _thread_order(g)
     _stream_order(g)
     return g

@@ -10,7 +10,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from etweave.read.host_et import HostOp, HostTrace
-from etweave.read.kineto import CPU_OP_CATS, Event, KinetoTrace, as_int, entry_key
+from etweave.read.kineto import CPU_OP_CATS, Event, EventTable, KinetoTrace, as_int
 
 # How far the aligner looks ahead for a resynchronisation point when names disagree.
 LOOKAHEAD = 48
@@ -26,14 +26,14 @@ class HostLink:
     warnings: dict[str, int] = field(default_factory=dict)
 
 
-def cpu_threads(events: list[Event]) -> dict[int | str, list[int]]:
+def cpu_threads(events: EventTable) -> dict[int | str, list[int]]:
     """Kineto cpu events per thread in entry order: start time, then outer before inner."""
     threads: dict[int | str, list[int]] = defaultdict(list)
-    for i, ev in enumerate(events):
-        if ev.ph == "X" and ev.cat in CPU_OP_CATS:
-            threads[ev.tid].append(i)
+    tid = events.tid
+    for i in events.cpu:
+        threads[tid[i]].append(i)
     for idx in threads.values():
-        idx.sort(key=lambda i: entry_key(events[i], i))
+        idx.sort(key=events.entry_key)
     return dict(threads)
 
 
@@ -227,9 +227,10 @@ class LeftOut:
         if len(self.examples) < 5:
             self.examples.append(example)
 
-    def add_event(self, ev: Event) -> None:
+    def add_at(self, events: EventTable, i: int) -> None:
         self.count += 1
-        if len(self.examples) < 5:  # format only the examples kept: there can be millions left out
+        if len(self.examples) < 5:  # decode and format only the examples kept: there can be millions left out
+            ev = events[i]
             self.examples.append(f"{ev.name[:80]} @ {ev.ts}")
 
 
@@ -244,54 +245,42 @@ class DeviceSelection:
     runtime_input: int = 0
     left_out: dict[tuple[str, str], LeftOut] = field(default_factory=dict)  # (kind, reason) -> what
 
-    def leave_out(self, kind: str, reason: str, ev: Event) -> None:
-        self.left_out.setdefault((kind, reason), LeftOut()).add_event(ev)
+    def leave_out(self, kind: str, reason: str, events: EventTable, i: int) -> None:
+        self.left_out.setdefault((kind, reason), LeftOut()).add_at(events, i)
 
 
 def select_device(kineto: KinetoTrace, window: tuple[float, float] | None) -> DeviceSelection:
-    from etweave.read.kineto import GPU_CATS, RUNTIME_CATS
-
+    # Columns only: at a few GB of trace, decoding every event here again would cost more than the rest.
     events = kineto.events
-    runtime_by_corr: dict[int, int] = {}
-    runtime_all: list[int] = []
-    gpu_all: list[int] = []
-    for i, ev in enumerate(events):
-        if ev.ph != "X":
-            continue
-        if ev.cat in RUNTIME_CATS:
-            runtime_all.append(i)
-            corr = as_int(ev.args.correlation)
-            if corr is not None:
-                runtime_by_corr[corr] = i
-        elif ev.cat in GPU_CATS:
-            gpu_all.append(i)
-    sel = DeviceSelection([], [], {}, gpu_input=len(gpu_all), runtime_input=len(runtime_all))
+    ts, correlation = events.ts, events.correlation
+    runtime_by_corr = {correlation[r]: r for r in events.runtime if correlation[r] >= 0}
+    sel = DeviceSelection([], [], {}, gpu_input=len(events.gpu), runtime_input=len(events.runtime))
     lo, hi = window if window is not None else (float("-inf"), float("inf"))
     kept_runtime: set[int] = set()
     launcherless: list[int] = []
     gpu_end = hi
-    for i in gpu_all:
-        corr = as_int(events[i].args.correlation)
-        r = runtime_by_corr.get(corr) if corr is not None else None
+    for i in events.gpu:
+        corr = correlation[i]
+        r = runtime_by_corr.get(corr) if corr >= 0 else None
         if r is None:
             launcherless.append(i)
-        elif lo <= events[r].ts <= hi:
+        elif lo <= ts[r] <= hi:
             sel.gpu.append(i)
             sel.launcher_of[i] = r
             kept_runtime.add(r)
-            gpu_end = max(gpu_end, events[i].ts + events[i].dur)
+            gpu_end = max(gpu_end, ts[i] + events[i].dur)
         else:
-            sel.leave_out("device_ops", "outside_window", events[i])
+            sel.leave_out("device_ops", "outside_window", events, i)
     # A GPU event with no launch record belongs to the window when it ran in it (its GPU tail included).
     for i in launcherless:
-        if lo <= events[i].ts <= gpu_end:
+        if lo <= ts[i] <= gpu_end:
             sel.gpu.append(i)
         else:
-            sel.leave_out("device_ops", "outside_window", events[i])
+            sel.leave_out("device_ops", "outside_window", events, i)
     sel.gpu.sort()
-    for r in runtime_all:
-        if r in kept_runtime or lo <= events[r].ts <= hi:
+    for r in events.runtime:
+        if r in kept_runtime or lo <= ts[r] <= hi:
             sel.runtime.append(r)
         else:
-            sel.leave_out("runtime_calls", "outside_window", events[r])
+            sel.leave_out("runtime_calls", "outside_window", events, r)
     return sel

@@ -10,7 +10,6 @@ from etweave.link import DeviceSelection, HostLink, LeftOut
 from etweave.model import GPU_KINDS, HOST_OP, RUNTIME, THREAD_ROOT, Graph
 from etweave.read.host_et import PG_INIT_NAME, HostTrace
 from etweave.read.kineto import KinetoTrace
-from etweave.read.kineto_host import in_window, is_cpu_op
 from etweave.repair import Repair
 
 
@@ -97,13 +96,13 @@ def _kineto_cpu_ops(kineto: KinetoTrace, link: HostLink) -> tuple[int, LeftOut]:
     """The trace's cpu ops, and those outside the window (by the rule that selected them, so an op in the window
     that did not become a node breaks the reconciliation)."""
     converted = set(link.event_of.values())
-    total, left = 0, LeftOut()
-    for i, ev in enumerate(kineto.events):
-        if is_cpu_op(ev):
-            total += 1
-            if i not in converted and not in_window(ev, link.window):
-                left.add_event(ev)
-    return total, left
+    events = kineto.events
+    lo, hi = link.window if link.window is not None else (float("-inf"), float("inf"))
+    left = LeftOut()
+    for i in events.cpu:
+        if i not in converted and not lo <= events.ts[i] <= hi:
+            left.add_at(events, i)
+    return len(events.cpu), left
 
 
 def reconciles(report: dict[str, Any]) -> list[str]:

@@ -100,4 +100,4 @@ def test_plain_kineto_and_bare_array_form(traces: Path, tmp_path: Path) -> None:
     bare = tmp_path / "bare.json"
     bare.write_bytes(orjson.dumps(orjson.loads(raw)["traceEvents"]))
     a, b = read_kineto(plain), read_kineto(bare)
-    assert len(a.events) == len(b.events) > 100
+    assert len(a.events) == len(b.events) > 50

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from array import array
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,14 +86,103 @@ def entry_key(ev: Event, index: int) -> tuple[float, float, int]:
 
 
 class _File(msgspec.Struct):
-    traceEvents: list[Event] = msgspec.field(default_factory=list)
+    # Raw: views into the input buffer, decoded one at a time (validated once, kept decoded or re-decoded later)
+    traceEvents: list[msgspec.Raw] = msgspec.field(default_factory=list)
     distributedInfo: dict[str, Any] | None = None
+
+
+# Inputs up to this size are decoded once and kept as objects (fastest); larger ones keep each event's raw JSON
+# and decode it again when a stage reads it: decoded events take ~3x their JSON, raw views ~60 bytes.
+# ETWEAVE_EAGER_BYTES overrides it (the tests force both ways).
+EAGER_LIMIT = 256 << 20
+
+
+def _eager_limit() -> int:
+    value = os.environ.get("ETWEAVE_EAGER_BYTES", "")
+    return int(value) if value.isdecimal() else EAGER_LIMIT
+
+
+class EventTable(Sequence[Event]):
+    """The trace's duration events ("X"), in file order, without exact duplicates: decoded objects, or raw JSON
+    decoded on access (a small cache serves the repeated reads of one event in a row).
+
+    Columns filled when the trace is read let the stages that scan every event pick theirs without decoding:
+    per-category positions (`cpu`, `runtime`, `gpu`, `sync`), start times `ts`, the thread `tid`, Kineto's
+    `correlation` (-1: none) and event index `ev_idx` (NO_INDEX: none)."""
+
+    __slots__ = ("_cache", "_events", "_raws", "correlation", "cpu", "ev_idx", "gpu", "runtime", "sync", "tid",
+                 "ts")
+
+    def __init__(self, events: list[Event] | None = None, raws: list[msgspec.Raw] | None = None) -> None:
+        self._events = events
+        self._raws = raws
+        self._cache: dict[int, Event] = {}
+        self.cpu, self.runtime, self.gpu, self.sync = array("q"), array("q"), array("q"), array("q")
+        self.ts, self.correlation, self.ev_idx = array("d"), array("q"), array("q")
+        self.tid: list[int | str] = []
+
+    def _add_columns(self, ev: Event, tids: dict[int | str, int | str]) -> None:
+        n = len(self.ts)
+        cat = ev.cat
+        if cat in CPU_OP_CATS:
+            self.cpu.append(n)
+        elif cat in RUNTIME_CATS:
+            self.runtime.append(n)
+        elif cat in GPU_CATS:
+            self.gpu.append(n)
+        elif cat == SYNC_CAT:
+            self.sync.append(n)
+        self.ts.append(ev.ts)
+        corr = as_int(ev.args.correlation)
+        self.correlation.append(corr if corr is not None else -1)
+        idx = ev.args.ev_idx
+        self.ev_idx.append(idx if isinstance(idx, int) and not isinstance(idx, bool) and -_INT64 < idx < _INT64
+                           else NO_INDEX)
+        self.tid.append(tids.setdefault(ev.tid, ev.tid))  # one object per thread, not per event
+
+    def entry_key(self, i: int) -> tuple[float, float, int]:
+        """entry_key(self[i], i) from the columns (decoding only when the event has no Kineto index)."""
+        idx = self.ev_idx[i]
+        return (self.ts[i], idx if idx != NO_INDEX else -self[i].dur, i)
+
+    def __len__(self) -> int:
+        return len(self._events) if self._events is not None else len(self._raws or ())
+
+    def __getitem__(self, i: int) -> Event:  # type: ignore[override]
+        if self._events is not None:
+            return self._events[i]
+        ev = self._cache.get(i)
+        if ev is None:
+            if len(self._cache) >= _CACHE:
+                self._cache.clear()
+            ev = self._cache[i] = _normalized(_event_decoder.decode(self._raws[i]))  # type: ignore[index]
+        return ev
+
+    def __iter__(self) -> Iterator[Event]:
+        if self._events is not None:
+            yield from self._events
+        else:
+            for raw in self._raws or ():  # a pass over everything: decode without filling the cache
+                yield _normalized(_event_decoder.decode(raw))
+
+
+NO_INDEX = -(1 << 63)
+_CACHE = 1 << 14
+_decoder = msgspec.json.Decoder(_File)
+_list_decoder = msgspec.json.Decoder(list[msgspec.Raw])
+_event_decoder = msgspec.json.Decoder(Event)
+
+
+def _normalized(ev: Event) -> Event:
+    if not ev.dur >= 0:  # NaN (no "dur") or negative: counted when the trace was read
+        ev.dur = 0.0
+    return ev
 
 
 @dataclass(slots=True)
 class KinetoTrace:
     path: str
-    events: list[Event]
+    events: EventTable
     distributed: dict[str, Any] = field(default_factory=dict)
     warnings: dict[str, int] = field(default_factory=dict)
 
@@ -100,13 +192,9 @@ class KinetoTrace:
         return rank if isinstance(rank, int) else None
 
 
-_decoder = msgspec.json.Decoder(_File)
-_list_decoder = msgspec.json.Decoder(list[Event])
-
-
 def read_kineto(path: Path) -> KinetoTrace:
     data = read_bytes(path)
-    stripped = data.lstrip()[:1]
+    stripped = bytes(data[:4096]).lstrip()[:1]  # not data.lstrip(): that copies the whole trace
     try:
         if stripped == b"[":  # the bare-array Chrome trace form
             doc = _File(traceEvents=_list_decoder.decode(data))
@@ -125,35 +213,80 @@ def read_kineto(path: Path) -> KinetoTrace:
         if b'"nodes"' in data:
             raise BadInput(path, "this looks like a host execution trace (has nodes/schema), not a Kineto trace")
         raise BadInput(path, "not a Kineto trace: no traceEvents")
-    trace = KinetoTrace(path=str(path), events=doc.traceEvents, distributed=doc.distributedInfo or {})
-    _tolerate(trace)
-    return trace
+    eager = len(data) <= _eager_limit()
+    del data  # lazily read events keep views into it; eagerly read ones let it go
+    warnings: dict[str, int] = {}
+    events = _validated(path, doc.traceEvents, eager, warnings)
+    return KinetoTrace(path=str(path), events=events, distributed=doc.distributedInfo or {}, warnings=warnings)
 
 
-def _tolerate(trace: KinetoTrace) -> None:
-    """Drop exact duplicate duration events, set negative or missing durations to 0; each counted as a warning."""
-    seen: set[tuple[Any, ...]] = set()
+def _validated(path: Path, raws: list[msgspec.Raw], eager: bool, warnings: dict[str, int]) -> EventTable:
+    """Decode every event once: a malformed one is bad input now, not deep in a later stage. Keep the duration
+    events (and their columns), drop exact duplicates, count negative or missing durations (set to 0 when read)."""
+    table = EventTable()
+    tids: dict[int | str, int | str] = {}
+    kept_raws: list[msgspec.Raw] = []
     kept: list[Event] = []
-    duplicates = negative = missing = 0
-    for ev in trace.events:
-        if ev.ph == "X":
-            if ev.dur != ev.dur:  # NaN: no "dur" field
-                ev.dur = 0.0
-                missing += 1
-            elif ev.dur < 0:
-                ev.dur = 0.0
-                negative += 1
-            # a real duplicate repeats the ids too; equal zero-length ops at one timestamp are legitimate
-            key = (ev.cat, ev.name, ev.pid, ev.tid, ev.ts, ev.dur, ev.args.external_id, ev.args.correlation)
-            if key in seen and (ev.cat in CPU_OP_CATS or ev.cat in GPU_CATS or ev.cat in RUNTIME_CATS):
-                duplicates += 1
-                continue
-            seen.add(key)
-        kept.append(ev)
-    trace.events = kept
-    if duplicates:
-        trace.warnings["duplicate_kineto_events"] = duplicates
-    if negative:
-        trace.warnings["negative_durations"] = negative
-    if missing:
-        trace.warnings["missing_durations"] = missing
+    seen: set[int] = set()  # hashes of the kept events' JSON: a set of ints is half a dict's memory
+    suspects: list[int] = []  # kept positions whose hash was seen before: duplicates, or (rarely) collisions
+    flags: dict[int, str] = {}  # kept position -> "missing" / "negative" duration
+    for n, raw in enumerate(raws):
+        raws[n] = None  # type: ignore[call-overload]  # an event not kept frees its view as we go
+        try:
+            ev = _event_decoder.decode(raw)
+        except msgspec.ValidationError as exc:
+            raise BadInput(path, f"not a Kineto trace: {exc} (in traceEvents[{n}])") from exc
+        except RecursionError as exc:
+            raise BadInput(path, "JSON nested too deeply") from exc
+        if ev.ph != "X":
+            continue
+        h = hash(bytes(raw))
+        if h in seen:
+            suspects.append(len(kept_raws))
+        seen.add(h)
+        if not ev.dur >= 0:
+            flags[len(kept_raws)] = "missing" if ev.dur != ev.dur else "negative"
+        ev = _normalized(ev)
+        kept_raws.append(raw)
+        table._add_columns(ev, tids)
+        if eager:
+            kept.append(ev)
+    del seen
+    duplicates = _duplicates(kept_raws, suspects)
+    if duplicates:  # rare: rebuild the columns without them
+        kept_raws = [r for j, r in enumerate(kept_raws) if j not in duplicates]
+        kept = [e for j, e in enumerate(kept) if j not in duplicates]
+        warnings["duplicate_kineto_events"] = len(duplicates)
+        table = EventTable()
+        for raw in kept_raws:
+            table._add_columns(_normalized(_event_decoder.decode(raw)), tids)
+    if eager:
+        table._events = kept
+    else:
+        table._raws = kept_raws
+    for kind in ("negative", "missing"):
+        count = sum(1 for j, f in flags.items() if f == kind and j not in duplicates)
+        if count:
+            warnings[f"{kind}_durations"] = count
+    return table
+
+
+def _duplicates(raws: list[msgspec.Raw], suspects: list[int]) -> set[int]:
+    """The suspects whose JSON is byte-identical to an earlier event's (the same event written twice)."""
+    if not suspects:
+        return set()
+    wanted = {hash(bytes(raws[j])) for j in suspects}
+    by_hash: dict[int, list[int]] = {}
+    for j, raw in enumerate(raws):
+        h = hash(bytes(raw))
+        if h in wanted:
+            by_hash.setdefault(h, []).append(j)
+    out: set[int] = set()
+    for positions in by_hash.values():
+        texts: set[bytes] = set()
+        for j in positions:  # ascending: the first of identical texts is kept
+            text = bytes(raws[j])
+            if text in texts:
+                out.add(j)
+            texts.add(text)
+    return out

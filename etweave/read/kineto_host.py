@@ -26,15 +26,6 @@ _STEP = re.compile(r"ProfilerStep#(\d+)$")
 Window = tuple[float, float]
 
 
-def is_cpu_op(ev: Event) -> bool:
-    return ev.ph == "X" and ev.cat in CPU_OP_CATS
-
-
-def in_window(ev: Event, window: Window | None) -> bool:
-    """A cpu op belongs to the window when it starts in it (the rule select_device uses for runtime calls)."""
-    return window is None or window[0] <= ev.ts <= window[1]
-
-
 @dataclass(frozen=True, slots=True)
 class Selection:
     """Which part of a Kineto trace to convert: `ProfilerStep#A` to `#B` inclusive, or a time window (µs)."""
@@ -69,8 +60,9 @@ class Selection:
         """The window in µs on the trace's clock; BadInput when the steps are not there or nothing is selected."""
         if self.steps is not None:
             spans: dict[int, Window] = {}
-            for ev in kineto.events:
-                m = _STEP.match(ev.name) if is_cpu_op(ev) else None
+            for i in kineto.events.cpu:
+                ev = kineto.events[i]
+                m = _STEP.match(ev.name)
                 if m:
                     n = int(m.group(1))
                     lo, hi = spans.get(n, (ev.ts, ev.ts + ev.dur))
@@ -118,9 +110,10 @@ def kineto_host(kineto: KinetoTrace, window: Window | None = None) -> tuple[Host
     """The synthetic host trace of the cpu ops that start in `window` (all when None) and its link."""
     events = kineto.events
     threads: dict[int | str, list[int]] = {}
-    for i, ev in enumerate(events):
-        if is_cpu_op(ev) and in_window(ev, window):
-            threads.setdefault(ev.tid, []).append(i)
+    lo, hi = window if window is not None else (-math.inf, math.inf)
+    for i in events.cpu:
+        if lo <= events.ts[i] <= hi:  # a cpu op belongs to the window when it starts in it
+            threads.setdefault(events.tid[i], []).append(i)
     # ET thread ids are ints: a Kineto tid that is not one gets a number above every int tid.
     tids = sorted(threads, key=lambda t: (not isinstance(t, int), str(t)))
     spare = max((t for t in tids if isinstance(t, int)), default=0) + 1
@@ -167,9 +160,10 @@ def add_unlinked_cpu_ops(host: HostTrace, kineto: KinetoTrace, link: HostLink) -
     events = kineto.events
     linked = {i: op_id for op_id, i in link.event_of.items()}
     threads: dict[int | str, list[int]] = {}
-    for i, ev in enumerate(events):
-        if is_cpu_op(ev) and in_window(ev, link.window):
-            threads.setdefault(ev.tid, []).append(i)
+    lo, hi = link.window
+    for i in events.cpu:
+        if lo <= events.ts[i] <= hi:  # a cpu op belongs to the window when it starts in it
+            threads.setdefault(events.tid[i], []).append(i)
     new = sorted((i for idx in threads.values() for i in idx if i not in linked),
                  key=lambda i: (events[i].ts, entry_key(events[i], i)))
     if not new:
