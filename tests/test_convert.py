@@ -194,3 +194,15 @@ def test_plain_and_gzip_inputs_agree(traces: Path, tmp_path: Path) -> None:
     convert(src / "host.json.gz", src / "kineto.json.gz", tmp_path / "b.et")
     # the metadata names the source files; the nodes must be identical
     assert read_et(tmp_path / "a.et")[1] == read_et(tmp_path / "b.et")[1]
+
+
+@pytest.mark.parametrize("rel", ["gpu/dlrm-8rank/rank1", "gpu/linear", "cpu-gloo/dist_ddp_w2/rank0"])
+def test_lazy_reading_gives_the_same_output(traces: Path, rel: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Large traces keep raw JSON and decode on access (ETWEAVE_EAGER_BYTES); the output must not change."""
+    d = traces / rel
+    eager = run_pipeline(read_host_et(d / "host.json.gz"), read_kineto(d / "kineto.json.gz"))
+    monkeypatch.setenv("ETWEAVE_EAGER_BYTES", "0")
+    kineto = read_kineto(d / "kineto.json.gz")
+    assert kineto.events._events is None, "the lazy path was taken"
+    lazy = run_pipeline(read_host_et(d / "host.json.gz"), kineto)
+    assert lazy.nodes == eager.nodes and lazy.report == eager.report
