@@ -94,7 +94,7 @@ class _File(msgspec.Struct):
 # Inputs up to this size are decoded once and kept as objects (fastest); larger ones keep each event's raw JSON
 # and decode it again when a stage reads it: decoded events take ~3x their JSON, raw views ~60 bytes.
 # ETWEAVE_EAGER_BYTES overrides it (the tests force both ways).
-EAGER_LIMIT = 256 << 20
+EAGER_LIMIT = 64 << 20
 
 
 def _eager_limit() -> int:
