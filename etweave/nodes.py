@@ -11,6 +11,7 @@ from etweave.chakra import et_def_pb2 as pb
 from etweave.deps import Dependencies
 from etweave.model import GPU_KINDS, HOST_OP, PROCESS_ROOT, RUNTIME, THREAD_ROOT, Graph, Item
 from etweave.read.host_et import IO, PG_INIT_NAME
+from etweave.read.kineto import as_int
 
 
 def _attr(name: str, **value: Any) -> pb.AttributeProto:
@@ -87,8 +88,9 @@ def _attrs(it: Item) -> list[pb.AttributeProto]:
         attrs.append(_attr("part_of", int64_val=it.part_of))
     if it.orphan_parent is not None:
         attrs.append(_attr("orphan_parent", int64_val=it.orphan_parent))
-    if it.kind == RUNTIME and it.event is not None and it.event.args.correlation is not None:
-        attrs.append(_attr("correlation", int64_val=int(it.event.args.correlation)))
+    corr = as_int(it.event.args.correlation) if it.kind == RUNTIME and it.event is not None else None
+    if corr is not None:
+        attrs.append(_attr("correlation", int64_val=corr))
     c = it.comm
     if c is not None:
         attrs.append(_attr("collective_name", string_val=c.collective_name))

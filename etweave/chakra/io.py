@@ -38,6 +38,22 @@ def write_et(path: Path, metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node]) 
         tmp.unlink(missing_ok=True)
 
 
+def et_files(paths: Iterable[Path]) -> list[Path]:
+    """The .et files named: a file as it is, a folder as every `*.et` in it (sorted)."""
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found = sorted(p for p in path.glob("*.et") if p.is_file())
+            if not found:
+                raise BadInput(path, "no .et files in this folder")
+            files.extend(found)
+        elif path.exists():
+            files.append(path)
+        else:
+            raise BadInput(path, "no such file or folder")
+    return files
+
+
 def _messages(data: bytes, path: Path) -> Iterator[bytes]:
     pos, end = 0, len(data)
     while pos < end:

@@ -16,7 +16,7 @@ from pathlib import Path
 import orjson
 
 from etweave.chakra import et_def_pb2 as pb
-from etweave.chakra.io import attr_value, read_et
+from etweave.chakra.io import attr_value, et_files, read_et
 from etweave.check import COMM_NODE_TYPES, Violation, check_metadata, check_nodes, check_run
 from etweave.errors import BadInput
 
@@ -40,22 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def _inputs(paths: Sequence[Path]) -> tuple[list[Path], Path | None]:
     """The .et files to read, and the comm_group.json of the first folder that has one."""
-    files: list[Path] = []
-    group_file: Path | None = None
-    for path in paths:
-        if path.is_dir():
-            found = sorted(p for p in path.glob("*.et") if p.is_file())
-            if not found:
-                raise BadInput(path, "no .et files in this folder")
-            files.extend(found)
-            candidate = path / "comm_group.json"
-            if group_file is None and candidate.is_file():
-                group_file = candidate
-        elif path.exists():
-            files.append(path)
-        else:
-            raise BadInput(path, "no such file or folder")
-    return files, group_file
+    folders = [p / "comm_group.json" for p in paths if p.is_dir()]
+    return et_files(paths), next((g for g in folders if g.is_file()), None)
 
 
 def _rank_of(path: Path, metadata: pb.GlobalMetadata, only_file: bool) -> int:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import orjson
 
+from etweave.chakra.io import et_files
 from etweave.errors import BadInput, CheckFailed
 from etweave.simulate.engine import GraphError, RankGraph, UnknownGroup, replay
 from etweave.simulate.load import COMM_GROUP_FILE, find_comm_group, load_comm_group, load_rank
@@ -43,25 +44,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(run=run)
 
 
-def _trace_files(paths: list[Path]) -> list[Path]:
-    files: list[Path] = []
-    for path in paths:
-        if path.is_dir():
-            found = sorted(p for p in path.glob("*.et") if p.is_file())
-            if not found:
-                raise BadInput(path, "no .et files in this folder")
-            files.extend(found)
-        else:
-            files.append(path)
-    return files
-
-
 def run(args: argparse.Namespace) -> int:
     if args.plot is not None:
         from etweave.simulate.plot import require_matplotlib
 
         require_matplotlib(args.plot)  # fail before a long replay, not after
-    files = _trace_files(args.traces)
+    files = et_files(args.traces)
     ranks: list[RankGraph] = [load_rank(f, default_rank=0 if len(files) == 1 else None) for f in files]
     group_file = args.comm_group or find_comm_group(files)
     groups = load_comm_group(group_file) if group_file is not None else {}
