@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import orjson
 
 from etweave import __version__
 from etweave.assemble import assemble
@@ -24,6 +21,7 @@ from etweave.errors import BadInput
 from etweave.link import HostLink, link_host, select_device
 from etweave.model import Graph
 from etweave.nodes import build_nodes
+from etweave.output import write_json
 from etweave.read.host_et import HostTrace, read_host_et
 from etweave.read.kineto import KinetoTrace, read_kineto
 from etweave.read.kineto_host import Selection, add_unlinked_cpu_ops, kineto_host, restrict
@@ -128,12 +126,3 @@ def no_gc() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
-
-
-def write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_bytes(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)

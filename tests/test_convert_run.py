@@ -13,10 +13,10 @@ import pytest
 from conftest import load_gz, write_gz
 
 from etweave.chakra import et_def_pb2 as pb
-from etweave.chakra.io import node_attrs, read_et
+from etweave.chakra.io import node_attrs, read_et, serialize
 from etweave.cli import main
 from etweave.errors import BadInput
-from etweave.run import CollSig, assemble_run, build_comm_group, check_sequences, discover, serialize
+from etweave.run import CollSig, assemble_run, build_comm_group, check_sequences, discover
 
 RUNS = {"gpu/dlrm-8rank": 8, "cpu-gloo/dist_ddp_w2": 2, "cpu-gloo/dist_fsdp1_w2": 2}
 

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO
 
 from google.protobuf.internal.decoder import _DecodeVarint32  # type: ignore[attr-defined]
 from google.protobuf.internal.encoder import _VarintBytes  # type: ignore[attr-defined]
@@ -13,29 +11,33 @@ from google.protobuf.json_format import MessageToDict
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.errors import BadInput
+from etweave.output import write_atomic
 
 SCHEMA_VERSION = "0.0.4"
 
 
-def _write_delimited(out: BinaryIO, message: object) -> None:
-    data = message.SerializeToString(deterministic=True)  # type: ignore[attr-defined]
-    out.write(_VarintBytes(len(data)))
-    out.write(data)
+def _delimited(msg: pb.GlobalMetadata | pb.Node) -> Iterator[bytes]:
+    data = msg.SerializeToString(deterministic=True)  # deterministic: the same input gives the same bytes
+    yield _VarintBytes(len(data))
+    yield data
+
+
+def _stream(metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node]) -> Iterator[bytes]:
+    if not metadata.version:
+        raise ValueError("GlobalMetadata.version must be set: an empty message reads as end of file")
+    yield from _delimited(metadata)
+    for node in nodes:
+        yield from _delimited(node)
+
+
+def serialize(metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node]) -> bytes:
+    """The .et stream in memory (a whole-run conversion ships ranks between processes this way)."""
+    return b"".join(_stream(metadata, nodes))
 
 
 def write_et(path: Path, metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node]) -> None:
-    """Write atomically: a temporary file beside `path`, renamed only once complete."""
-    if not metadata.version:
-        raise ValueError("GlobalMetadata.version must be set: an empty message reads as end of file")
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb", buffering=1 << 20) as out:
-            _write_delimited(out, metadata)
-            for node in nodes:
-                _write_delimited(out, node)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """Stream to a temporary file beside `path`, renamed only once complete."""
+    write_atomic(path, _stream(metadata, nodes))
 
 
 def et_files(paths: Iterable[Path]) -> list[Path]:
@@ -54,7 +56,7 @@ def et_files(paths: Iterable[Path]) -> list[Path]:
     return files
 
 
-def _messages(data: bytes, path: Path) -> Iterator[bytes]:
+def _messages(data: bytes, path: Path | str) -> Iterator[bytes]:
     pos, end = 0, len(data)
     while pos < end:
         try:
@@ -73,7 +75,12 @@ def read_et(path: Path) -> tuple[pb.GlobalMetadata, list[pb.Node]]:
         data = Path(path).read_bytes()
     except OSError as exc:
         raise BadInput(path, f"cannot read: {exc.strerror}") from exc
-    messages = _messages(data, Path(path))
+    return parse(data, Path(path))
+
+
+def parse(data: bytes, path: Path | str = "<memory>") -> tuple[pb.GlobalMetadata, list[pb.Node]]:
+    """The inverse of `serialize`: a GlobalMetadata, then the nodes."""
+    messages = _messages(data, path)
     metadata = pb.GlobalMetadata()
     nodes: list[pb.Node] = []
     try:

@@ -9,9 +9,10 @@ from pathlib import Path
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.errors import BadInput
+from etweave.output import write_atomic
 from etweave.simulate.engine import Replay
 from etweave.simulate.metrics import measured_window
-from etweave.simulate.timeline import NO_RESOURCE, write_atomic
+from etweave.simulate.timeline import NO_RESOURCE
 
 MAX_ROWS = 48  # beyond this the figure is unreadable; the busiest resources are shown
 

@@ -7,14 +7,13 @@ for a collective that includes the wait for its peers, as a measured NCCL kernel
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from etweave.chakra import et_def_pb2 as pb
-from etweave.errors import BadInput
+from etweave.output import write_atomic
 from etweave.simulate.engine import Replay
 from etweave.simulate.metrics import measured_window
 
@@ -56,14 +55,3 @@ def write_timeline(path: Path, replay: Replay) -> None:
     """Write atomically: a temporary file beside `path`, renamed once complete."""
     data = orjson.dumps({"traceEvents": timeline_events(replay), "displayTimeUnit": "ms"})
     write_atomic(Path(path), data)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise BadInput(path, f"cannot write: {exc.strerror}") from exc
-    finally:
-        tmp.unlink(missing_ok=True)

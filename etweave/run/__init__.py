@@ -1,0 +1,172 @@
+"""Whole-run conversion: every rank of a run folder to `<prefix>.<rank>.et`, plus `comm_group.json` and
+`report.json`, with cross-rank checks (`etweave convert-run`).
+
+Discovery (`discover`), in RUN_DIR:
+  1. Rank folders: a subfolder named `rank<N>` (also `rank_<N>`, `rank-<N>`, any case) is rank N. Every
+     `*.json` / `*.json.gz` file in it is one of its traces.
+  2. Flat files: a `*.json` / `*.json.gz` file directly in RUN_DIR whose name has a rank, `rank<N>` anywhere
+     (also `rank_<N>`, `rank-<N>`, any case) or else `_<N>` right before `.json`, is a trace of rank N
+     (`host_rank3.json.gz`, `kineto_3.json`, `sendrecv-rank1.json.gz`).
+  3. Only when 1 and 2 find nothing: a folder holding at most one host ET and at most one Kineto trace (names
+     without a rank) is a one-rank run; its rank is the Kineto `distributedInfo.rank`, else 0.
+  Whether a file is a host ET or a Kineto trace is decided by its content, not its name: the first 4 KB of the
+  (decompressed) file; a host ET has `"schema":` / `"nodes":`, a Kineto trace has `"traceEvents"`,
+  `"schemaVersion"`, `"deviceProperties"` or `"distributedInfo"` (or is a bare JSON array). A readable file
+  that is neither is ignored and listed in the report; an empty or corrupt one is bad input. A rank with only a
+  Kineto trace (or only a host ET) is converted from that one file. Bad input (exit 2): no rank found, a rank
+  with two host ETs or two Kineto traces.
+
+Per rank, `convert_rank` (a top-level function returning plain data, so a process pool and a Dask cluster give
+byte-identical results) runs the single-rank pipeline. Then, on all ranks together:
+  - process groups: the host ET `## process_group:init ##`, Kineto `distributedInfo.pg_config` and the
+    `Process Group Name`/`Process Group Ranks` event args of every rank give one map trace name -> global ranks;
+    the world group is "", every other group gets one decimal id (its trace name when that is decimal), written
+    to `comm_group.json`, and every comm node's `pg_name` is rewritten to it, so one group has one id on every
+    rank.
+  - collective sequences: in each group, every member rank must issue the same collectives in the same order
+    (ascending node id, the order the simulator matches them in): same kind (from `collective_name`), same
+    `comm_seq` where both have one, and same size for the kinds that need equal sizes (all_reduce, reduce,
+    all_gather, reduce_scatter, broadcast, barrier; all_to_all sizes legitimately differ). Members of a group
+    that are not in the run (world size from Kineto `distributedInfo`) are reported as absent; the present
+    ones are checked.
+  - durations: a collective's measured duration includes waiting for the slowest peer. For every matched
+    collective (before any divergence), each member's `duration_micros` becomes its end minus the latest start
+    among the members, clamped to >= 0 (>= 1 when measured > 0) and never above its old value, and is also
+    written to attr `transfer_duration_micros`; `measured_duration_micros` keeps the measured one.
+  - `check_nodes` per rank and `check_run` across ranks on the final nodes.
+Outputs are written only when all of that passed (a divergence passes only with `allow_mismatch`), each file
+atomically; a failed run writes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from etweave.chakra.io import write_et
+from etweave.errors import BadInput, CheckFailed
+from etweave.output import write_json
+from etweave.run.cross_rank import (
+    _SHOWN,
+    CollSig,
+    RunResult,
+    _group_label,
+    assemble_run,
+    build_comm_group,
+    check_sequences,
+)
+from etweave.run.discover import Discovery, RankFiles, discover
+from etweave.run.workers import convert_rank, convert_ranks
+
+COMM_GROUP_FILE, REPORT_FILE = "comm_group.json", "report.json"
+
+__all__ = ["COMM_GROUP_FILE", "REPORT_FILE", "CollSig", "Discovery", "RankFiles", "RunResult", "assemble_run",
+           "build_comm_group", "check_sequences", "convert_rank", "convert_ranks", "convert_run", "discover",
+           "stale_outputs", "summary", "write_run"]
+
+
+
+def stale_outputs(out_dir: Path, prefix: str, ranks: Iterable[int]) -> list[Path]:
+    """`<prefix>.<N>.et` files in out_dir for ranks not in this run: `etweave check OUT_DIR` would mix them in."""
+    if not out_dir.is_dir():
+        return []
+    keep = {f"{prefix}.{r}.et" for r in ranks}
+    pattern = re.compile(rf"^{re.escape(prefix)}\.\d+\.et$")
+    return sorted(p for p in out_dir.iterdir() if pattern.match(p.name) and p.name not in keep)
+
+
+def write_run(out_dir: Path, prefix: str, result: RunResult) -> list[Path]:
+    """Every output into a temporary folder inside out_dir, then each renamed into place (report last)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=".etweave-run-", dir=out_dir))
+    try:
+        names: list[str] = []
+        for rank, (metadata, nodes) in sorted(result.ranks.items()):
+            names.append(f"{prefix}.{rank}.et")
+            write_et(stage / names[-1], metadata, nodes)
+        write_json(stage / COMM_GROUP_FILE, result.comm_group)
+        write_json(stage / REPORT_FILE, result.report)
+        names += [COMM_GROUP_FILE, REPORT_FILE]
+        for name in names:
+            os.replace(stage / name, out_dir / name)
+        return [out_dir / n for n in names]
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def convert_run(run_dir: Path, out_dir: Path, prefix: str = "trace", allow_mismatch: bool = False,
+                jobs: int | None = None, scheduler: str | None = None, progress: bool = False,
+                on_ranks: Callable[[RunResult], None] | None = None) -> RunResult:
+    """The whole run (the Python API of `etweave convert-run`). `on_ranks` sees the result before anything is
+    written or a divergence raises (the CLI prints its summary there). Raises BadInput, CheckFailed."""
+    if not prefix or "/" in prefix or os.sep in prefix:
+        raise BadInput("--prefix", f"{prefix!r} must be a plain file name prefix")
+    found = discover(Path(run_dir))
+    known = [rf.rank for rf in found.ranks if rf.rank is not None]
+    stale = stale_outputs(Path(out_dir), prefix, known)
+    if stale and all(rf.rank is not None for rf in found.ranks):
+        raise BadInput(out_dir, f"holds {len(stale)} .et file(s) of ranks not in this run ("
+                                f"{', '.join(p.name for p in stale[:5])}): remove them or choose another "
+                                "output folder or --prefix")
+    outputs = convert_ranks(found.ranks, jobs, scheduler, progress)
+    for out, rf in zip(outputs, found.ranks, strict=True):
+        out["host"] = str(rf.host) if rf.host else None
+        out["kineto"] = str(rf.kineto) if rf.kineto else None
+    result = assemble_run(outputs, allow_mismatch, found)
+    if on_ranks is not None:
+        on_ranks(result)
+    if not result.consistent and not allow_mismatch:
+        shown = "; ".join(result.messages[:_SHOWN])
+        raise CheckFailed(f"the ranks issue different collectives, nothing written (--allow-mismatch writes "
+                          f"anyway): {shown}")
+    write_run(Path(out_dir), prefix, result)
+    return result
+
+
+def summary(result: RunResult) -> Iterator[str]:
+    """Lines for the terminal: one per rank, then the cross-rank result."""
+    rep = result.report
+    for rank, r in rep["ranks"].items():
+        yield _rank_line(rank, r)
+    cross = rep["cross_rank"]
+    for g in cross["groups"]:
+        counts = set(g["collectives_per_rank"].values())
+        per = f"{counts.pop()} collectives per rank" if len(counts) == 1 else "different collective counts"
+        state = "consistent" if g["consistent"] else f"{len(g['divergences'])} rank(s) diverge"
+        absent = f", {g['absent']} absent" if g["absent"] else ""
+        yield (f"{_group_label(g['group'])} ({g['members']} members; ranks {g['present']} here{absent}): "
+               f"{per}, {state}")
+    for line in result.messages:
+        yield f"  {line}"
+    for note in rep["notes"]:
+        yield f"note: {note}"
+    for v in cross["notes"]:
+        yield f"note: {v['where']}: {v['message']}"
+    d = rep["durations"]
+    skipped = d["not_overlapping_matches"]
+    yield (f"collective durations: {d['adjusted']} of {d['comm_nodes_matched']} matched comm nodes shortened to "
+           f"the transfer time (end - latest start among members), largest by {d['max_adjustment_micros']} us"
+           + (f"; {skipped} matched collective(s) left as measured: their members do not overlap in time"
+              if skipped else ""))
+    state = "consistent" if result.consistent else (
+        "NOT consistent (written because of --allow-mismatch)" if cross["allow_mismatch"] else "NOT consistent")
+    yield f"cross-rank check: {len(result.ranks)} rank(s), {state}"
+
+
+def _rank_line(rank: str, r: dict[str, Any]) -> str:
+    # .get throughout: the per-rank report belongs to etweave.report and may grow or rename fields
+    def ratio(kind: str) -> str:
+        part = r.get(kind) or {}
+        return f"{part.get('output', '?')}/{part.get('input', '?')}"
+
+    orphans = (r.get("orphans") or {}).get("count", 0)
+    warn = ", ".join(f"{k}={v}" for k, v in (r.get("warnings") or {}).items() if v)
+    return (f"rank {rank}: {r.get('nodes', '?')} nodes, {(r.get('edges') or {}).get('total', '?')} edges, host ops "
+            f"{ratio('host_ops')}, device ops {ratio('device_ops')}, collectives {ratio('collectives')}, linked by "
+            f"{(r.get('link') or {}).get('method', '?')}" + (f", {orphans} orphans" if orphans else "")
+            + (f"; warnings: {warn}" if warn else ""))
