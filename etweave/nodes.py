@@ -66,11 +66,11 @@ def build_nodes(g: Graph, deps: Dependencies) -> Iterator[pb.Node]:
 
 
 def _attrs(it: Item) -> list[pb.AttributeProto]:
-    is_cpu = it.comm is None and it.kind not in GPU_KINDS
-    attrs = [_attr("kind", string_val=it.kind), _attr("is_cpu_op", bool_val=is_cpu)]
-    if it.tid is not None and it.kind not in GPU_KINDS:
+    on_gpu = it.kind in GPU_KINDS or it.stream is not None  # GPU events, and idle time on a stream
+    attrs = [_attr("kind", string_val=it.kind), _attr("is_cpu_op", bool_val=it.comm is None and not on_gpu)]
+    if it.tid is not None and not on_gpu:
         attrs.append(_attr("tid", int64_val=_tid(it.tid)))
-    if it.kind in GPU_KINDS:
+    if on_gpu:
         attrs.append(_attr("device", int64_val=it.device or 0))
         attrs.append(_attr("stream", int64_val=it.stream or 0))
     h = it.host

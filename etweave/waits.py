@@ -9,6 +9,7 @@ gap explained by a handoff from another thread disappears. What no evidence expl
 from __future__ import annotations
 
 import bisect
+import math
 from collections import defaultdict
 
 from etweave.model import DELAY, GPU_KINDS, HOST_OP, MEMCPY, RESUME, RUNTIME, SELF_PART, THREAD_ROOT, Graph, Item
@@ -289,10 +290,19 @@ def _stream_waits(g: Graph) -> None:
                         idle_from = it.start
                     else:  # it waited for x, then for something no record shows: idle after x
                         idle_from = x_end
+                if launch is not None and idle_from <= launch.start:
+                    # a launch that returned at once (a zero-length node) starts where the idle time does: keep
+                    # the idle node a hair later so its edge from the launch goes forward in the total order
+                    idle_from = math.nextafter(launch.start, math.inf)
                 if it.start - idle_from > TOLERANCE:
                     d = g.add(Item(id=0, kind=DELAY, name="[gpu idle]", start=idle_from, seg_end=it.start,
                                    measured=True, device=key[0], stream=key[1]))
                     d.dur = d.excl = it.start - idle_from
+                    # the idle time starts once whatever made the op ready is done: its launch, an event waited
+                    # on, or the op on another stream it waited for
+                    if launch is not None:
+                        d.awaits.append((launch.id, "launch", False))
+                    d.awaits.extend(a for a in it.awaits if a[1] == "event_wait")
                     if x is not None and idle_from > ready:
                         d.awaits.append((x.id, "stream_wait", True))
                     new_order.append(d.id)
