@@ -11,6 +11,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+import etweave
 from etweave import __version__
 from etweave.commands import COMMANDS
 from etweave.errors import BadInput, CheckFailed
@@ -19,7 +20,10 @@ EXIT_OK, EXIT_INTERNAL, EXIT_BAD_INPUT, EXIT_CHECK = 0, 1, 2, 3
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="etweave", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="etweave", description=etweave.__doc__,
+        epilog="Exit codes: 0 ok, 1 internal error (--debug shows the traceback), 2 bad input (one line on stderr), "
+               "3 a check or consistency violation. Start with: etweave example")
     parser.add_argument("--version", action="version", version=f"etweave {__version__}")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an internal error")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
