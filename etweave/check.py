@@ -167,7 +167,7 @@ def check_metadata(metadata: pb.GlobalMetadata, where: str) -> list[Violation]:
     return []
 
 
-def _find_cycle(nodes: Sequence[pb.Node], index: dict[int, int], stuck: list[int]) -> list[int]:
+def _find_cycle(nodes: Sequence[NodeShape], index: dict[int, int], stuck: list[int]) -> list[int]:
     """Indices of one cycle among the nodes Kahn's algorithm could not schedule.
 
     Every stuck node has a stuck dependency (else its in-degree would have reached 0), so walking from
@@ -191,8 +191,43 @@ def _find_cycle(nodes: Sequence[pb.Node], index: dict[int, int], stuck: list[int
     return path[position[current]:]
 
 
+@dataclass(frozen=True, slots=True)
+class NodeShape:
+    """What the graph checks need of a node: far smaller than the protobuf node, so a writer can stream nodes
+    out and still check the whole graph before the file appears."""
+
+    id: int
+    name: str
+    data_deps: tuple[int, ...]
+    ctrl_deps: tuple[int, ...]
+
+
+class NodeChecker:
+    """check_nodes, one node at a time: `add` each node (its own attrs and type are checked then), then
+    `violations()` adds the checks that need them all (ids, edges, cycles)."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.out: list[Violation] = []
+        self.shapes: list[NodeShape] = []
+
+    def add(self, node: pb.Node) -> None:
+        _check_node_semantics(node, self.where, self.out)
+        self.shapes.append(NodeShape(node.id, node.name, tuple(node.data_deps), tuple(node.ctrl_deps)))
+
+    def violations(self) -> list[Violation]:
+        return self.out + _graph_violations(self.shapes, self.where)
+
+
 def check_nodes(nodes: Sequence[pb.Node], where: str) -> list[Violation]:
     """Violations within one rank's nodes: ids, edges, cycles, attr types, comm node requirements."""
+    checker = NodeChecker(where)
+    for node in nodes:
+        checker.add(node)
+    return checker.violations()
+
+
+def _graph_violations(nodes: Sequence[NodeShape], where: str) -> list[Violation]:
     out: list[Violation] = []
     index: dict[int, int] = {}  # id -> position of the first node with it
     for i, node in enumerate(nodes):
@@ -201,7 +236,6 @@ def check_nodes(nodes: Sequence[pb.Node], where: str) -> list[Violation]:
             out.append(Violation("duplicate-id", where,
                                  f"id also used by an earlier node ({nodes[first].name!r}, now {node.name!r})",
                                  node.id))
-        _check_node_semantics(node, where, out)
 
     # Graph over positions, not ids, so duplicate ids cannot merge nodes. Self-edges and dangling ones are
     # reported and left out, so the cycle check reports only real cycles.

@@ -14,7 +14,7 @@ from etweave import __version__
 from etweave.assemble import assemble
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import SCHEMA_VERSION, write_et
-from etweave.check import check_nodes
+from etweave.check import NodeChecker
 from etweave.collectives import find_collectives
 from etweave.deps import Dependencies, infer
 from etweave.errors import BadInput
@@ -35,8 +35,27 @@ class Result:
     graph: Graph
     deps: Dependencies
     report: dict[str, Any]
-    nodes: list[pb.Node]
     metadata: pb.GlobalMetadata
+    _nodes: list[pb.Node] | None = None
+
+    @property
+    def nodes(self) -> list[pb.Node]:
+        """Every node, built and checked on first use (`convert` streams them to the file instead)."""
+        if self._nodes is None:
+            self._nodes = list(self.checked_nodes())
+        return self._nodes
+
+    def checked_nodes(self) -> Iterator[pb.Node]:
+        """The nodes one at a time; after the last, the whole graph is checked. A violation is an etweave bug:
+        raising there leaves no output, since the writer renames its temporary file only once this ends."""
+        rank = self.graph.rank
+        checker = NodeChecker(f"rank {rank}")
+        for node in build_nodes(self.graph, self.deps):
+            checker.add(node)
+            yield node
+        violations = checker.violations()
+        if violations:
+            raise RuntimeError(f"output failed its own check: {violations[0]}")
 
 
 def process_groups(host: HostTrace | None, kineto: KinetoTrace | None) -> dict[str, str]:
@@ -87,10 +106,6 @@ def run_pipeline(host: HostTrace | None, kineto: KinetoTrace | None, rank: int |
     stats = find_collectives(g, process_groups(host, kineto))
     resolve_waits(g)
     deps = infer(g)
-    nodes = list(build_nodes(g, deps))
-    violations = check_nodes(nodes, f"rank {rank}")
-    if violations:  # an etweave bug: never write a file the simulator would reject
-        raise RuntimeError(f"output failed its own check: {violations[0]}")
     report = build_report(host, kineto, link, device, rep, g, deps, stats)
     metadata = pb.GlobalMetadata(version=SCHEMA_VERSION)
     metadata.attr.extend([
@@ -99,7 +114,7 @@ def run_pipeline(host: HostTrace | None, kineto: KinetoTrace | None, rank: int |
         pb.AttributeProto(name="source_host", string_val=Path(host.path).name if host else ""),
         pb.AttributeProto(name="source_device", string_val=Path(kineto.path).name if kineto else ""),
     ])
-    return Result(g, deps, report, nodes, metadata)
+    return Result(g, deps, report, metadata)
 
 
 def convert(host: Path | None, device: Path | None, out: Path, report_path: Path | None = None,
@@ -109,7 +124,7 @@ def convert(host: Path | None, device: Path | None, out: Path, report_path: Path
         host_trace = read_host_et(Path(host)) if host is not None else None
         kineto = read_kineto(Path(device)) if device is not None else None
         result = run_pipeline(host_trace, kineto, rank, select)
-        write_et(Path(out), result.metadata, result.nodes)
+        write_et(Path(out), result.metadata, result.checked_nodes())  # streamed: nodes are not all kept
         if report_path is not None:
             write_json(Path(report_path), result.report)
     return result

@@ -72,7 +72,7 @@ def _convert_rank(rank: int | None, host: str | None, kineto: str | None) -> dic
     except BadInput as exc:
         return {"rank": rank, "error": {"where": exc.where, "problem": exc.problem}}
     out_rank = next(int(a.int64_val) for a in result.metadata.attr if a.name == "rank")
-    return {"rank": out_rank, "et": serialize(result.metadata, result.nodes), "report": result.report,
+    return {"rank": out_rank, "et": serialize(result.metadata, result.checked_nodes()), "report": result.report,
             "local_groups": local, "groups": groups, "world_size": world, "trace_rank": trace_rank}
 
 
