@@ -63,7 +63,7 @@ def measure(nodes: Sequence[pb.Node]) -> Fidelity:
     measured = [n for n in nodes if n.start_time_micros > 0]
     t0 = min((n.start_time_micros for n in measured), default=0)
     t1 = max((n.start_time_micros + n.duration_micros for n in measured), default=0)
-    for n in measured:  # an op's measured end is its start plus inclusive time: use the exclusive-free span
+    for n in measured:  # a comm node shortened to its transfer time still ended at its measured end
         a = node_attrs(n)
         if "measured_duration_micros" in a:
             t1 = max(t1, n.start_time_micros + int(a["measured_duration_micros"]))  # type: ignore[arg-type]

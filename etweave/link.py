@@ -7,10 +7,11 @@ op sequence with a Kineto thread (names, order, nesting by start order, and `seq
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from etweave.read.host_et import HostOp, HostTrace
-from etweave.read.kineto import CPU_OP_CATS, Event, EventTable, KinetoTrace, as_int
+from etweave.read.kineto import Event, EventTable, KinetoTrace, as_int
 
 # How far the aligner looks ahead for a resynchronisation point when names disagree.
 LOOKAHEAD = 48
@@ -50,13 +51,12 @@ def link_host(host: HostTrace, kineto: KinetoTrace | None) -> HostLink:
     return link
 
 
-def _link_by_rf_id(ops: list[HostOp], events: list[Event]) -> HostLink:
+def _link_by_rf_id(ops: list[HostOp], events: EventTable) -> HostLink:
     by_rf: dict[int, int] = {}
-    for i, ev in enumerate(events):
-        if ev.ph == "X" and ev.cat in CPU_OP_CATS:
-            rf = as_int(ev.args.rf_id, 0)
-            if rf:  # 0 = recorded while the observer was off
-                by_rf[rf] = i
+    for i in events.cpu:
+        rf = as_int(events[i].args.rf_id, 0)
+        if rf:  # 0 = recorded while the observer was off
+            by_rf[rf] = i
     event_of: dict[int, int] = {}
     mismatched = 0
     for op in ops:
@@ -73,7 +73,7 @@ def _link_by_rf_id(ops: list[HostOp], events: list[Event]) -> HostLink:
     return link
 
 
-def _thread_map(ops: list[HostOp], event_of: dict[int, int], events: list[Event]) -> dict[int, int | str]:
+def _thread_map(ops: list[HostOp], event_of: dict[int, int], events: Sequence[Event]) -> dict[int, int | str]:
     """Each host thread's Kineto thread: where most of its linked ops ran (gloo work is on worker threads)."""
     votes: dict[int, Counter[int | str]] = defaultdict(Counter)
     for op in ops:
@@ -83,7 +83,7 @@ def _thread_map(ops: list[HostOp], event_of: dict[int, int], events: list[Event]
     return {tid: c.most_common(1)[0][0] for tid, c in sorted(votes.items())}
 
 
-def _seq_offset(ops: list[HostOp], events: list[Event], threads: dict[int | str, list[int]]) -> int | None:
+def _seq_offset(ops: list[HostOp], events: Sequence[Event], threads: dict[int | str, list[int]]) -> int | None:
     """The offset between host seq ids and Kineto sequence numbers that matches the most (name, seq) pairs.
 
     0 when the host ET is one of the Kineto iterations; nonzero when it was recorded in another step
@@ -111,7 +111,7 @@ def _seq_offset(ops: list[HostOp], events: list[Event], threads: dict[int | str,
     return best
 
 
-def _link_by_alignment(ops: list[HostOp], events: list[Event], threads: dict[int | str, list[int]]) -> HostLink:
+def _link_by_alignment(ops: list[HostOp], events: Sequence[Event], threads: dict[int | str, list[int]]) -> HostLink:
     offset = _seq_offset(ops, events, threads)
     per_thread: dict[int, list[HostOp]] = defaultdict(list)
     for op in ops:
@@ -147,7 +147,7 @@ def _link_by_alignment(ops: list[HostOp], events: list[Event], threads: dict[int
     return link
 
 
-def _anchors(host_ops: list[HostOp], idx: list[int], events: list[Event], offset: int | None,
+def _anchors(host_ops: list[HostOp], idx: list[int], events: Sequence[Event], offset: int | None,
              span: tuple[float, float] | None) -> list[tuple[int, int]]:
     """Candidate (host position, Kineto position) pairs to start aligning from."""
     if offset is not None:
@@ -173,7 +173,7 @@ def _anchors(host_ops: list[HostOp], idx: list[int], events: list[Event], offset
     return [(0, k) for k, i in enumerate(idx) if events[i].name == first][:8]
 
 
-def _align(host_ops: list[HostOp], idx: list[int], events: list[Event], anchor: tuple[int, int],
+def _align(host_ops: list[HostOp], idx: list[int], events: Sequence[Event], anchor: tuple[int, int],
            offset: int | None) -> dict[int, int]:
     """Greedy two-pointer alignment outward from an anchor, resynchronising on names within LOOKAHEAD."""
     matched: dict[int, int] = {}
@@ -193,7 +193,7 @@ def _same(op: HostOp, ev: Event, offset: int | None) -> bool:
     return True
 
 
-def _walk(host_ops: list[HostOp], idx: list[int], events: list[Event], h: int, k: int, step: int,
+def _walk(host_ops: list[HostOp], idx: list[int], events: Sequence[Event], h: int, k: int, step: int,
           offset: int | None, matched: dict[int, int]) -> None:
     nh, nk = len(host_ops), len(idx)
     while 0 <= h < nh and 0 <= k < nk:
@@ -221,11 +221,6 @@ def _walk(host_ops: list[HostOp], idx: list[int], events: list[Event], h: int, k
 class LeftOut:
     count: int = 0
     examples: list[str] = field(default_factory=list)
-
-    def add(self, example: str) -> None:
-        self.count += 1
-        if len(self.examples) < 5:
-            self.examples.append(example)
 
     def add_at(self, events: EventTable, i: int) -> None:
         self.count += 1

@@ -78,13 +78,6 @@ class Event(msgspec.Struct, gc=False):
     args: Args = _NO_ARGS
 
 
-def entry_key(ev: Event, index: int) -> tuple[float, float, int]:
-    """Order of op entry on one thread: start time, then Kineto's event index (outer before inner, and right at
-    equal µs-rounded starts), else outer (longer) first."""
-    idx = ev.args.ev_idx
-    return (ev.ts, idx if isinstance(idx, int) else -ev.dur, index)
-
-
 class _File(msgspec.Struct):
     # Raw: views into the input buffer, decoded one at a time (validated once, kept decoded or re-decoded later)
     traceEvents: list[msgspec.Raw] = msgspec.field(default_factory=list)
@@ -141,7 +134,8 @@ class EventTable(Sequence[Event]):
         self.tid.append(tids.setdefault(ev.tid, ev.tid))  # one object per thread, not per event
 
     def entry_key(self, i: int) -> tuple[float, float, int]:
-        """entry_key(self[i], i) from the columns (decoding only when the event has no Kineto index)."""
+        """Order of op entry on one thread: start time, then Kineto's event index (outer before inner, and right
+        at equal µs-rounded starts), else outer (longer) first. From the columns; decodes only without an index."""
         idx = self.ev_idx[i]
         return (self.ts[i], idx if idx != NO_INDEX else -self[i].dur, i)
 

@@ -16,7 +16,7 @@ from typing import Any
 from etweave.errors import BadInput
 from etweave.link import HostLink
 from etweave.read.host_et import IO, PROCESS_ROOT_NAMES, THREAD_ROOT_NAMES, HostOp, HostTrace
-from etweave.read.kineto import CPU_OP_CATS, GPU_CATS, RUNTIME_CATS, Event, KinetoTrace, as_int, entry_key
+from etweave.read.kineto import Event, KinetoTrace, as_int
 
 SCHEMA = "kineto-synthesized"
 # Kineto rounds to the µs on old traces: a child may seem to end a hair after its parent (as in assemble).
@@ -75,12 +75,12 @@ class Selection:
             return (spans[first][0], max(hi for n, (_, hi) in spans.items() if first <= n <= last))
         assert self.window is not None
         lo, hi = self.window
-        if not any(ev.ph == "X" and lo <= ev.ts <= hi and ev.cat in _SELECTABLE for ev in kineto.events):
+        events = kineto.events
+        if not any(lo <= events.ts[i] <= hi for idx in (events.cpu, events.runtime, events.gpu) for i in idx):
             raise BadInput("--window", f"selects no cpu op, runtime call or GPU event ({lo}:{hi})")
         return self.window
 
 
-_SELECTABLE = CPU_OP_CATS | RUNTIME_CATS | GPU_CATS
 
 
 def _bound(text: str, default: float, whole: str) -> float:
@@ -127,7 +127,7 @@ def kineto_host(kineto: KinetoTrace, window: Window | None = None) -> tuple[Host
     # Fresh ids in entry order, as the host ET's counter hands them out at op entry: start time across threads,
     # and within a thread Kineto's entry order (outer before inner at equal starts).
     order = sorted(((t, i) for t, idx in threads.items() for i in idx),
-                   key=lambda ti: (events[ti[1]].ts, no[ti[0]], entry_key(events[ti[1]], ti[1])))
+                   key=lambda ti: (events.ts[ti[1]], no[ti[0]], events.entry_key(ti[1])))
     id_of = {i: thread_root[tids[-1]] + 1 + n for n, (_, i) in enumerate(order)} if tids else {}
     parent_of, partial = _parents(events, threads, id_of, thread_root)
     for t, i in order:
@@ -165,7 +165,7 @@ def add_unlinked_cpu_ops(host: HostTrace, kineto: KinetoTrace, link: HostLink) -
         if lo <= events.ts[i] <= hi:  # a cpu op belongs to the window when it starts in it
             threads.setdefault(events.tid[i], []).append(i)
     new = sorted((i for idx in threads.values() for i in idx if i not in linked),
-                 key=lambda i: (events[i].ts, entry_key(events[i], i)))
+                 key=lambda i: (events.ts[i], events.entry_key(i)))
     if not new:
         return
     et_of = {ktid: et for et, ktid in link.kthread_of.items()}
@@ -196,7 +196,7 @@ def _parents(events: list[Event], threads: dict[int | str, list[int]], id_of: di
     partial = 0
     for t, idx in threads.items():
         stack: list[int] = []
-        for i in sorted(idx, key=lambda i: entry_key(events[i], i)):
+        for i in sorted(idx, key=events.entry_key):
             ev = events[i]
             end = ev.ts + ev.dur
             # Epoch-µs floats near 1.7e15 hold only quarter µs: allow a couple of units in the last place.

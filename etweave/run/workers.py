@@ -55,8 +55,9 @@ def _convert_rank(rank: int | None, host: str | None, kineto: str | None) -> dic
                 groups.append({"name": str(grp.get("pg_name", "")), "ranks": _ranks(grp.get("ranks")),
                                "size": grp.get("pg_size"), "source": "kineto_pg_config"})
         seen: set[tuple[str, str]] = set()
-        for ev in kineto_trace.events:
-            args = ev.args
+        events = kineto_trace.events
+        for i in (*events.cpu, *events.gpu):  # record_param_comms ops and NCCL kernels carry them
+            args = events[i].args
             if args.pg_name is None or args.pg_ranks is None:
                 continue
             key = (str(args.pg_name), str(args.pg_ranks))
