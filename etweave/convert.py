@@ -22,6 +22,7 @@ from etweave.link import HostLink, link_host, select_device
 from etweave.model import Graph
 from etweave.nodes import build_nodes
 from etweave.output import write_json
+from etweave.read import widths
 from etweave.read.host_et import HostTrace, read_host_et
 from etweave.read.kineto import KinetoTrace, read_kineto
 from etweave.read.kineto_host import Selection, add_unlinked_cpu_ops, kineto_host, restrict
@@ -84,6 +85,7 @@ def run_pipeline(host: HostTrace | None, kineto: KinetoTrace | None, rank: int |
         raise BadInput("convert", "give a host ET (--host), a Kineto trace (--device), or both")
     if rank is None:
         rank = (kineto.rank if kineto is not None else None) or 0
+    widths.rank("--rank", "rank", rank)
     window = None
     if select is not None:
         if kineto is None:
@@ -103,6 +105,8 @@ def run_pipeline(host: HostTrace | None, kineto: KinetoTrace | None, rank: int |
     if host is not None:
         rep, next_id = repair(host, next_id)
     g = assemble(host, kineto, link, device, rep, next_id, rank)
+    g.extra["input_files"] = {"host": host.path if host is not None else None,
+                              "device": kineto.path if kineto is not None else None}
     stats = find_collectives(g, process_groups(host, kineto))
     resolve_waits(g)
     deps = infer(g)

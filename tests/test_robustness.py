@@ -79,6 +79,137 @@ def _bomb(t: Path, tmp: Path) -> Path:
     return _raw(tmp, "host.json.gz", gzip.compress(b" " * (4 << 20)))
 
 
+def _host_node(t: Path, tmp: Path, rel: str, pick: Callable[[dict], bool], change: Callable[[dict], object]) -> Path:
+    """The host ET of `rel` with `change` applied to the first node `pick` accepts."""
+    doc = _host(t, rel)
+    change(next(n for n in doc["nodes"] if pick(n)))
+    return _json(tmp, "host.json", doc)
+
+
+def _set_attr(name: str, value: object) -> Callable[[dict], None]:
+    def change(node: dict) -> None:
+        next(a for a in node["attrs"] if a["name"] == name)["value"] = value
+    return change
+
+
+def _kineto_event(t: Path, tmp: Path, rel: str, pick: Callable[[dict], bool], change: Callable[[dict], object],
+                  top: Callable[[dict], object] | None = None) -> Path:
+    doc = _kineto(t, rel)
+    change(next(e for e in doc["traceEvents"] if e.get("ph") == "X" and pick(e)))
+    if top is not None:
+        top(doc)
+    return _json(tmp, "kineto.json", doc)
+
+
+def _negative_nelems(t: Path, tmp: Path) -> Path:
+    doc = load_gz(t / "kineto-only" / "nccl-broadcast-allreduce.json.gz")
+    next(e for e in doc["traceEvents"] if "In msg nelems" in e.get("args", {}))["args"]["In msg nelems"] = -1
+    return _json(tmp, "kineto.json", doc)
+
+
+BIG = 1 << 63  # one past the largest int64
+_is_send = lambda n: n["name"] == "c10d::send"  # noqa: E731
+_any = lambda n: n["id"] > 5  # noqa: E731
+_cpu = lambda e: e.get("cat") == "cpu_op"  # noqa: E731
+
+
+def _pg_ranks(value: object) -> Callable[[dict], None]:
+    def change(node: dict) -> None:
+        groups = orjson.loads(node["inputs"]["values"][0])
+        groups[0]["ranks"] = value
+        node["inputs"]["values"][0] = orjson.dumps(groups).decode()
+    return change
+
+
+# Class 1 (numbers the output cannot hold) and class 2 (malformed values) of issue 13: each was an exit 1.
+WIDTHS: list[tuple[str, Callable[[Path, Path], Path], str, str]] = [
+    ("host parent (ctrl_deps) >= 2^63", lambda t, d: _host_node(t, d, GLOO, _any, lambda n: n.update(ctrl_deps=BIG)),
+     "--host", "'ctrl_deps' 9223372036854775808 out of range"),
+    ("host parent (flat schema) >= 2^63", lambda t, d: _host_node(t, d, PAIR, _any, lambda n: n.update(parent=BIG)),
+     "--host", "'parent' 9223372036854775808 out of range"),
+    ("host tid >= 2^63", lambda t, d: _host_node(t, d, GLOO, _any, _set_attr("tid", BIG)), "--host",
+     "'tid' 9223372036854775808 out of range"),
+    ("host rf_id >= 2^63", lambda t, d: _host_node(t, d, GLOO, _any, _set_attr("rf_id", BIG)), "--host",
+     "'rf_id' 9223372036854775808 out of range"),
+    ("send peer above int32", lambda t, d: _host_node(
+        t, d, GLOO, _is_send, lambda n: n["inputs"]["values"].__setitem__(2, 1 << 40)), "--host", "peer 1099511627776"),
+    ("tensor sizes overflow comm_size", lambda t, d: _host_node(
+        t, d, GLOO, _is_send, lambda n: n["inputs"]["values"][0][0].__setitem__(3, 1 << 62)), "--host",
+     "collective size"),
+    ("Kineto tid >= 2^63", lambda t, d: _kineto_event(t, d, GLOO, _cpu, lambda e: e.update(tid=BIG)), "--device",
+     ".tid 9223372036854775808 out of range"),
+    ("Kineto ts of 1e300", lambda t, d: _kineto_event(t, d, GLOO, _cpu, lambda e: e.update(ts=1e300)), "--device",
+     ".ts 1e+300 out of range"),
+    ("Kineto dur of 1e300", lambda t, d: _kineto_event(t, d, GLOO, _cpu, lambda e: e.update(dur=1e300)), "--device",
+     ".dur 1e+300 out of range"),
+    ("rank true", lambda t, d: _kineto_event(t, d, GLOO, _cpu, lambda e: None,
+                                             lambda k: k["distributedInfo"].update(rank=True)),
+     "--device", "distributedInfo.rank True is not a rank"),
+    ("rank 2^63", lambda t, d: _kineto_event(t, d, GLOO, _cpu, lambda e: None,
+                                            lambda k: k["distributedInfo"].update(rank=BIG)),
+     "--device", "distributedInfo.rank 9223372036854775808 is not a rank"),
+    ("world_size 1e8", lambda t, d: _kineto_event(t, d, GLOO, _cpu, lambda e: None,
+                                                 lambda k: k["distributedInfo"].update(world_size=10**8)),
+     "--device", "distributedInfo.world_size 100000000 is not a world size"),
+    ("negative In msg nelems", _negative_nelems, "--device", "'In msg nelems' -1 is not an element count"),
+    ("Kineto name with invalid UTF-8", lambda t, d: _raw(d, "kineto.json", orjson.dumps(_kineto(t)).replace(
+        b'"name":"[param|cuda]"', b'"name":"\xff"')), "--device", "UTF-8"),
+    ("host inputs nested 300 deep", lambda t, d: _raw(d, "host.json", _host_node(
+        t, d, GLOO, _any, lambda n: n["inputs"].update(values=["NEST"], types=["Int"], shapes=[[]])).read_bytes()
+        .replace(b'"NEST"', b"[" * 300 + b"]" * 300)), "--host", "'inputs' nested more than 200 levels"),
+    ("attr name a list", lambda t, d: _host_node(t, d, GLOO, _any, lambda n: n["attrs"][0].update(name=[1])), "--host",
+     "attrs[0] 'name' is list, not a string"),
+    ("process group ranks 5", lambda t, d: _host_node(
+        t, d, GLOO, lambda n: n["name"] == "## process_group:init ##", _pg_ranks(5)), "--host",
+     "group 0 'ranks' is int, not a list of ranks"),
+    ("process group rank -1", lambda t, d: _host_node(
+        t, d, GLOO, lambda n: n["name"] == "## process_group:init ##", _pg_ranks([0, -1])), "--host",
+     "'ranks' entry -1 is not a rank"),
+]
+
+
+@pytest.mark.parametrize("case", WIDTHS, ids=[c[0] for c in WIDTHS])
+def test_out_of_range_and_malformed(traces: Path, tmp_path: Path, case: tuple) -> None:
+    """Each is bad input, told once at the reader with the file and the field; nothing written."""
+    _, build, flag, words = case
+    bad = build(traces, tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    other = "--device" if flag == "--host" else "--host"
+    rel = GLOO if "In msg" not in case[0] and "UTF-8" not in case[0] else None
+    pair = [other, str(traces / rel / ("kineto.json.gz" if other == "--device" else "host.json.gz"))] if rel else []
+    proc = _run(["convert", flag, str(bad), *pair, "-o", str(out / "t.et"), "--report", str(out / "r.json")])
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert words in proc.stderr and bad.name in proc.stderr, proc.stderr
+    assert list(out.iterdir()) == []
+
+
+def test_correlation_of_1e300_is_no_correlation(traces: Path, tmp_path: Path) -> None:
+    """An id that no int64 holds is a corrupt field (docs/ERRORS.md): ignored, the rest converts."""
+    bad = _kineto_event(traces, tmp_path, PAIR, lambda e: e.get("cat") == "cuda_runtime",
+                        lambda e: e["args"].update(correlation=1e300))
+    proc = _run(["convert", "--device", str(bad), "-o", str(tmp_path / "t.et"), "--quiet"])
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_rank_folder_beyond_any_rank(traces: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run" / "rank9223372036854775808"
+    run.mkdir(parents=True)
+    (run / "kineto.json.gz").write_bytes((traces / GLOO / "kineto.json.gz").read_bytes())
+    proc = _run(["convert-run", str(tmp_path / "run"), "-o", str(tmp_path / "out"), "--jobs", "1"])
+    assert proc.returncode == 2 and "rank9223372036854775808" in proc.stderr and "is not a rank" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_string_thread_ids_hash_in_linear_time() -> None:
+    """A 30,000-character thread id took 150 s (31**i on big integers); the value is unchanged."""
+    from etweave.nodes import _tid
+    assert _tid("ab") == (ord("a") + ord("b") * 31) % (1 << 31)
+    long_tid = "x" * 300_000
+    assert 0 <= _tid(long_tid) < 1 << 31  # quadratic would take hours here; no timing asserted
+
+
 # (case, builder of the bad file, which flag gets it, words the one-line message must contain, extra env)
 REJECTED: list[tuple[str, Callable[[Path, Path], Path], str, str, dict[str, str]]] = [
     ("not JSON", lambda t, d: _raw(d, "host.json", b"hello"), "--host", "not valid JSON", {}),
