@@ -13,7 +13,7 @@ from typing import Any
 from etweave import __version__
 from etweave.assemble import assemble
 from etweave.chakra import et_def_pb2 as pb
-from etweave.chakra.io import SCHEMA_VERSION, write_et
+from etweave.chakra.io import SCHEMA_VERSION, stage_et
 from etweave.check import NodeChecker
 from etweave.collectives import find_collectives
 from etweave.deps import Dependencies, infer
@@ -21,7 +21,7 @@ from etweave.errors import BadInput
 from etweave.link import HostLink, link_host, select_device
 from etweave.model import Graph
 from etweave.nodes import build_nodes
-from etweave.output import write_json
+from etweave.output import check_outputs, commit, discard, json_bytes, stage
 from etweave.read import widths
 from etweave.read.host_et import HostTrace, read_host_et
 from etweave.read.kineto import KinetoTrace, read_kineto
@@ -124,13 +124,21 @@ def run_pipeline(host: HostTrace | None, kineto: KinetoTrace | None, rank: int |
 def convert(host: Path | None, device: Path | None, out: Path, report_path: Path | None = None,
             rank: int | None = None, select: Selection | None = None) -> Result:
     """Convert one rank's traces to `out` (and the audit report to `report_path`), both written atomically."""
+    outputs = [("-o", Path(out))] + ([("--report", Path(report_path))] if report_path is not None else [])
+    check_outputs(outputs, [host, device])  # before any work: a bad output path costs nothing
     with no_gc():
         host_trace = read_host_et(Path(host)) if host is not None else None
         kineto = read_kineto(Path(device)) if device is not None else None
         result = run_pipeline(host_trace, kineto, rank, select)
-        write_et(Path(out), result.metadata, result.checked_nodes())  # streamed: nodes are not all kept
+        # both staged, then renamed together: a failure anywhere leaves neither new nor changed
+        staged = [(stage_et(Path(out), result.metadata, result.checked_nodes()), Path(out))]  # streamed
         if report_path is not None:
-            write_json(Path(report_path), result.report)
+            try:
+                staged.append((stage(Path(report_path), json_bytes(result.report)), Path(report_path)))
+            except BaseException:
+                discard([staged[0][0]])
+                raise
+        commit(staged)
     return result
 
 

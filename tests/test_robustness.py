@@ -406,3 +406,173 @@ def test_shape_breaking_mutations_rejected(traces: Path, tmp_path: Path, kind: s
     reader = read_host_et if host_side else read_kineto
     with pytest.raises(BadInput):
         reader(path)
+
+
+# ---- class 5: outputs checked before any work; all or nothing; never an input overwritten ----
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def _pair_args(traces: Path, rel: str = PAIR) -> list[str]:
+    return ["--host", str(traces / rel / "host.json.gz"), "--device", str(traces / rel / "kineto.json.gz")]
+
+
+@pytest.mark.parametrize("where", ["missing folder", "a file as folder"])
+def test_report_folder_unusable_leaves_no_et(traces: Path, tmp_path: Path, where: str) -> None:
+    (tmp_path / "t.et").write_bytes(b"previous")
+    (tmp_path / "afile").write_bytes(b"x")
+    report = tmp_path / ("nope" if where == "missing folder" else "afile") / "r.json"
+    proc = _run(["convert", *_pair_args(traces), "-o", str(tmp_path / "t.et"), "--report", str(report)])
+    assert proc.returncode == 2 and str(report.parent) in proc.stderr and "folder of --report" in proc.stderr
+    assert _snapshot(tmp_path) == {"afile": b"x", "t.et": b"previous"}
+
+
+def test_output_equal_to_report_refused(traces: Path, tmp_path: Path) -> None:
+    out = tmp_path / "x.et"
+    proc = _run(["convert", *_pair_args(traces), "-o", str(out), "--report", str(tmp_path / "." / "x.et")])
+    assert proc.returncode == 2 and "given as both -o and --report" in proc.stderr and "x.et" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_output_equal_to_input_refused(traces: Path, tmp_path: Path) -> None:
+    host = tmp_path / "host.json.gz"
+    host.write_bytes((traces / PAIR / "host.json.gz").read_bytes())
+    before = host.read_bytes()
+    proc = _run(["convert", "--host", str(host), "-o", str(tmp_path / ".." / tmp_path.name / "host.json.gz")])
+    assert proc.returncode == 2 and "-o is also an input" in proc.stderr and "host.json.gz" in proc.stderr
+    assert host.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["host.json.gz"]
+
+
+def test_output_onto_a_device_refused(traces: Path, tmp_path: Path) -> None:
+    proc = _run(["convert", *_pair_args(traces), "-o", "/dev/null"])
+    assert proc.returncode == 2 and "/dev/null: -o is not a regular file" in proc.stderr
+    assert Path("/dev/null").is_char_device()
+
+
+@pytest.mark.parametrize("target", ["existing file", "below a file"])
+def test_convert_run_output_not_a_folder(traces: Path, tmp_path: Path, target: str) -> None:
+    afile = tmp_path / "afile"
+    afile.write_bytes(b"x")
+    out = afile if target == "existing file" else afile / "sub"
+    proc = _run(["convert-run", str(traces / "cpu-gloo/dist_ddp_w2"), "-o", str(out), "--jobs", "1"])
+    assert proc.returncode == 2 and str(afile) in proc.stderr and "not a folder" in proc.stderr, proc.stderr
+    assert proc.stdout == ""  # refused before any rank was converted
+    assert _snapshot(tmp_path) == {"afile": b"x"}
+
+
+def test_failure_at_each_rename_changes_nothing(traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) \
+        -> None:
+    """Inject a failure at every rename of a convert and of a convert-run write, over previous outputs: the
+    folder is as before, byte for byte, with no temporary file left."""
+    from etweave import run as whole_run
+    from etweave.convert import convert
+
+    real_replace = os.replace
+    calls: list[int] = []
+
+    def failing_at(k: int) -> Callable[..., None]:
+        def replace(a: object, b: object) -> None:
+            calls.append(1)
+            if len(calls) == k:
+                raise OSError(28, "No space left on device")
+            real_replace(a, b)  # type: ignore[arg-type]
+        return replace
+
+    out = tmp_path / "single"
+    out.mkdir()
+    convert(traces / PAIR / "host.json.gz", None, out / "t.et", out / "r.json")
+    (out / "r.json").write_bytes(b"older report")
+    before = _snapshot(out)
+    n = 0
+    while True:
+        n += 1
+        calls.clear()
+        monkeypatch.setattr(os, "replace", failing_at(n))
+        try:
+            convert(traces / PAIR / "host.json.gz", traces / PAIR / "kineto.json.gz", out / "t.et", out / "r.json")
+        except BadInput as exc:
+            assert "No space left" in str(exc) and ("t.et" in exc.where or "r.json" in exc.where)
+            assert _snapshot(out) == before and sorted(p.name for p in out.iterdir()) == ["r.json", "t.et"]
+            continue
+        finally:
+            monkeypatch.setattr(os, "replace", real_replace)
+        break
+    assert n >= 4, "two targets, each moved aside and then replaced"
+
+    result = whole_run.convert_run(traces / "cpu-gloo/dist_ddp_w2", tmp_path / "run", jobs=1)
+    run_out = tmp_path / "run"
+    (run_out / "trace.1.et").write_bytes(b"older rank 1")
+    before = _snapshot(run_out)
+    n = 0
+    while True:
+        n += 1
+        calls.clear()
+        monkeypatch.setattr(os, "replace", failing_at(n))
+        try:
+            whole_run.write_run(run_out, "trace", result)
+        except BadInput:
+            assert _snapshot(run_out) == before and len(list(run_out.iterdir())) == 4
+            continue
+        finally:
+            monkeypatch.setattr(os, "replace", real_replace)
+        break
+    assert n >= 8 and (run_out / "trace.1.et").read_bytes() != b"older rank 1"
+
+
+def test_temp_cleanup_failure_keeps_the_real_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a read-only file system removing the temporary file fails too: the error reported is the write's."""
+    from etweave import output
+
+    def broken_unlink(self: Path, missing_ok: bool = False) -> None:
+        raise OSError(30, "Read-only file system")
+
+    def broken_replace(a: object, b: object) -> None:
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(Path, "unlink", broken_unlink)
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(BadInput, match="cannot write: Read-only file system") as info:
+        output.write_atomic(tmp_path / "t.et", b"data")
+    assert info.value.where == str(tmp_path / "t.et")
+
+
+def test_internal_error_still_exits_1(traces: Path, tmp_path: Path) -> None:
+    """No catch-all: an etweave bug (injected here) is exit 1, and leaves no output."""
+    code = ("import sys, etweave.nodes as n\n"
+            "def boom(*a, **k):\n    raise ZeroDivisionError('injected')\n"
+            "n.build_nodes = boom\nimport etweave.convert as c\nc.build_nodes = boom\n"
+            "from etweave.cli import main\nsys.exit(main(sys.argv[1:]))\n")
+    proc = subprocess.run([sys.executable, "-c", code, "convert", *_pair_args(traces), "-o", str(tmp_path / "t.et"),
+                           "--report", str(tmp_path / "r.json")], capture_output=True, text=True)
+    assert proc.returncode == 1 and "internal error: ZeroDivisionError: injected" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- class 6 and 9: one run at a time per output folder; what killed runs left is cleaned, never a live run's ----
+
+def test_second_run_into_a_locked_folder_refused(traces: Path, tmp_path: Path) -> None:
+    from etweave.output import folder_lock
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with folder_lock(out):  # a run in progress
+        proc = _run(["convert-run", str(traces / "cpu-gloo/dist_ddp_w2"), "-o", str(out), "--jobs", "1"])
+    assert proc.returncode == 2 and "another etweave run is writing into this folder" in proc.stderr
+    assert list(out.iterdir()) == []
+
+
+def test_stale_temporary_files_cleaned_live_ones_kept(traces: Path, tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    out = tmp_path / "out"
+    (out / ".etweave-run-abc123").mkdir(parents=True)
+    (out / ".etweave-run-abc123" / "trace.0.et").write_bytes(b"half")
+    (out / f".trace.0.et.tmp-{dead.pid}").write_bytes(b"half")
+    (out / f".report.json.tmp-{dead.pid}").write_bytes(b"half")
+    live = out / f".trace.1.et.tmp-{os.getpid()}"  # this process is alive: its file is not stale
+    live.write_bytes(b"in progress")
+    proc = _run(["convert-run", str(traces / "cpu-gloo/dist_ddp_w2"), "-o", str(out), "--jobs", "1", "--quiet"])
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["comm_group.json", "report.json", "trace.0.et", "trace.1.et", live.name])

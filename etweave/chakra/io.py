@@ -11,7 +11,7 @@ from google.protobuf.json_format import MessageToDict
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.errors import BadInput
-from etweave.output import write_atomic
+from etweave.output import stage, write_atomic
 
 SCHEMA_VERSION = "0.0.4"
 
@@ -38,6 +38,11 @@ def serialize(metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node]) -> bytes:
 def write_et(path: Path, metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node]) -> None:
     """Stream to a temporary file beside `path`, renamed only once complete."""
     write_atomic(path, _stream(metadata, nodes))
+
+
+def stage_et(path: Path, metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node]) -> Path:
+    """Stream to a temporary file beside `path` and return it; `etweave.output.commit` renames it into place."""
+    return stage(path, _stream(metadata, nodes))
 
 
 def et_files(paths: Iterable[Path]) -> list[Path]:

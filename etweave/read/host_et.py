@@ -143,11 +143,9 @@ def _op(path: Path, index: int, node: Any) -> HostOp:
         inputs = IO(_list(node.get("inputs")), _list(node.get("input_shapes")), _list(node.get("input_types")))
         outputs = IO(_list(node.get("outputs")), _list(node.get("output_shapes")), _list(node.get("output_types")))
     for side, io in (("inputs", inputs), ("outputs", outputs)):
-        if io.values or io.shapes or io.types:
-            if max(widths.nesting(io.values), widths.nesting(io.shapes), widths.nesting(io.types)) \
-                    > widths.MAX_NESTING:
-                raise BadInput(path, f"nodes[{index}] (id {node_id}): '{side}' nested more than "
-                                     f"{widths.MAX_NESTING} levels deep")
+        if max(widths.nesting(io.values), widths.nesting(io.shapes), widths.nesting(io.types)) > widths.MAX_NESTING:
+            raise BadInput(path, f"nodes[{index}] (id {node_id}): '{side}' nested more than "
+                                 f"{widths.MAX_NESTING} levels deep")
     extra = {k: v for k, v in attrs.items() if k not in _CORE_ATTRS} if "attrs" in node else {}
 
     def field(name: str, default: int = 0) -> int:

@@ -42,15 +42,13 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from etweave.chakra.io import write_et
+from etweave.chakra.io import stage_et
 from etweave.errors import BadInput, CheckFailed
-from etweave.output import write_json
+from etweave.output import commit, discard, json_bytes, output_folder, stage
 from etweave.run.cross_rank import (
     _SHOWN,
     CollSig,
@@ -81,22 +79,21 @@ def stale_outputs(out_dir: Path, prefix: str, ranks: Iterable[int]) -> list[Path
 
 
 def write_run(out_dir: Path, prefix: str, result: RunResult) -> list[Path]:
-    """Every output into a temporary folder inside out_dir, then each renamed into place (report last)."""
+    """Every output staged beside its target, then all renamed into place together (etweave.output.commit): a
+    failure anywhere leaves no output new or changed."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=".etweave-run-", dir=out_dir))
+    staged: list[tuple[Path, Path]] = []
     try:
-        names: list[str] = []
         for rank, (metadata, nodes) in sorted(result.ranks.items()):
-            names.append(f"{prefix}.{rank}.et")
-            write_et(stage / names[-1], metadata, nodes)
-        write_json(stage / COMM_GROUP_FILE, result.comm_group)
-        write_json(stage / REPORT_FILE, result.report)
-        names += [COMM_GROUP_FILE, REPORT_FILE]
-        for name in names:
-            os.replace(stage / name, out_dir / name)
-        return [out_dir / n for n in names]
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
+            target = out_dir / f"{prefix}.{rank}.et"
+            staged.append((stage_et(target, metadata, nodes), target))
+        for name, obj in ((COMM_GROUP_FILE, result.comm_group), (REPORT_FILE, result.report)):
+            staged.append((stage(out_dir / name, json_bytes(obj)), out_dir / name))
+    except BaseException:
+        discard([tmp for tmp, _ in staged])
+        raise
+    commit(staged)
+    return [target for _, target in staged]
 
 
 def convert_run(run_dir: Path, out_dir: Path, prefix: str = "trace", allow_mismatch: bool = False,
@@ -107,6 +104,12 @@ def convert_run(run_dir: Path, out_dir: Path, prefix: str = "trace", allow_misma
     if not prefix or "/" in prefix or os.sep in prefix:
         raise BadInput("--prefix", f"{prefix!r} must be a plain file name prefix")
     found = discover(Path(run_dir))
+    with output_folder(Path(out_dir)):  # created and locked: a second run into it is refused
+        return _convert_locked(found, Path(out_dir), prefix, allow_mismatch, jobs, scheduler, progress, on_ranks)
+
+
+def _convert_locked(found: Discovery, out_dir: Path, prefix: str, allow_mismatch: bool, jobs: int | None,
+                    scheduler: str | None, progress: bool, on_ranks: Callable[[RunResult], None] | None) -> RunResult:
     known = [rf.rank for rf in found.ranks if rf.rank is not None]
     stale = stale_outputs(Path(out_dir), prefix, known)
     if stale and all(rf.rank is not None for rf in found.ranks):
