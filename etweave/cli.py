@@ -46,6 +46,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head`: not an error of ours
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (so that the interpreter's final flush is quiet)
         return EXIT_OK
+    except MemoryError:  # a resource limit, not a bug: the input is too large for what this process may use
+        print("etweave: error: out of memory: the input is too large for the memory (or address-space limit) "
+              "available; ETWEAVE_MAX_INPUT_BYTES refuses such inputs earlier", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("etweave: interrupted", file=sys.stderr)
         return 130

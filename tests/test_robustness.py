@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import os
 import random
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -576,3 +577,83 @@ def test_stale_temporary_files_cleaned_live_ones_kept(traces: Path, tmp_path: Pa
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in out.iterdir()) == sorted(
         ["comm_group.json", "report.json", "trace.0.et", "trace.1.et", live.name])
+
+
+# ---- class 3: special files, pipes, gzip members, memory-derived limit ----
+
+def _fifo(tmp: Path, name: str = "fifo.json") -> Path:
+    path = tmp / name
+    os.mkfifo(path)
+    return path
+
+
+@pytest.mark.parametrize("command", ["convert", "check", "simulate", "jsonize"])
+def test_fifo_without_writer_refused_not_blocking(tmp_path: Path, command: str) -> None:
+    fifo = _fifo(tmp_path, "fifo.et" if command != "convert" else "fifo.json")
+    args = ["convert", "--host", str(fifo), "-o", str(tmp_path / "t.et")] if command == "convert" else \
+        [command, str(fifo)]
+    proc = subprocess.run([sys.executable, "-m", "etweave", *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "ETWEAVE_PIPE_WAIT": "1"})
+    assert proc.returncode == 2 and "fifo" in proc.stderr and "nothing wrote to" in proc.stderr, proc.stderr
+    assert not (tmp_path / "t.et").exists()
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom"])
+def test_devices_refused(tmp_path: Path, device: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "etweave", "convert", "--device", device, "-o",
+                           str(tmp_path / "t.et")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and f"{device}: is not a regular file or a pipe" in proc.stderr
+
+
+def test_pipes_are_read(traces: Path, tmp_path: Path) -> None:
+    """--host /dev/stdin and process substitution: the same graph as from the files (names aside)."""
+    host, kineto = traces / PAIR / "host.json.gz", traces / PAIR / "kineto.json.gz"
+    files = _run(["convert", "--host", str(host), "--device", str(kineto), "-o", str(tmp_path / "a.et"),
+                  "--report", str(tmp_path / "a.json"), "--quiet"])
+    with open(host, "rb") as stdin:
+        script = (f'"{sys.executable}" -m etweave convert --host /dev/stdin --device <(zcat "{kineto}") '
+                  f'-o "{tmp_path / "b.et"}" --report "{tmp_path / "b.json"}" --quiet')
+        piped = subprocess.run(["bash", "-c", script], stdin=stdin, capture_output=True, text=True, timeout=120)
+    assert files.returncode == 0 and piped.returncode == 0, piped.stderr
+    a, b = orjson.loads((tmp_path / "a.json").read_bytes()), orjson.loads((tmp_path / "b.json").read_bytes())
+    assert a["nodes"] == b["nodes"] and a["edges"] == b["edges"] and a["host_ops"] == b["host_ops"]
+
+
+def test_gzip_of_three_members_read_whole(traces: Path, tmp_path: Path) -> None:
+    raw = gzip.decompress((traces / PAIR / "host.json.gz").read_bytes())
+    third = len(raw) // 3
+    members = _raw(tmp_path, "host.json.gz", b"".join(gzip.compress(raw[i:j]) for i, j in
+                                                      ((0, third), (third, 2 * third), (2 * third, len(raw)))))
+    assert len(read_host_et(members).ops) == len(read_host_et(traces / PAIR / "host.json.gz").ops)
+
+
+def test_bomb_in_a_later_gzip_member_hits_the_limit(tmp_path: Path) -> None:
+    bomb = _raw(tmp_path, "host.json.gz", gzip.compress(b'{"nodes":[') + gzip.compress(b" " * (8 << 20))
+                + gzip.compress(b"]}"))
+    proc = _run(["convert", "--host", str(bomb), "-o", str(tmp_path / "t.et")], {"ETWEAVE_MAX_INPUT_BYTES": "1048576"})
+    assert proc.returncode == 2 and "host.json.gz: decompresses to more than the 1048576 byte" in proc.stderr
+
+
+def _address_space_4gib() -> None:
+    import resource
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+
+def test_bomb_under_an_address_space_limit(tmp_path: Path) -> None:
+    """A 2 MB gzip of a 2 GiB JSON string: under a 4 GiB address-space limit the default limit (a share of the
+    smaller of available memory and RLIMIT_AS) refuses it cleanly; it used to crash the JSON parser."""
+    member = gzip.compress(b"a" * (16 << 20), 9)
+    bomb = _raw(tmp_path, "host.json.gz", gzip.compress(b'{"nodes":[{"id":1,"name":"') + member * 128
+                + gzip.compress(b'"}]}'))
+    assert bomb.stat().st_size < 3 << 20
+    env = {k: v for k, v in os.environ.items() if k != "ETWEAVE_MAX_INPUT_BYTES"}
+    proc = subprocess.run([sys.executable, "-m", "etweave", "convert", "--host", str(bomb), "-o",
+                           str(tmp_path / "t.et")], capture_output=True, text=True, timeout=300, env=env,
+                          preexec_fn=_address_space_4gib)
+    said = re.search(r"host.json.gz: decompresses to more than the (\d+) byte input limit", proc.stderr)
+    assert proc.returncode == 2 and said is not None and int(said[1]) <= 1 << 30, proc.stderr
+    probe = subprocess.run([sys.executable, "-c", "from etweave.read.source import input_limit, memory_budget;"
+                            "print(input_limit(), memory_budget())"], capture_output=True, text=True, env=env)
+    limit, budget = map(int, probe.stdout.split())
+    assert limit == max(64 << 20, budget // 4)
+    assert limit >= 1 << 30 or budget < 6 << 30, "a 1 GB trace must fit a machine with 24 GB"

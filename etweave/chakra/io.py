@@ -12,6 +12,7 @@ from google.protobuf.json_format import MessageToDict
 from etweave.chakra import et_def_pb2 as pb
 from etweave.errors import BadInput
 from etweave.output import stage, write_atomic
+from etweave.read.source import read_plain
 
 SCHEMA_VERSION = "0.0.4"
 
@@ -76,11 +77,7 @@ def _messages(data: bytes, path: Path | str) -> Iterator[bytes]:
 
 def read_et(path: Path) -> tuple[pb.GlobalMetadata, list[pb.Node]]:
     """Read a whole `.et` file (metadata and nodes)."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise BadInput(path, f"cannot read: {exc.strerror}") from exc
-    return parse(data, Path(path))
+    return parse(read_plain(Path(path)), Path(path))  # a pipe or a device: read_plain decides
 
 
 def parse(data: bytes, path: Path | str = "<memory>") -> tuple[pb.GlobalMetadata, list[pb.Node]]:

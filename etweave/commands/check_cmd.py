@@ -19,6 +19,7 @@ from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import attr_value, et_files, read_et
 from etweave.check import COMM_NODE_TYPES, Violation, check_metadata, check_nodes, check_run
 from etweave.errors import BadInput
+from etweave.read.source import read_plain
 
 EXIT_OK, EXIT_CHECK = 0, 3
 _RANK_NAME = re.compile(r"^.+\.(\d+)\.et$")  # <prefix>.<rank>.et
@@ -61,9 +62,7 @@ def _rank_of(path: Path, metadata: pb.GlobalMetadata, only_file: bool) -> int:
 
 def _load_comm_group(path: Path) -> dict[str, list[int]]:
     try:
-        data = orjson.loads(path.read_bytes())
-    except OSError as exc:
-        raise BadInput(path, f"cannot read: {exc.strerror}") from exc
+        data = orjson.loads(read_plain(path))
     except orjson.JSONDecodeError as exc:
         raise BadInput(path, f"not JSON: {exc}") from exc
     if not isinstance(data, dict):
