@@ -122,6 +122,14 @@ def _pg_ranks(value: object) -> Callable[[dict], None]:
     return change
 
 
+def _pg_field(name: str, value: object) -> Callable[[dict], None]:
+    def change(node: dict) -> None:
+        groups = orjson.loads(node["inputs"]["values"][0])
+        groups[0][name] = value
+        node["inputs"]["values"][0] = orjson.dumps(groups).decode()
+    return change
+
+
 # Class 1 (numbers the output cannot hold) and class 2 (malformed values) of issue 13: each was an exit 1.
 WIDTHS: list[tuple[str, Callable[[Path, Path], Path], str, str]] = [
     ("host parent (ctrl_deps) >= 2^63", lambda t, d: _host_node(t, d, GLOO, _any, lambda n: n.update(ctrl_deps=BIG)),
@@ -163,6 +171,9 @@ WIDTHS: list[tuple[str, Callable[[Path, Path], Path], str, str]] = [
     ("process group ranks 5", lambda t, d: _host_node(
         t, d, GLOO, lambda n: n["name"] == "## process_group:init ##", _pg_ranks(5)), "--host",
      "group 0 'ranks' is int, not a list of ranks"),
+    ("process group size 1e8", lambda t, d: _host_node(
+        t, d, GLOO, lambda n: n["name"] == "## process_group:init ##", _pg_field("group_size", 10**8)), "--host",
+     "group 0 'group_size' 100000000 is not a world size"),
     ("process group rank -1", lambda t, d: _host_node(
         t, d, GLOO, lambda n: n["name"] == "## process_group:init ##", _pg_ranks([0, -1])), "--host",
      "'ranks' entry -1 is not a rank"),
@@ -657,3 +668,14 @@ def test_bomb_under_an_address_space_limit(tmp_path: Path) -> None:
     limit, budget = map(int, probe.stdout.split())
     assert limit == max(64 << 20, budget // 4)
     assert limit >= 1 << 30 or budget < 6 << 30, "a 1 GB trace must fit a machine with 24 GB"
+
+
+def test_window_from_a_negative_time(traces: Path, tmp_path: Path) -> None:
+    """`--window -100:200` was taken by argparse for an option."""
+    kineto = str(traces / PAIR / "kineto.json.gz")
+    glued = _run(["convert", "--device", kineto, "--window=-100:", "-o", str(tmp_path / "a.et"), "--quiet"])
+    spaced = _run(["convert", "--device", kineto, "--window", "-100:", "-o", str(tmp_path / "b.et"), "--quiet"])
+    assert glued.returncode == spaced.returncode == 0, spaced.stderr
+    assert (tmp_path / "a.et").read_bytes() == (tmp_path / "b.et").read_bytes()
+    empty = _run(["convert", "--device", kineto, "--window", "-100:200", "-o", str(tmp_path / "c.et")])
+    assert empty.returncode == 2 and "--window: selects no cpu op" in empty.stderr

@@ -86,6 +86,9 @@ def check_groups(path: Path | str, where: str, groups: list[Any]) -> None:
     for n, grp in enumerate(groups):
         if not isinstance(grp, dict):
             continue
+        for size_field in ("group_size", "pg_size"):  # a group's size can size a list of its members
+            if grp.get(size_field) is not None:
+                widths.world_size(path, f"{where}: group {n} '{size_field}'", grp[size_field])
         ranks = grp.get("ranks")
         if ranks is None or ranks == "all":
             continue
