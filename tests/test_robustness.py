@@ -679,3 +679,53 @@ def test_window_from_a_negative_time(traces: Path, tmp_path: Path) -> None:
     assert (tmp_path / "a.et").read_bytes() == (tmp_path / "b.et").read_bytes()
     empty = _run(["convert", "--device", kineto, "--window", "-100:200", "-o", str(tmp_path / "c.et")])
     assert empty.returncode == 2 and "--window: selects no cpu op" in empty.stderr
+
+
+# ---- class 7: a host ET and a Kineto trace of different runs or ranks: exit 3 naming both, unless allowed ----
+
+MISMATCHED = [("gpu/linear/host.json.gz", "gpu/resnet/kineto.json.gz", "host ops link"),
+              ("cpu-gloo/dist_ddp_w2/rank0/host.json.gz", "cpu-gloo/dist_ddp_w2/rank1/kineto.json.gz",
+               "Record function ids of"),
+              ("gpu/dlrm-8rank/rank0/host.json.gz", "gpu/dlrm-8rank/rank1/kineto.json.gz", "of process 59811")]
+
+
+@pytest.mark.parametrize("pair", MISMATCHED, ids=[p[0].split("/")[1] for p in MISMATCHED])
+def test_mismatched_inputs_exit_3(traces: Path, tmp_path: Path, pair: tuple[str, str, str]) -> None:
+    host, kineto, evidence = traces / pair[0], traces / pair[1], pair[2]
+    out, report = tmp_path / "t.et", tmp_path / "r.json"
+    proc = _run(["convert", "--host", str(host), "--device", str(kineto), "-o", str(out), "--report", str(report)])
+    assert proc.returncode == 3 and str(host) in proc.stderr and str(kineto) in proc.stderr, proc.stderr
+    assert "not of the same run and rank" in proc.stderr and evidence in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+    allowed = _run(["convert", "--host", str(host), "--device", str(kineto), "-o", str(out), "--report", str(report),
+                    "--allow-mismatch", "--quiet"])
+    assert allowed.returncode == 0, allowed.stderr
+    rep = orjson.loads(report.read_bytes())
+    assert rep["warnings"]["inputs_mismatched"] == 1 and any(evidence in e for e in rep["link"]["mismatch"])
+    assert "note" not in rep["link"]
+
+
+def test_no_false_alarm_on_any_shared_pair(traces: Path) -> None:
+    """Every pair of the shared traces is of one run and rank: gpu/ without Record function ids, dlrm's host ET
+    from another step, the cpu-gloo runs that etweave.collect's way of recording wrote."""
+    from conftest import pair_dirs
+
+    from etweave.link import link_host, mismatch_evidence
+    pairs = pair_dirs(traces)
+    assert len(pairs) >= 17
+    for d in pairs:
+        host, kineto = read_host_et(d / "host.json.gz"), read_kineto(d / "kineto.json.gz")
+        assert mismatch_evidence(host, kineto, link_host(host, kineto)) == [], d
+
+
+def test_convert_run_rank_with_mismatched_files(traces: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    for r in (0, 1):
+        (run / f"rank{r}").mkdir(parents=True)
+        (run / f"rank{r}" / "host.json.gz").write_bytes((traces / f"cpu-gloo/dist_ddp_w2/rank{r}/host.json.gz")
+                                                        .read_bytes())
+        (run / f"rank{r}" / "kineto.json.gz").write_bytes((traces / f"cpu-gloo/dist_ddp_w2/rank{1 - r}/kineto.json.gz")
+                                                          .read_bytes())
+    proc = _run(["convert-run", str(run), "-o", str(tmp_path / "out"), "--jobs", "1"])
+    assert proc.returncode == 3 and "not of the same run and rank" in proc.stderr and "rank0" in proc.stderr
+    assert not (tmp_path / "out").exists()

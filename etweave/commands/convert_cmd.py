@@ -28,6 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--window", metavar="START:END",
                    help="convert only what starts in this time window (µs, Kineto clock; either side may be "
                    "empty). With --host: as --steps")
+    p.add_argument("--allow-mismatch", action="store_true",
+                   help="convert even when the host ET and the Kineto trace look like different runs or ranks "
+                        "(exit 3 otherwise; the evidence: linked share, Record function ids, process ids)")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
     p.set_defaults(run=run)
 
@@ -36,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     if args.host is None and args.device is None:
         raise BadInput("convert", "give --host, --device, or both")
     select = Selection.parse(args.steps, args.window)
-    result = convert(args.host, args.device, args.output, args.report, args.rank, select)
+    result = convert(args.host, args.device, args.output, args.report, args.rank, select, args.allow_mismatch)
     if not args.quiet:
         print(summary(result.report))
     for node_id in args.explain:

@@ -116,7 +116,7 @@ def _convert_locked(found: Discovery, out_dir: Path, prefix: str, allow_mismatch
         raise BadInput(out_dir, f"holds {len(stale)} .et file(s) of ranks not in this run ("
                                 f"{', '.join(p.name for p in stale[:5])}): remove them or choose another "
                                 "output folder or --prefix")
-    outputs = convert_ranks(found.ranks, jobs, scheduler, progress)
+    outputs = convert_ranks(found.ranks, jobs, scheduler, progress, allow_mismatch)
     for out, rf in zip(outputs, found.ranks, strict=True):
         out["host"] = str(rf.host) if rf.host else None
         out["kineto"] = str(rf.kineto) if rf.kineto else None
