@@ -729,3 +729,35 @@ def test_convert_run_rank_with_mismatched_files(traces: Path, tmp_path: Path) ->
     proc = _run(["convert-run", str(run), "-o", str(tmp_path / "out"), "--jobs", "1"])
     assert proc.returncode == 3 and "not of the same run and rank" in proc.stderr and "rank0" in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+# ---- class 8: Dask: paths resolved on the client, no worker -> a bounded wait, a report independent of spelling ----
+
+def test_relative_run_dir_on_dask_and_report_independent_of_spelling(traces: Path, tmp_path: Path) -> None:
+    from dask.distributed import LocalCluster
+
+    run = tmp_path / "runs" / "ddp"
+    run.parent.mkdir()
+    os.symlink(traces / "cpu-gloo/dist_ddp_w2", run)
+    local = _run(["convert-run", str(run) + "/", "-o", str(tmp_path / "a"), "--jobs", "1", "--quiet"])
+    assert local.returncode == 0, local.stderr
+    # the workers' working folder is this process's (the repository), not tmp_path: a relative path only works
+    # when resolved on the client
+    with LocalCluster(n_workers=1, processes=True, threads_per_worker=1, dashboard_address=None) as cluster:
+        proc = subprocess.run([sys.executable, "-m", "etweave", "convert-run", "runs/./ddp", "-o", "b", "--scheduler",
+                               cluster.scheduler_address, "--quiet"], capture_output=True, text=True, cwd=tmp_path,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert _snapshot(tmp_path / "a") == _snapshot(tmp_path / "b")
+    assert orjson.loads((tmp_path / "a" / "report.json").read_bytes())["inputs"]["0"]["host"] == "rank0/host.json.gz"
+
+
+def test_dask_cluster_without_workers_gives_up(traces: Path, tmp_path: Path) -> None:
+    from dask.distributed import LocalCluster
+
+    with LocalCluster(n_workers=0, processes=True, dashboard_address=None) as cluster:
+        proc = _run(["convert-run", str(traces / "cpu-gloo/dist_ddp_w2"), "-o", str(tmp_path / "out"), "--scheduler",
+                     cluster.scheduler_address], {"ETWEAVE_DASK_WAIT": "2"})
+    assert proc.returncode == 2 and "no worker for 2 s (2 of 2 ranks not converted)" in proc.stderr, proc.stderr
+    assert cluster.scheduler_address.split("://")[1] in proc.stderr
+    assert not (tmp_path / "out").exists()

@@ -103,12 +103,16 @@ def convert_run(run_dir: Path, out_dir: Path, prefix: str = "trace", allow_misma
     written or a divergence raises (the CLI prints its summary there). Raises BadInput, CheckFailed."""
     if not prefix or "/" in prefix or os.sep in prefix:
         raise BadInput("--prefix", f"{prefix!r} must be a plain file name prefix")
-    found = discover(Path(run_dir))
+    # Resolved here, once: Dask workers get absolute paths (their working folder is not ours), and the report
+    # names inputs relative to the run folder, the same however RUN_DIR was spelled.
+    run_dir = Path(run_dir).resolve()
+    found = discover(run_dir)
     with output_folder(Path(out_dir)):  # created and locked: a second run into it is refused
-        return _convert_locked(found, Path(out_dir), prefix, allow_mismatch, jobs, scheduler, progress, on_ranks)
+        return _convert_locked(run_dir, found, Path(out_dir), prefix, allow_mismatch, jobs, scheduler, progress,
+                               on_ranks)
 
 
-def _convert_locked(found: Discovery, out_dir: Path, prefix: str, allow_mismatch: bool, jobs: int | None,
+def _convert_locked(run_dir: Path, found: Discovery, out_dir: Path, prefix: str, allow_mismatch: bool, jobs: int | None,
                     scheduler: str | None, progress: bool, on_ranks: Callable[[RunResult], None] | None) -> RunResult:
     known = [rf.rank for rf in found.ranks if rf.rank is not None]
     stale = stale_outputs(Path(out_dir), prefix, known)
@@ -118,8 +122,9 @@ def _convert_locked(found: Discovery, out_dir: Path, prefix: str, allow_mismatch
                                 "output folder or --prefix")
     outputs = convert_ranks(found.ranks, jobs, scheduler, progress, allow_mismatch)
     for out, rf in zip(outputs, found.ranks, strict=True):
-        out["host"] = str(rf.host) if rf.host else None
-        out["kineto"] = str(rf.kineto) if rf.kineto else None
+        out["host"] = _relative(rf.host, run_dir)
+        out["kineto"] = _relative(rf.kineto, run_dir)
+    found.ignored = [str(_relative(Path(p), run_dir)) for p in found.ignored]
     result = assemble_run(outputs, allow_mismatch, found)
     if on_ranks is not None:
         on_ranks(result)
@@ -129,6 +134,15 @@ def _convert_locked(found: Discovery, out_dir: Path, prefix: str, allow_mismatch
                           f"anyway): {shown}")
     write_run(Path(out_dir), prefix, result)
     return result
+
+
+def _relative(path: Path | None, run_dir: Path) -> str | None:
+    if path is None:
+        return None
+    try:
+        return Path(path).relative_to(run_dir).as_posix()
+    except ValueError:
+        return str(path)
 
 
 def summary(result: RunResult) -> Iterator[str]:

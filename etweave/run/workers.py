@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -174,10 +175,22 @@ def _local(tasks: list[tuple[int | None, str | None, str | None, bool]], workers
         return [f.result() for f in futures if f.done() and not f.cancelled()]
 
 
+# How long a run waits while the cluster has no worker at all (none yet, or every one lost) before giving up;
+# ETWEAVE_DASK_WAIT overrides it.
+DASK_NO_WORKER_WAIT = 60.0
+
+
+def _dask_wait() -> float:
+    try:
+        return float(os.environ.get("ETWEAVE_DASK_WAIT", "") or DASK_NO_WORKER_WAIT)
+    except ValueError:
+        return DASK_NO_WORKER_WAIT
+
+
 def _on_dask(tasks: list[tuple[int | None, str | None, str | None, bool]], address: str,
              done: Callable[[int], Any]) -> list[dict[str, Any]]:
     try:
-        from dask.distributed import Client, as_completed
+        from dask.distributed import Client, wait
     except ImportError as exc:
         raise BadInput("--scheduler", "needs dask[distributed]: pip install 'etweave[cluster]'") from exc
     try:
@@ -185,8 +198,29 @@ def _on_dask(tasks: list[tuple[int | None, str | None, str | None, bool]], addre
     except (OSError, TimeoutError) as exc:
         raise BadInput(address, f"cannot connect to the Dask scheduler: {exc}") from exc
     with client:
-        # Workers read the trace files by path: they must see RUN_DIR at the same path (a shared file system).
+        # Workers read the trace files by path: they must see RUN_DIR at the same path (a shared file system);
+        # the paths are absolute (resolved here, on the client), so the workers' working folder does not matter.
         futures = [client.submit(convert_rank, *task, pure=False) for task in tasks]
-        for _ in as_completed(futures):
-            done(1)
+        pending = set(futures)
+        limit = _dask_wait()
+        no_workers_since: float | None = None
+        while pending:
+            try:
+                finished, pending = wait(list(pending), timeout=1.0, return_when="FIRST_COMPLETED")
+            except TimeoutError:  # none finished within the second: see whether any worker is left
+                finished = set()
+            done(len(finished))
+            if not pending:
+                break
+            if client.scheduler_info().get("workers"):
+                no_workers_since = None
+                continue
+            now = time.monotonic()
+            no_workers_since = now if no_workers_since is None else no_workers_since
+            if now - no_workers_since >= limit:
+                for f in futures:
+                    f.cancel()
+                raise BadInput(address, f"the Dask cluster has had no worker for {limit:g} s ({len(pending)} of "
+                                        f"{len(futures)} ranks not converted): every worker lost, or none started "
+                                        "(ETWEAVE_DASK_WAIT sets the wait)")
         return list(client.gather(futures))
