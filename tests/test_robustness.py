@@ -249,7 +249,7 @@ REJECTED: list[tuple[str, Callable[[Path, Path], Path], str, str, dict[str, str]
      "--device", "nested too deeply", {}),
     ("enormous integer id", lambda t, d: _raw(d, "host.json", b'{"nodes":[{"id":1' + b"0" * 60 + b',"name":"a"}]}'),
      "--host", "must be an integer", {}),
-    ("gzip bomb", _bomb, "--host", "byte limit", {"ETWEAVE_MAX_INPUT_BYTES": str(1 << 20)}),
+    ("gzip bomb", _bomb, "--host", "byte input limit", {"ETWEAVE_MAX_INPUT_BYTES": str(1 << 20)}),
     ("corrupt gzip", lambda t, d: _raw(d, "host.json.gz", (t / PAIR / "host.json.gz").read_bytes()[:300]),
      "--host", "gzip", {}),
     ("missing file", lambda t, d: d / "nope.json", "--host", "cannot read", {}),
@@ -683,7 +683,7 @@ def test_window_from_a_negative_time(traces: Path, tmp_path: Path) -> None:
 
 # ---- class 7: a host ET and a Kineto trace of different runs or ranks: exit 3 naming both, unless allowed ----
 
-MISMATCHED = [("gpu/linear/host.json.gz", "gpu/resnet/kineto.json.gz", "host ops link"),
+MISMATCHED = [("gpu/linear/host.json.gz", "gpu/resnet/kineto.json.gz", "of process 24248"),
               ("cpu-gloo/dist_ddp_w2/rank0/host.json.gz", "cpu-gloo/dist_ddp_w2/rank1/kineto.json.gz",
                "Record function ids of"),
               ("gpu/dlrm-8rank/rank0/host.json.gz", "gpu/dlrm-8rank/rank1/kineto.json.gz", "of process 59811")]
@@ -716,6 +716,15 @@ def test_no_false_alarm_on_any_shared_pair(traces: Path) -> None:
     for d in pairs:
         host, kineto = read_host_et(d / "host.json.gz"), read_kineto(d / "kineto.json.gz")
         assert mismatch_evidence(host, kineto, link_host(host, kineto)) == [], d
+
+
+def test_mismatch_without_process_ids_told_by_the_linked_share(traces: Path, tmp_path: Path) -> None:
+    host = _host(traces, "gpu/linear")
+    del host["pid"]
+    proc = _run(["convert", "--host", str(_json(tmp_path, "linear.json", host)), "--device",
+                 str(traces / "gpu/resnet/kineto.json.gz"), "-o", str(tmp_path / "t.et")])
+    assert proc.returncode == 3 and "host ops link to a Kineto cpu op" in proc.stderr, proc.stderr
+    assert "linear.json" in proc.stderr and "resnet/kineto.json.gz" in proc.stderr
 
 
 def test_convert_run_rank_with_mismatched_files(traces: Path, tmp_path: Path) -> None:
