@@ -795,3 +795,38 @@ def test_mutation_fuzzer() -> None:
     assert len(classes) == 12
     assert sum(v for k, v in counts.items() if k.endswith("/ok")) > 0
     assert sum(v for k, v in counts.items() if k.endswith("/bad_input")) > 0
+
+
+# ---- property: any host field past int64 is bad input naming that field ----
+
+_HOST_INT_FIELDS = ["ctrl_deps", "tid", "rf_id", "seq_id", "fw_parent", "fw_tid", "scope"]
+
+
+@given(st.sampled_from(_HOST_INT_FIELDS), st.integers(1 << 63, (1 << 64) - 1), st.integers(0, 2**31))
+def test_host_widths_property(traces: Path, tmp_path: Path, name: str, value: int, seed: int) -> None:
+    doc = _host(traces, GLOO)
+    node = random.Random(seed).choice(doc["nodes"][2:])
+    if name == "ctrl_deps":
+        node["ctrl_deps"] = value
+    else:
+        next(a for a in node["attrs"] if a["name"] == name)["value"] = value
+    with pytest.raises(BadInput, match=rf"'{name}' {value} out of range") as info:
+        read_host_et(_json(tmp_path, "h.json", doc))
+    assert info.value.where.endswith("h.json")
+
+
+@given(st.sampled_from(["ts", "dur", "tid", "pid"]), st.sampled_from([1e300, -1e300, float(1 << 63), 1 << 63]),
+       st.integers(0, 2**31))
+def test_kineto_widths_property(traces: Path, tmp_path: Path, name: str, value: float, seed: int) -> None:
+    doc = _kineto(traces, GLOO)
+    events = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    random.Random(seed).choice(events)[name] = value
+    if name in ("tid", "pid") and isinstance(value, float):
+        with pytest.raises(BadInput, match="not a Kineto trace"):  # a float where an int or a string belongs
+            read_kineto(_json(tmp_path, "k.json", doc))
+        return
+    if name == "dur" and value < 0:  # negative durations are tolerated (counted, set to 0)
+        read_kineto(_json(tmp_path, "k.json", doc))
+        return
+    with pytest.raises(BadInput, match=rf"traceEvents\[\d+\]\.{name} .* out of range"):
+        read_kineto(_json(tmp_path, "k.json", doc))

@@ -233,7 +233,7 @@ def _check_event(path: Path, n: int, ev: Event) -> None:
     """Numbers of one event that reach the output must fit it (field named); a negative size is no size."""
     if not widths.time_ok(ev.ts):
         raise BadInput(path, f"traceEvents[{n}].ts {ev.ts} out of range")
-    if ev.dur == ev.dur and not widths.time_ok(ev.dur):  # NaN: missing, counted
+    if ev.dur >= widths.MAX_TIME_MICROS:  # NaN (missing) and negative durations are counted and set to 0
         raise BadInput(path, f"traceEvents[{n}].dur {ev.dur} out of range")
     for name, value in (("tid", ev.tid), ("pid", ev.pid)):
         if isinstance(value, int) and not widths.INT64_MIN <= value <= widths.INT64_MAX:
