@@ -523,13 +523,40 @@ def test_failure_at_each_rename_changes_nothing(traces: Path, tmp_path: Path, mo
         monkeypatch.setattr(os, "replace", failing_at(n))
         try:
             whole_run.write_run(run_out, "trace", result)
-        except BadInput:
+        except BadInput as exc:
+            assert Path(exc.where).parent == run_out and "etweave-run" not in str(exc)  # the target, not a temp
             assert _snapshot(run_out) == before and len(list(run_out.iterdir())) == 4
             continue
         finally:
             monkeypatch.setattr(os, "replace", real_replace)
         break
     assert n >= 8 and (run_out / "trace.1.et").read_bytes() != b"older rank 1"
+
+
+def test_disk_full_while_writing_names_the_target(traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) \
+        -> None:
+    """ENOSPC while a convert-run output is written: the message names that output (not a deleted staging path)
+    and nothing is left."""
+    import builtins
+
+    from etweave import output
+    from etweave import run as whole_run
+
+    result = whole_run.convert_run(traces / "cpu-gloo/dist_ddp_w2", tmp_path / "first", jobs=1)
+    out = tmp_path / "out"
+    out.mkdir()
+    real_open = builtins.open
+
+    def full_open(file: object, mode: str = "r", *args: object, **kwargs: object) -> object:
+        if "w" in mode and ".trace.1.et.tmp-" in str(file):
+            raise OSError(28, "No space left on device")
+        return real_open(file, mode, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(output, "open", full_open, raising=False)
+    with pytest.raises(BadInput) as info:
+        whole_run.write_run(out, "trace", result)
+    assert str(info.value) == f"{out / 'trace.1.et'}: cannot write: No space left on device"
+    assert list(out.iterdir()) == []
 
 
 def test_temp_cleanup_failure_keeps_the_real_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
