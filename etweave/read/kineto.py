@@ -52,6 +52,7 @@ _NO_ARGS = Args()
 
 
 _INT64 = 1 << 63
+_MAX_TIME = widths.MAX_TIME_MICROS
 
 
 def as_int(value: Any, default: int | None = None) -> int | None:
@@ -270,7 +271,13 @@ def _validated(path: Path, raws: list[msgspec.Raw], eager: bool, warnings: dict[
             raise BadInput(path, "JSON nested too deeply") from exc
         if ev.ph != "X":
             continue
-        _check_event(path, n, ev)
+        # widths, inline on the common path (millions of events); _check_event names what is wrong
+        tid, pid, args = ev.tid, ev.pid, ev.args
+        if not -_MAX_TIME < ev.ts < _MAX_TIME or ev.dur >= _MAX_TIME \
+                or (type(tid) is int and not -_INT64 <= tid < _INT64) \
+                or (type(pid) is int and not -_INT64 <= pid < _INT64) \
+                or (args is not _NO_ARGS and (args.in_nelems is not None or args.out_nelems is not None)):
+            _check_event(path, n, ev)
         h = hash(bytes(raw))
         if h in seen:
             suspects.append(len(kept_raws))
