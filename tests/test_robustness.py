@@ -165,7 +165,7 @@ WIDTHS: list[tuple[str, Callable[[Path, Path], Path], str, str]] = [
         b'"name":"[param|cuda]"', b'"name":"\xff"')), "--device", "UTF-8"),
     ("host inputs nested 300 deep", lambda t, d: _raw(d, "host.json", _host_node(
         t, d, GLOO, _any, lambda n: n["inputs"].update(values=["NEST"], types=["Int"], shapes=[[]])).read_bytes()
-        .replace(b'"NEST"', b"[" * 300 + b"]" * 300)), "--host", "'inputs' nested more than 200 levels"),
+        .replace(b'"NEST"', b"[" * 300 + b"]" * 300)), "--host", "'inputs' nested more than 254 levels"),
     ("attr name a list", lambda t, d: _host_node(t, d, GLOO, _any, lambda n: n["attrs"][0].update(name=[1])), "--host",
      "attrs[0] 'name' is list, not a string"),
     ("process group ranks 5", lambda t, d: _host_node(

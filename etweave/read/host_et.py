@@ -146,17 +146,21 @@ def _op(path: Path, index: int, node: Any) -> HostOp:
         inputs = IO(_list(node.get("inputs")), _list(node.get("input_shapes")), _list(node.get("input_types")))
         outputs = IO(_list(node.get("outputs")), _list(node.get("output_shapes")), _list(node.get("output_types")))
     for side, io in (("inputs", inputs), ("outputs", outputs)):
-        if max(widths.nesting(io.values), widths.nesting(io.shapes), widths.nesting(io.types)) > widths.MAX_NESTING:
+        try:  # the .et IOInfo is JSON written by orjson: what it cannot write is refused here (C-fast check)
+            orjson.dumps((io.values, io.shapes, io.types))
+        except TypeError as exc:
             raise BadInput(path, f"nodes[{index}] (id {node_id}): '{side}' nested more than "
-                                 f"{widths.MAX_NESTING} levels deep")
+                                 f"{widths.MAX_NESTING} levels deep") from exc
     extra = {k: v for k, v in attrs.items() if k not in _CORE_ATTRS} if "attrs" in node else {}
 
     def field(name: str, default: int = 0) -> int:
         value = node.get(name, default) if name == parent_field else attrs.get(name, default)
         # Missing or mistyped optional fields default rather than reject: the field is not needed to keep the op.
-        if not widths.is_int(value):
+        if type(value) is not int:  # bool too
             return default
-        return widths.int64(path, f"nodes[{index}] (id {node_id}): '{name}'", value)
+        if not widths.INT64_MIN <= value <= widths.INT64_MAX:
+            widths.int64(path, f"nodes[{index}] (id {node_id}): '{name}'", value)
+        return value
 
     return HostOp(
         id=node_id,

@@ -17,8 +17,9 @@ INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 MAX_RANKS = 1 << 20
 # Kineto times (µs, float): start and end must round to an int64 µs; real traces are ~1.7e15 (µs since 1970).
 MAX_TIME_MICROS = float(1 << 62)
-# Host inputs are nested lists; orjson writes at most 255 levels (the .et IOInfo is JSON), so deeper is refused.
-MAX_NESTING = 200
+# Host inputs are nested lists; orjson writes at most 255 levels (the .et IOInfo is JSON; the reader wraps the
+# three lists in one more), so deeper is refused when read.
+MAX_NESTING = 254
 
 
 def is_int(value: Any) -> bool:
@@ -47,26 +48,6 @@ def world_size(path: Path | str, field: str, value: Any) -> int:
 
 def time_ok(value: float) -> bool:
     return -MAX_TIME_MICROS < value < MAX_TIME_MICROS
-
-
-def nesting(value: Any, limit: int = MAX_NESTING) -> int:
-    """Depth of nested lists/dicts, counting stops just past `limit` (iterative: no recursion limit)."""
-    depth, level = 0, [value]
-    while depth <= limit:
-        children: list[Any] = []
-        found = False
-        for v in level:
-            if isinstance(v, list):
-                found = True
-                children.extend(v)
-            elif isinstance(v, dict):
-                found = True
-                children.extend(v.values())
-        if not found:
-            break
-        depth += 1
-        level = children
-    return depth
 
 
 def _short(value: Any) -> str:
