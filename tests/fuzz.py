@@ -411,8 +411,8 @@ class Runner:
         if code != 0:
             if left:
                 return "files_left"
-            if code == 3 and not err:  # `check` and `simulate` list their violations on stdout
-                return "check"
+            if code == 3 and (not err or err.startswith("etweave: check failed: ")):
+                return "check"  # a violation may list its cases (check and simulate on stdout, a deadlock's nodes)
             if err.count("\n") != 1 or "Traceback" in err:
                 return "bad_message"
             if code == 2 and not err.startswith("etweave: error: "):
