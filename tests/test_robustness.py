@@ -857,3 +857,14 @@ def test_kineto_widths_property(traces: Path, tmp_path: Path, name: str, value: 
         return
     with pytest.raises(BadInput, match=rf"traceEvents\[\d+\]\.{name} .* out of range"):
         read_kineto(_json(tmp_path, "k.json", doc))
+
+
+def test_simulate_outputs_checked_before_the_replay(traces: Path, tmp_path: Path) -> None:
+    et = tmp_path / "t.et"
+    assert _run(["convert", *_pair_args(traces), "-o", str(et), "--quiet"]).returncode == 0
+    before = et.read_bytes()
+    onto_input = _run(["simulate", str(et), "--timeline", str(et)])
+    assert onto_input.returncode == 2 and "--timeline is also an input" in onto_input.stderr
+    missing = _run(["simulate", str(et), "--timeline", str(tmp_path / "nope" / "t.json")])
+    assert missing.returncode == 2 and "the folder of --timeline does not exist" in missing.stderr
+    assert missing.stdout == "" and et.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["t.et"]

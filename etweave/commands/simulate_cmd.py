@@ -13,6 +13,7 @@ import orjson
 
 from etweave.chakra.io import et_files
 from etweave.errors import BadInput, CheckFailed
+from etweave.output import check_outputs
 from etweave.simulate.engine import GraphError, RankGraph, UnknownGroup, replay
 from etweave.simulate.load import COMM_GROUP_FILE, find_comm_group, load_comm_group, load_rank
 from etweave.simulate.metrics import deadlock_report, format_deadlock, format_text, summarize
@@ -50,6 +51,9 @@ def run(args: argparse.Namespace) -> int:
 
         require_matplotlib(args.plot)  # fail before a long replay, not after
     files = et_files(args.traces)
+    # every output path checked before the replay (etweave.output.check_outputs: writable, not an input, distinct)
+    check_outputs([(flag, path) for flag, path in (("--timeline", args.timeline), ("--plot", args.plot))
+                   if path is not None], files)
     ranks: list[RankGraph] = [load_rank(f, default_rank=0 if len(files) == 1 else None) for f in files]
     group_file = args.comm_group or find_comm_group(files)
     groups = load_comm_group(group_file) if group_file is not None else {}
