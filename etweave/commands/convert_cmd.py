@@ -15,8 +15,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("convert", help="convert one rank's traces to a Chakra .et file",
                        description="Convert a PyTorch host execution trace and/or Kineto trace of one rank. "
                        "With only --device, the Kineto cpu ops stand in for the host ET's ops.")
-    p.add_argument("--host", type=Path, help="host execution trace (.json or .json.gz)")
-    p.add_argument("--device", type=Path, help="Kineto trace (.json or .json.gz)")
+    p.add_argument("--host", type=Path, help="host execution trace (.json or .json.gz; a file or a pipe)")
+    p.add_argument("--device", type=Path, help="Kineto trace (.json or .json.gz; a file or a pipe)")
     p.add_argument("-o", "--output", type=Path, required=True, help="output .et file")
     p.add_argument("--report", type=Path, help="write the audit report (JSON) here")
     p.add_argument("--rank", type=int, help="this rank's global rank (default: from the Kineto trace, else 0)")
@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    "empty). With --host: as --steps")
     p.add_argument("--allow-mismatch", action="store_true",
                    help="convert even when the host ET and the Kineto trace look like different runs or ranks "
-                        "(exit 3 otherwise; the evidence: linked share, Record function ids, process ids)")
+                        "(exit 3 otherwise; the evidence: process ids, Record function ids, linked share)")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
     p.set_defaults(run=run)
 
