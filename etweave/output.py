@@ -31,11 +31,14 @@ def _problem(exc: OSError) -> str:
     return f"cannot write: {exc.strerror or exc}"
 
 
-def stage(path: Path, chunks: Iterable[bytes] | bytes) -> Path:
+def stage(path: Path, chunks: Iterable[bytes] | bytes, clean: bool = True) -> Path:
     """Write `chunks` completely to a temporary file beside `path`; its path, for `commit`. On any failure (also
-    one raised by the producer of `chunks`) the temporary file is removed and the error goes on."""
+    one raised by the producer of `chunks`) the temporary file is removed and the error goes on. `clean`: first
+    remove stale temporary files of this target (a caller that cleaned the whole folder once passes False: a
+    scan per output would be quadratic in a run of many ranks)."""
     path = Path(path)
-    clean_stale(path.parent, path.name)
+    if clean:
+        clean_stale(path.parent, path.name)
     tmp = _temp_name(path, "tmp")
     try:
         with open(tmp, "wb", buffering=1 << 20) as out:

@@ -41,9 +41,9 @@ def write_et(path: Path, metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node]) 
     write_atomic(path, _stream(metadata, nodes))
 
 
-def stage_et(path: Path, metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node]) -> Path:
+def stage_et(path: Path, metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node], clean: bool = True) -> Path:
     """Stream to a temporary file beside `path` and return it; `etweave.output.commit` renames it into place."""
-    return stage(path, _stream(metadata, nodes))
+    return stage(path, _stream(metadata, nodes), clean)
 
 
 def et_files(paths: Iterable[Path]) -> list[Path]:

@@ -86,9 +86,9 @@ def write_run(out_dir: Path, prefix: str, result: RunResult) -> list[Path]:
     try:
         for rank, (metadata, nodes) in sorted(result.ranks.items()):
             target = out_dir / f"{prefix}.{rank}.et"
-            staged.append((stage_et(target, metadata, nodes), target))
+            staged.append((stage_et(target, metadata, nodes, clean=False), target))  # cleaned when locked
         for name, obj in ((COMM_GROUP_FILE, result.comm_group), (REPORT_FILE, result.report)):
-            staged.append((stage(out_dir / name, json_bytes(obj)), out_dir / name))
+            staged.append((stage(out_dir / name, json_bytes(obj), clean=False), out_dir / name))
     except BaseException:
         discard([tmp for tmp, _ in staged])
         raise
