@@ -31,6 +31,7 @@ from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import attr_value, read_et
 from etweave.errors import BadInput
 from etweave.simulate.engine import GraphError
+from etweave.simulate.load import trace_rank
 from etweave.simulate.network import DEFAULT_NETWORK, NETWORK_TIMED, Network, collective_ns, send_ns
 
 CPU, GPU, COMM, FREE = 0, 1, 2, 3  # the slot a node takes; FREE = none
@@ -91,9 +92,11 @@ def _as_int(value: object, default: int = 0) -> int:
     return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else default
 
 
-def load_astra_rank(path: Path, rank: int) -> AstraRank:
-    """One `.et` file, read the way ASTRA-sim's feeder reads it (only the fields it uses, plus measured times)."""
-    _, nodes = read_et(path)
+def load_astra_rank(path: Path, default_rank: int | None = None) -> AstraRank:
+    """One `.et` file, read the way ASTRA-sim's feeder reads it (only the fields it uses, plus measured times).
+    Its rank as `etweave simulate` finds it (`load.trace_rank`)."""
+    metadata, nodes = read_et(path)
+    rank = trace_rank(metadata, path, default_rank)
     out = []
     for nd in nodes:
         attrs = {a.name: attr_value(a) for a in nd.attr if a.name in _WANTED}
@@ -366,12 +369,12 @@ def replicate(rank: AstraRank, npus: int) -> list[AstraRank]:
     return [AstraRank(rank=r, nodes=rank.nodes, source=rank.source) for r in range(npus)]
 
 
-def load_for_astra(files: Sequence[Path], ranks_of: Sequence[int], npus: int | None) -> list[AstraRank]:
-    """The NPUs to replay: one per file, or one file replayed as `npus` NPUs."""
-    loaded = [load_astra_rank(f, r) for f, r in zip(files, ranks_of, strict=True)]
+def load_for_astra(files: Sequence[Path], npus: int | None = None) -> list[AstraRank]:
+    """The NPUs to replay: one per file, or a single file replayed as `npus` NPUs (default 2: ASTRA-sim refuses 1)."""
+    loaded = [load_astra_rank(f, default_rank=0 if len(files) == 1 else None) for f in files]
+    if len(loaded) == 1:
+        return replicate(loaded[0], 2 if npus is None else npus)
     if npus is not None and npus != len(loaded):
-        if len(loaded) != 1:
-            raise BadInput(files[0], f"--npus {npus}: only a single trace can be replayed as several NPUs "
-                                     f"({len(loaded)} given)")
-        loaded = replicate(loaded[0], npus)
+        raise BadInput(files[0], f"--npus {npus}: only a single trace can be replayed as several NPUs "
+                                 f"({len(loaded)} given)")
     return loaded

@@ -43,6 +43,7 @@ class Network:
     bandwidth_gbps: float  # GB/s per link, as ASTRA-sim's network yml gives it
     latency_ns: float  # per hop
     source: str = "default"  # the file it came from, for the output
+    npus_count: int | None = None  # as the file says; ASTRA-sim needs it to equal the number of NPUs replayed
 
     @property
     def bytes_per_ns(self) -> float:
@@ -127,4 +128,10 @@ def load_network(path: Path) -> Network:
         raise BadInput(path, f"bandwidth and latency must be numbers: {exc}") from exc
     if not bandwidth > 0 or not latency >= 0:
         raise BadInput(path, "bandwidth must be > 0 and latency >= 0")
-    return Network(topology, bandwidth, latency, source=Path(path).name)
+    npus_count = None
+    if "npus_count" in fields:
+        try:
+            npus_count = int(fields["npus_count"])
+        except ValueError as exc:
+            raise BadInput(path, f"npus_count must be an integer: {exc}") from exc
+    return Network(topology, bandwidth, latency, source=Path(path).name, npus_count=npus_count)
