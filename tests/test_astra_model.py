@@ -50,6 +50,7 @@ def test_one_cpu_slot_shared_by_threads_and_unlimited_variant() -> None:
     run = simulate([rank], {})
     assert run.finished_ns == [8000]
     assert run.slot_wait_ns[0] == [5000, 0, 0]  # node 2 waited 5 µs for the CPU slot
+    assert run.blocked_by[0] == {(0, "COMP_NODE"): 5000}  # ... held by node 1, a COMP node without attr kind
     assert simulate([rank], {}, slots=False).finished_ns == [5000]
 
 
@@ -258,3 +259,18 @@ def test_calibration_the_ring_config_not_the_switch_reproduces_dlrm(tmp_path: Pa
     for config, within in (("ring_8npus.yml", True), ("switch_8npus.yml", False)):
         free = simulate(ranks, {}, load_network(CONFIGS / config), slots=False).makespan_ns / 1000 / span
         assert (abs(free - 1) <= 0.006) is within, (config, free)
+
+
+def test_one_trace_as_two_npus_runs_its_sends_and_recvs_alone(tmp_path: Path) -> None:
+    # a rank-0 trace that sends to rank 1 and receives from it: replayed as NPUs 0 and 1 (both copies of rank 0),
+    # no copy is the real peer, so each send/recv runs on its own time instead of waiting forever
+    recv = AstraNode(id=3, name="recv", type=pb.COMM_RECV_NODE, deps=(2,), duration_us=4, is_cpu_op=False,
+                     comm_size=8, comm_src=1, comm_dst=0, comm_tag=0)
+    f = tmp_path / "trace.0.et"
+    _write(f, 0, [_node(1, (), 1, 1, True, 1)])
+    rank = load_for_astra([f])[0]
+    rank.nodes += [p2p(2, (1,), True, 0, 1, 1000), recv]
+    run = simulate([rank, AstraRank(1, rank.nodes, rank.source, replica=True)], {})
+    assert run.stuck_count == 0
+    assert run.finished_ns == [1000 + 519 + 4000] * 2  # CPU node, then the send's network time, then the recv's 4 µs
+    assert "4 send/recv nodes have no peer among the NPUs given: replayed alone" in run.notes

@@ -37,7 +37,7 @@ from etweave.simulate.network import DEFAULT_NETWORK, NETWORK_TIMED, Network, co
 CPU, GPU, COMM, FREE = 0, 1, 2, 3  # the slot a node takes; FREE = none
 SLOT_NAMES = ("CPU", "GPU", "comm")
 COLLECTIVE_TIMING = ("network", "duration")
-_WANTED = frozenset({"is_cpu_op", "comm_type", "comm_size", "pg_name", "comm_src", "comm_dst", "comm_tag",
+_WANTED = frozenset({"kind", "is_cpu_op", "comm_type", "comm_size", "pg_name", "comm_src", "comm_dst", "comm_tag",
                      "measured_duration_micros"})
 # engine-internal node kinds
 _COMP, _COLL, _BCAST, _SEND, _RECV = 0, 1, 2, 3, 4
@@ -60,6 +60,7 @@ class AstraNode:
     comm_tag: int | None = None
     measured_start: int = 0  # µs, 0 = not measured
     measured_end: int = 0
+    kind: str = ""  # etweave's attr `kind` (delay, host_op, kernel, ...), for the contention breakdown
 
 
 @dataclass(slots=True)
@@ -67,6 +68,7 @@ class AstraRank:
     rank: int  # the NPU it is replayed as
     nodes: list[AstraNode]
     source: str = ""
+    replica: bool = False  # one trace replayed as several NPUs: its sends and recvs have no peer among them
 
 
 @dataclass
@@ -76,6 +78,8 @@ class AstraRun:
     slots: bool
     finished_ns: list[int | None]  # per rank index; None = never finished (stuck nodes)
     slot_wait_ns: list[list[int]]  # per rank index, per slot (CPU, GPU, comm): ready → issue, summed
+    # per rank index: ns a slot was held while another node waited for it, by (slot, the holder's kind)
+    blocked_by: list[dict[tuple[int, str], int]] = field(default_factory=list)
     stuck: list[str] = field(default_factory=list)  # "rank R node N name: why", at most MAX_STUCK
     stuck_count: int = 0
     notes: list[str] = field(default_factory=list)
@@ -103,7 +107,7 @@ def load_astra_rank(path: Path, default_rank: int | None = None) -> AstraRank:
         cpu = attrs.get("is_cpu_op", True)
         an = AstraNode(id=nd.id, name=nd.name, type=nd.type, deps=tuple(nd.data_deps) + tuple(nd.ctrl_deps),
                        duration_us=nd.duration_micros, is_cpu_op=bool(cpu),
-                       measured_start=nd.start_time_micros)
+                       measured_start=nd.start_time_micros, kind=str(attrs.get("kind", "")))
         an.measured_end = nd.start_time_micros + _as_int(attrs.get("measured_duration_micros"), nd.duration_micros)
         if nd.type in (pb.COMM_COLL_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):
             an.comm_size = _as_int(attrs.get("comm_size"))
@@ -245,8 +249,8 @@ def simulate(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[int]], ne
             other = sorted(other_table.get(key, []), key=lambda g: node_id[g])
             for k, g in enumerate(lst):
                 own = key[1 - peer_side]
-                if key[peer_side] not in index_of_rank or own != rank_of[owner[g]]:
-                    alone += 1  # peer not given, or a rank replayed as another NPU (a single trace as 2 NPUs)
+                if ranks[owner[g]].replica or key[peer_side] not in index_of_rank or own != rank_of[owner[g]]:
+                    alone += 1
                 else:
                     peer[g] = other[k] if k < len(other) else _NEVER
     if alone:
@@ -273,6 +277,10 @@ def simulate(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[int]], ne
     ready: list[list[list[tuple[int, int]]]] = [[[] for _ in range(4)] for _ in ranks]  # (node id, g) heaps
     arrived = [0] * len(inst_nodes)
     slot_wait = [[0] * 3 for _ in ranks]
+    holder = [[-1] * 3 for _ in ranks]
+    since = [[0] * 3 for _ in ranks]  # when each slot's (holder, someone waiting) state was last accounted
+    blocked: list[dict[tuple[int, str], int]] = [defaultdict(int) for _ in ranks]
+    kind_name = [nd.kind or pb.NodeType.Name(nd.type) for rg in ranks for nd in rg.nodes]
     events: list[tuple[int, int, int]] = []
     seq = 0
     push, pop = heapq.heappush, heapq.heappop
@@ -292,6 +300,7 @@ def simulate(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[int]], ne
         s = slot[g]
         if s != FREE:
             busy[owner[g]][s] = True
+            holder[owner[g]][s] = g
             slot_wait[owner[g]][s] += t - ready_t[g]
         k = kind[g]
         if k in (_COMP, _BCAST):
@@ -340,8 +349,14 @@ def simulate(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[int]], ne
         t, _, g = pop(events)
         done[g] = True
         ri = owner[g]
+        for s in (CPU, GPU, COMM):  # the rank's slot states change only at its own events: account up to now
+            h = holder[ri][s]
+            if h >= 0 and ready[ri][s]:
+                blocked[ri][s, kind_name[h]] += t - since[ri][s]
+            since[ri][s] = t
         if slot[g] != FREE:
             busy[ri][slot[g]] = False
+            holder[ri][slot[g]] = -1
         for c in children[g]:
             indeg[c] -= 1
             if indeg[c] == 0:
@@ -353,7 +368,7 @@ def simulate(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[int]], ne
         span = range(offset[ri], offset[ri] + len(rg.nodes))
         finished.append(None if any(not done[g] for g in span) else max((end[g] for g in span), default=0))
     run = AstraRun(ranks=ranks, collectives=collectives, slots=slots, finished_ns=finished, slot_wait_ns=slot_wait,
-                   notes=notes)
+                   blocked_by=[dict(b) for b in blocked], notes=notes)
     stuck = [g for g in range(n) if not done[g]]
     run.stuck_count = len(stuck)
     for g in sorted(stuck, key=lambda g: (issue_t[g] < 0, ready_t[g] < 0, owner[g], node_id[g]))[:MAX_STUCK]:
@@ -366,7 +381,7 @@ def simulate(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[int]], ne
 
 def replicate(rank: AstraRank, npus: int) -> list[AstraRank]:
     """One rank's trace replayed as `npus` NPUs (ASTRA-sim refuses one NPU: FORMATS.md 3b.7)."""
-    return [AstraRank(rank=r, nodes=rank.nodes, source=rank.source) for r in range(npus)]
+    return [AstraRank(rank=r, nodes=rank.nodes, source=rank.source, replica=True) for r in range(npus)]
 
 
 def load_for_astra(files: Sequence[Path], npus: int | None = None) -> list[AstraRank]:
