@@ -193,6 +193,16 @@ def test_cli_bad_options_exit_2_with_one_line(tmp_path: Path, capsys: pytest.Cap
         assert err.count("\n") == 1 and "Traceback" not in err, argv
 
 
+def test_cli_unsupported_collective_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    reduce = pb.Node(id=1, name="reduce", type=pb.COMM_COLL_NODE, duration_micros=1)
+    reduce.attr.extend([_attr("is_cpu_op", False), _attr("comm_type", pb.REDUCE), _attr("comm_size", 8)])
+    f = _write(tmp_path / "trace.0.et", 0, [reduce])
+    assert main(["simulate", str(f), "--model", "astra-sim"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"etweave: error: {f}: collective node 1 has comm_type 1, which ASTRA-sim does not run "
+                   "(Unsupported collective comm type)\n")
+
+
 def test_cli_deadlock_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # a recv whose send never comes: the NPU never finishes, as in ASTRA-sim (no `finished` line for it)
     recv = pb.Node(id=1, name="recv", type=pb.COMM_RECV_NODE, duration_micros=1)
