@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -150,8 +150,10 @@ def _kind_and_slot(nd: AstraNode, ri: int) -> tuple[int, int]:
 
 
 def simulate(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[int]], network: Network = DEFAULT_NETWORK,
-             collectives: str = "network", slots: bool = True) -> AstraRun:
-    """Replay `ranks` (one per NPU) under ASTRA-sim's rules; see the module docstring."""
+             collectives: str = "network", slots: bool = True, slotless_kinds: Collection[str] = ()) -> AstraRun:
+    """Replay `ranks` (one per NPU) under ASTRA-sim's rules; see the module docstring. `slotless_kinds`: nodes
+    whose attr `kind` is one of these take no slot (a what-if for the benchmark: e.g. "delay" asks what the
+    run would take if waiting nodes did not hold the CPU slot; ASTRA-sim itself has no such rule)."""
     if collectives not in COLLECTIVE_TIMING:
         raise ValueError(f"collectives must be one of {COLLECTIVE_TIMING}")
     ranks = list(ranks)
@@ -184,6 +186,8 @@ def simulate(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[int]], ne
         for i, nd in enumerate(rg.nodes):
             g = offset[ri] + i
             kind[g], slot[g] = _kind_and_slot(nd, ri)
+            if nd.kind in slotless_kinds:
+                slot[g] = FREE
             if nd.is_cpu_op and nd.type in (pb.COMM_COLL_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):
                 cpu_comm += 1
             dur_ns[g] = max(1, nd.duration_us * 1000)
