@@ -54,6 +54,16 @@ def test_one_cpu_slot_shared_by_threads_and_unlimited_variant() -> None:
     assert simulate([rank], {}, slots=False).finished_ns == [5000]
 
 
+def test_slotless_kinds_what_if() -> None:
+    # an [idle] delay node (6 µs) and real work of another thread (2 µs), both ready at 0: in ASTRA-sim the delay
+    # holds the CPU slot and the work runs 6..8; with delays taking no slot (the bench's what-if) it runs 0..2
+    idle = comp(1, (), 6)
+    idle.kind = "delay"
+    rank = AstraRank(0, [idle, comp(2, (), 2), comp(3, (2,), 1, cpu=False)])
+    assert ends([rank]) == [9000]
+    assert simulate([rank], {}, slotless_kinds=("delay",)).finished_ns == [6000]
+
+
 def test_gpu_slot_shared_by_streams() -> None:
     rank = AstraRank(0, [comp(1, (), 2, cpu=False), comp(2, (), 3, cpu=False)])
     assert ends([rank]) == [5000]
