@@ -1,8 +1,9 @@
 """`etweave simulate --model astra-sim`: ASTRA-sim's issue rules, so etweave predicts what ASTRA-sim computes.
 
 The rules, as measured on the real simulator (docs: FORMATS.md section 3b):
-- Per NPU (rank) one CPU slot (every `is_cpu_op` node, whatever its thread), one GPU-compute slot (every other
-  COMP node, whatever its stream) and one comm slot (collectives and sends); COMM_RECV takes no slot.
+- Per NPU (rank) one CPU slot (every `is_cpu_op` COMP node, whatever its thread), one GPU-compute slot (every
+  other COMP node, whatever its stream) and one comm slot (collectives and sends, by node type whatever their
+  `is_cpu_op`); COMM_RECV takes no slot.
   `slots=False` drops the slots (every ready node issues at once), to see what they cost.
 - A node is ready when all its data_deps and ctrl_deps are done. Whenever a node finishes, the NPU's ready
   nodes are visited in ascending id and each issues if its slot is free (`Workload::issue_dep_free_nodes`).
@@ -134,18 +135,20 @@ def measured_span_us(ranks: Sequence[AstraRank]) -> int | None:
 
 
 def _kind_and_slot(nd: AstraNode, ri: int) -> tuple[int, int]:
-    if nd.type == pb.COMM_COLL_NODE and not nd.is_cpu_op:
+    # ASTRA-sim dispatches on the node type first (`HardwareResource`, `Workload::issue`): is_cpu_op only splits
+    # COMP nodes between the CPU and the GPU slot
+    if nd.type == pb.COMM_COLL_NODE:
         if nd.comm_type == pb.BROADCAST:
             return _BCAST, COMM
         if nd.comm_type not in NETWORK_TIMED:
             raise GraphError(ri, f"collective node {nd.id} has comm_type {nd.comm_type}, which ASTRA-sim does not "
                                  "run (Unsupported collective comm type)")
         return _COLL, COMM
-    if nd.type == pb.COMM_SEND_NODE and not nd.is_cpu_op:
+    if nd.type == pb.COMM_SEND_NODE:
         return _SEND, COMM
-    if nd.type == pb.COMM_RECV_NODE and not nd.is_cpu_op:
+    if nd.type == pb.COMM_RECV_NODE:
         return _RECV, FREE
-    # COMP, METADATA read as COMP, and any node with is_cpu_op true: timed from its duration
+    # COMP, METADATA read as COMP (and MEM/INVALID, which etweave never writes): timed from the duration
     return _COMP, CPU if nd.is_cpu_op else GPU
 
 
@@ -176,7 +179,6 @@ def simulate(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[int]], ne
     owner = [0] * n
     indeg = [0] * n
     children: list[list[int]] = [[] for _ in range(n)]
-    cpu_comm = 0
     for ri, rg in enumerate(ranks):
         pos: dict[int, int] = {}
         for i, nd in enumerate(rg.nodes):
@@ -188,8 +190,6 @@ def simulate(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[int]], ne
             kind[g], slot[g] = _kind_and_slot(nd, ri)
             if nd.kind in slotless_kinds:
                 slot[g] = FREE
-            if nd.is_cpu_op and nd.type in (pb.COMM_COLL_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):
-                cpu_comm += 1
             dur_ns[g] = max(1, nd.duration_us * 1000)
             node_id[g] = nd.id
             owner[g] = ri
@@ -199,8 +199,6 @@ def simulate(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[int]], ne
                     raise GraphError(ri, f"node {nd.id} depends on node {d}, which is not in the file")
                 children[p].append(g)
                 indeg[g] += 1
-    if cpu_comm:
-        notes.append(f"{cpu_comm} comm nodes have is_cpu_op true: run as CPU COMP nodes from their duration")
     if not slots:
         slot = [FREE] * n
 
