@@ -225,6 +225,10 @@ def test_cli_deadlock_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     err = capsys.readouterr().err
     assert "sys[1] finished, 1000 cycles" in err and "sys[0]" not in err
     assert "1 nodes never finish" in err and "node 1 'recv'" in err
+    assert main(["simulate", str(f0), str(f1), "--model", "astra-sim", "--json"]) == 3
+    data = orjson.loads(capsys.readouterr().out)
+    assert data["runs"]["network"]["finished_ns"] == {"0": None, "1": 1000}
+    assert data["runs"]["network"]["stuck"] == ["rank 0 node 1 'recv': issued, waits for its peers"]
 
 
 # --- calibration against the real simulator (FORMATS.md 3b.2) --------------------------------------------------

@@ -4,6 +4,7 @@ trace's durations) and report both beside the measured span, with ASTRA-sim's `s
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,8 @@ def _run_summary(run: AstraRun, span_us: int | None) -> dict[str, Any]:
     }
 
 
-def run_astra(args: argparse.Namespace, files: list[Path], groups: dict[str, list[int]]) -> dict[str, Any]:
+def run_astra(args: argparse.Namespace, files: list[Path], groups: dict[str, list[int]],
+              print_json: Callable[[object], None]) -> dict[str, Any]:
     """Both runs, as one JSON-able dict; raises CheckFailed when the network run leaves NPUs unfinished."""
     network = load_network(args.network) if args.network is not None else DEFAULT_NETWORK
     ranks = load_for_astra(files, args.npus)
@@ -91,6 +93,8 @@ def run_astra(args: argparse.Namespace, files: list[Path], groups: dict[str, lis
         "runs": {run.collectives: _run_summary(run, span) for run in runs},
     }
     if runs[0].stuck_count:
+        if args.json:  # the stuck nodes are in the object too, as with the default model
+            print_json(summary)
         raise CheckFailed("\n".join([*finished_lines(runs[0]),
                                      f"astra-sim model: {runs[0].stuck_count} nodes never finish; first ones:",
                                      *(f"  {s}" for s in runs[0].stuck)]))

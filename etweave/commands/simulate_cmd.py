@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     group_file = args.comm_group or find_comm_group(files)
     groups = load_comm_group(group_file) if group_file is not None else {}
     if args.model == "astra-sim":
-        astra = simulate_astra.run_astra(args, files, groups)
+        astra = simulate_astra.run_astra(args, files, groups, _print_json)
         if args.json:
             _print_json(astra)
         else:
