@@ -12,6 +12,7 @@ from pathlib import Path
 import orjson
 
 from etweave.chakra.io import et_files
+from etweave.commands import simulate_astra
 from etweave.errors import BadInput, CheckFailed
 from etweave.simulate.engine import GraphError, RankGraph, UnknownGroup, replay
 from etweave.simulate.load import COMM_GROUP_FILE, find_comm_group, load_comm_group, load_rank
@@ -31,7 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("simulate", help="replay .et files event by event and compare with the measured timeline",
                        description="Replay Chakra .et files (one per rank) and compare the simulated timeline with "
                                    "the measured one. Exit 0 ok, 3 on a deadlock, 2 on bad input.",
-                       epilog=RULES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=RULES + "\n\n" + simulate_astra.HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("traces", type=Path, nargs="+", metavar="TRACE.et",
                    help="one .et file per rank (or a folder: every *.et in it)")
     p.add_argument("--comm-group", type=Path, metavar="FILE",
@@ -41,19 +43,28 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--plot", type=Path, metavar="OUT.png",
                    help="write a PNG of measured vs simulated per resource (needs matplotlib)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    simulate_astra.add_arguments(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    simulate_astra.check_arguments(args)
     if args.plot is not None:
         from etweave.simulate.plot import require_matplotlib
 
         require_matplotlib(args.plot)  # fail before a long replay, not after
     files = et_files(args.traces)
-    ranks: list[RankGraph] = [load_rank(f, default_rank=0 if len(files) == 1 else None) for f in files]
     group_file = args.comm_group or find_comm_group(files)
     groups = load_comm_group(group_file) if group_file is not None else {}
+    if args.model == "astra-sim":
+        astra = simulate_astra.run_astra(args, files, groups, _print_json)
+        if args.json:
+            _print_json(astra)
+        else:
+            print(simulate_astra.format_astra(astra))
+        return 0
 
+    ranks: list[RankGraph] = [load_rank(f, default_rank=0 if len(files) == 1 else None) for f in files]
     try:
         result = replay(ranks, groups)
     except GraphError as exc:

@@ -73,6 +73,12 @@ def rank_from_name(path: Path) -> int | None:
 def load_rank(path: Path, default_rank: int | None = None) -> RankGraph:
     """One `.et` file. Rank: GlobalMetadata attr `rank`, else `<prefix>.<rank>.et`, else `default_rank`."""
     metadata, nodes = read_et(path)
+    rank = trace_rank(metadata, path, default_rank)
+    return RankGraph(rank=rank, nodes=[to_sim_node(nd, path) for nd in nodes], source=str(path))
+
+
+def trace_rank(metadata: pb.GlobalMetadata, path: Path, default_rank: int | None = None) -> int:
+    """GlobalMetadata attr `rank`, else `<prefix>.<rank>.et`, else `default_rank`."""
     rank: int | None = None
     for a in metadata.attr:
         if a.name == "rank":
@@ -86,7 +92,7 @@ def load_rank(path: Path, default_rank: int | None = None) -> RankGraph:
         rank = default_rank
     if rank is None:
         raise BadInput(path, "no rank: neither a GlobalMetadata attr `rank` nor a name like <prefix>.<rank>.et")
-    return RankGraph(rank=rank, nodes=[to_sim_node(nd, path) for nd in nodes], source=str(path))
+    return rank
 
 
 def find_comm_group(traces: Sequence[Path]) -> Path | None:
