@@ -16,6 +16,8 @@ from etweave.errors import BadInput, CheckFailed
 from etweave.simulate.engine import GraphError, RankGraph, UnknownGroup, replay
 from etweave.simulate.load import COMM_GROUP_FILE, find_comm_group, load_comm_group, load_rank
 from etweave.simulate.metrics import deadlock_report, format_deadlock, format_text, summarize
+from etweave.simulate.steps import format_steps, step_times
+from etweave.simulate.whatif import apply, describe, parse_edit
 
 RULES = """\
 Replay rules: a node starts when all its data_deps and ctrl_deps are done and its resource is free. Resource:
@@ -41,7 +43,22 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--plot", type=Path, metavar="OUT.png",
                    help="write a PNG of measured vs simulated per resource (needs matplotlib)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    p.set_defaults(run=run)
+    what_if = p.add_argument_group("what-if edits (see below)")
+    what_if.add_argument("--scale", action=_EditAction, metavar="SELECTOR:FACTOR",
+                         help="multiply the selected nodes' durations by FACTOR")
+    what_if.add_argument("--set-duration", action=_EditAction, metavar="SELECTOR:MICROS",
+                         help="each selected op lasts MICROS us in all (spread over its node and parts)")
+    what_if.add_argument("--comm-bandwidth", action=_EditAction, metavar="[SELECTOR:]FACTOR",
+                         help="communication FACTOR times as fast: transfer durations divided by FACTOR")
+    p.set_defaults(run=run, edits=[])
+
+
+class _EditAction(argparse.Action):
+    """Collect every what-if option, of any kind, in one list in command-line order."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        namespace.edits = [*namespace.edits, (self.dest.replace("_", "-"), str(values))]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,7 +67,9 @@ def run(args: argparse.Namespace) -> int:
 
         require_matplotlib(args.plot)  # fail before a long replay, not after
     files = et_files(args.traces)
+    edits = [parse_edit(action, text) for action, text in args.edits]  # bad syntax fails before loading
     ranks: list[RankGraph] = [load_rank(f, default_rank=0 if len(files) == 1 else None) for f in files]
+    applied = apply(ranks, edits)
     group_file = args.comm_group or find_comm_group(files)
     groups = load_comm_group(group_file) if group_file is not None else {}
 
@@ -70,6 +89,9 @@ def run(args: argparse.Namespace) -> int:
         raise CheckFailed(format_deadlock(result))
 
     summary = summarize(result)
+    summary["step_times"] = step_times(result)
+    if applied:
+        summary["whatif"] = describe(applied)
     if args.timeline is not None:
         from etweave.simulate.timeline import write_timeline
 
@@ -84,6 +106,11 @@ def run(args: argparse.Namespace) -> int:
         _print_json(summary)
     else:
         text = format_text(summary)
+        if applied:
+            text += "\nwhat-if (simulated: the edited graph; measured: the run the files came from):"
+            text += "".join(f"\n  {e['edit']}: {e['ops']} op(s), {e['nodes']} node(s), {e['before_us']} -> "
+                            f"{e['after_us']} us ({e['added_us']:+d} us)" for e in summary["whatif"])
+        text += "\n" + "\n".join(format_steps(summary["step_times"]))
         for key in ("timeline", "plot"):
             if key in summary:
                 text += f"\nwrote {key} {summary[key]}"
