@@ -47,9 +47,10 @@ STRAGGLE_BASE_MS, STRAGGLE_EXTRA_MS = 1.0, 25.0
 HIDDEN_SLOW_MS, HIDDEN_EXTRA_MS = 30.0, 15.0
 HELPER_A_MS, HELPER_B_MS, HELPER_MAIN_MS = 5.0, 30.0, 10.0
 HELPER_HIDDEN_A_MS, HELPER_HIDDEN_B_MS, HELPER_HIDDEN_MAIN_MS = 2.0, 8.0, 20.0
-ASYNC_NUMEL, ASYNC_FACTOR, ASYNC_OVERLAP_MS = 1 << 18, 8, 6.0
+ASYNC_NUMEL, ASYNC_FACTOR, ASYNC_OVERLAP_MS = 1 << 20, 4, 6.0
 ASYNC_HIDDEN_FACTOR, ASYNC_HIDDEN_OVERLAP_MS = 2, 40.0
-BMM_BATCH, BMM_FACTOR, BMM_N = 8, 4, 128
+BMM_BATCH, BMM_FACTOR, BMM_N = 32, 4, 128
+BG_TICK_MS, BG_PAUSE_MS = 0.5, 4.0
 FRAME_MS = 5.0  # fixed work before and after the interesting part of every step
 
 
@@ -68,9 +69,22 @@ def _work(name: str, ms: float) -> None:
         time.sleep(ms * MS)
 
 
+_TENSORS: dict[tuple[str, int], object] = {}
+
+
+def _tensor(kind: str, numel: int):  # type: ignore[no-untyped-def]
+    """Tensors are made once per process: allocating (and page-faulting) 16 MB in B but not in A would be a
+    second difference between the runs."""
+    torch, _, _ = _torch()
+    key = (kind, numel)
+    if key not in _TENSORS:
+        _TENSORS[key] = torch.ones(numel) if kind == "ones" else torch.randn(numel // (BMM_N * BMM_N), BMM_N, BMM_N)
+    return _TENSORS[key]
+
+
 def _all_reduce_small() -> None:
-    torch, dist, _ = _torch()
-    dist.all_reduce(torch.ones(256))
+    _, dist, _ = _torch()
+    dist.all_reduce(_tensor("ones", 256))
 
 
 def step_straggler(rank: int, step: int, side: str) -> None:
@@ -90,8 +104,8 @@ def step_straggler_hidden(rank: int, step: int, side: str) -> None:
 
     def background() -> None:
         while not stop.is_set():
-            _work("bg_tick", 1.0)
-            time.sleep(1 * MS)
+            _work("bg_tick", BG_TICK_MS)
+            time.sleep(BG_PAUSE_MS * MS)
 
     bg = threading.Thread(target=background, name="bg") if rank == 0 else None
     if bg is not None:
@@ -128,8 +142,8 @@ def step_helper_hidden(rank: int, step: int, side: str) -> None:
 
 
 def _async_step(side: str, factor: int, overlap_ms: float) -> None:
-    torch, dist, _ = _torch()
-    grad = torch.ones(ASYNC_NUMEL * (factor if side == "B" else 1))
+    _, dist, _ = _torch()
+    grad = _tensor("ones", ASYNC_NUMEL * (factor if side == "B" else 1))
     _work("frame_before", FRAME_MS)
     work = dist.all_reduce(grad, async_op=True)
     _work("overlap_work", overlap_ms)
@@ -138,7 +152,7 @@ def _async_step(side: str, factor: int, overlap_ms: float) -> None:
 
 
 def step_async_allreduce(rank: int, step: int, side: str) -> None:
-    """An async all_reduce overlapped with 6 ms of `overlap_work`, then waited for; B's tensor is 8x larger."""
+    """An async all_reduce overlapped with 6 ms of `overlap_work`, then waited for; B's tensor is 4x larger."""
     _async_step(side, ASYNC_FACTOR, ASYNC_OVERLAP_MS)
 
 
@@ -147,18 +161,13 @@ def step_async_hidden(rank: int, step: int, side: str) -> None:
     _async_step(side, ASYNC_HIDDEN_FACTOR, ASYNC_HIDDEN_OVERLAP_MS)
 
 
-_BMM: dict[str, object] = {}
-
-
 def step_compute4x(rank: int, step: int, side: str) -> None:
     """One `aten::bmm` whose batch is 4x larger in B (4x the work), between frame work and an all_reduce."""
     torch, _, _ = _torch()
     batch = BMM_BATCH * (BMM_FACTOR if side == "B" else 1)
-    if batch not in _BMM:
-        _BMM[batch] = (torch.randn(batch, BMM_N, BMM_N), torch.randn(batch, BMM_N, BMM_N))
-    a, b = _BMM[batch]  # type: ignore[misc]
+    a = _tensor("randn", batch * BMM_N * BMM_N)
     _work("frame_before", FRAME_MS)
-    torch.bmm(a, b)
+    torch.bmm(a, a)
     _all_reduce_small()
     _work("frame_after", FRAME_MS)
 
@@ -188,9 +197,9 @@ PAIRS: dict[str, Pair] = {p.name: p for p in [
          lambda steps: [("set-duration", f"name=helper_work:{_us(HELPER_B_MS)}")]),
     Pair("helper_hidden", "control: helper thread `helper_work` 2 -> 8 ms, hidden behind 20 ms", True,
          lambda steps: [("set-duration", f"name=helper_work:{_us(HELPER_HIDDEN_B_MS)}")]),
-    Pair("async_allreduce", "async all_reduce 8x larger, overlapped with 6 ms then waited for", False,
+    Pair("async_allreduce", "async all_reduce 4x larger (4 -> 16 MB), overlapped with 6 ms then waited for", False,
          lambda steps: [("comm-bandwidth", f"{1 / ASYNC_FACTOR:g}")]),
-    Pair("async_hidden", "control: async all_reduce 2x larger, hidden behind 40 ms", True,
+    Pair("async_hidden", "control: async all_reduce 2x larger (4 -> 8 MB), hidden behind 40 ms", True,
          lambda steps: [("comm-bandwidth", f"{1 / ASYNC_HIDDEN_FACTOR:g}")]),
     Pair("compute4x", "one `aten::bmm` with 4x the batch", False,
          lambda steps: [("scale", f"name=aten::bmm:{BMM_FACTOR}")]),

@@ -136,7 +136,7 @@ def parse_edit(action: str, text: str) -> Edit:
     try:
         value = float(number)
     except ValueError:
-        raise BadInput(where, f"{number!r} is not a number") from None
+        raise BadInput(where, f"{number!r} is not a number (expected SELECTOR:NUMBER)") from None
     if not math.isfinite(value) or value < 0 or (action == "comm-bandwidth" and value == 0):
         raise BadInput(where, f"{number!r}: expected a finite number >= 0" + (" and > 0" if action ==
                                                                                     "comm-bandwidth" else ""))

@@ -1,0 +1,257 @@
+"""What-if predictions against real changed runs: `python -m bench.whatif [--repeats N] [--quick] [--runs DIR]`.
+
+For every pair of `bench/whatif/workload.py` (run A, and run B that differs in one op), recorded with
+`etweave.collect` on 2 CPU ranks with gloo: convert both with `convert-run`, predict B from A's files plus the
+pair's what-if edits only (`etweave.simulate.whatif`), and compare with B as measured. README.md explains the
+columns and the pass rule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.whatif.workload import PAIRS, run_dir
+from etweave.run import convert_run
+from etweave.simulate.engine import RankGraph, replay
+from etweave.simulate.load import find_comm_group, load_comm_group, load_rank
+from etweave.simulate.steps import step_times
+from etweave.simulate.whatif import apply, parse_edit
+
+REPO = Path(__file__).resolve().parents[2]
+MAX_ERR_OF_B = 5.0  # % of B's span (issue 17, "Done when")
+MAX_ERR_OF_EFFECT = 25.0  # % of the measured effect B - A
+STABLE_B = 3.0  # a pair counts when B varies by less than this (% of its median span) across repeats
+
+
+@dataclass
+class Repeat:
+    a_us: int  # A's measured span over its recorded steps
+    b_us: int  # B's measured span
+    predicted_us: int  # the replay of A's graph with the edits
+    replay_a_us: int  # the replay of A's graph unedited (how well the model replays A itself)
+    naive_us: int  # A's span + the edited ops' added time
+    steps: list[tuple[int | None, int | None, int]]  # per step: (step, B measured, predicted)
+    delay_share: float | None = None
+    edits: list[str] = field(default_factory=list)  # as `etweave simulate` options
+
+
+@dataclass
+class PairResult:
+    name: str
+    control: bool
+    repeats: list[Repeat] = field(default_factory=list)
+
+
+def _load(out: Path) -> tuple[list[RankGraph], dict[str, list[int]]]:
+    files = sorted(out.glob("*.et"))
+    group_file = find_comm_group(files)
+    return [load_rank(f) for f in files], (load_comm_group(group_file) if group_file else {})
+
+
+def _span(times: dict[str, Any], key: str) -> int:
+    value = times["span"][key]
+    assert value is not None, "no measured span"
+    return int(value)
+
+
+def delay_share_function() -> Callable[..., float] | None:
+    """The hook for issue 17's `delay_share` (the share of the critical path in nodes that stand for no measured
+    op). It is looked up, not imported, so that this benchmark runs before and after it exists; it is called
+    with a rank's list of Chakra nodes (`pb.Node`, as `etweave.fidelity.measure` takes them)."""
+    for module in ("etweave.fidelity", "etweave.deps.delays", "etweave.delays"):
+        try:
+            fn = getattr(importlib.import_module(module), "delay_share", None)
+        except ImportError:
+            continue
+        if callable(fn):
+            return fn  # type: ignore[no-any-return]
+    return None
+
+
+def _run_delay_share(out: Path, fn: Callable[..., float]) -> float:
+    from etweave.chakra.io import read_et
+
+    return max(float(fn(read_et(f)[1])) for f in sorted(out.glob("*.et")))
+
+
+def measure_repeat(name: str, runs: Path, converted: Path, k: int) -> Repeat:
+    pair = PAIRS[name]
+    outs = {}
+    for side in ("A", "B"):
+        outs[side] = converted / name / side / f"r{k}"
+        if not any(outs[side].glob("*.et")):
+            convert_run(run_dir(runs, name, side, k), outs[side], jobs=1)
+    ranks_a, groups = _load(outs["A"])
+    ranks_b, groups_b = _load(outs["B"])
+    base = replay(ranks_a, groups)
+    times_a = step_times(base)
+    measured_b = step_times(replay(ranks_b, groups_b))
+    steps = sorted({s["step"] for s in times_a["steps"]})
+    edits = [parse_edit(action, text) for action, text in pair.edits(steps)]
+    added = sum(r.added_us for r in apply(ranks_a, edits))
+    predicted = step_times(replay(ranks_a, groups))
+    b_by_step = {s["step"]: s["measured_us"] for s in measured_b["steps"]}
+    fn = delay_share_function()
+    return Repeat(
+        a_us=_span(times_a, "measured_us"),
+        b_us=_span(measured_b, "measured_us"),
+        predicted_us=_span(predicted, "simulated_us"),
+        replay_a_us=_span(times_a, "simulated_us"),
+        naive_us=_span(times_a, "measured_us") + added,
+        steps=[(s["step"], b_by_step.get(s["step"]), s["simulated_us"]) for s in predicted["steps"]],
+        delay_share=_run_delay_share(outs["A"], fn) if fn is not None else None,
+        edits=[e.label for e in edits],
+    )
+
+
+def record(runs: Path, pairs: Sequence[str], repeats: int, steps: int) -> None:
+    log = runs / "record.log"
+    runs.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as fh:
+        proc = subprocess.run([sys.executable, "-m", "bench.whatif.workload", str(runs), "--repeats", str(repeats),
+                               "--steps", str(steps), "--pairs", ",".join(pairs)], cwd=REPO, stdout=fh, stderr=fh)
+    if proc.returncode != 0:
+        sys.exit(f"recording failed (exit {proc.returncode}); see {log}:\n" + log.read_text()[-3000:])
+
+
+def _pct(part: float, whole: float) -> float:
+    return 100.0 * part / whole if whole else float("nan")
+
+
+@dataclass
+class Verdict:
+    b_median: float
+    b_variation: float  # (max - min) / median of B's span across repeats, %
+    effect: float  # median of B - A
+    predicted_effect: float  # median of predicted - A
+    err_of_b: float  # median |predicted - B| / B, %
+    err_of_effect: float  # median |predicted - B| / |B - A|, %
+    naive_err_of_b: float
+    direction: str  # "ok" when predicted and measured lie on the same side of the naive estimate
+    passed: bool
+    stable: bool
+
+
+def verdict(res: PairResult) -> Verdict:
+    reps = res.repeats
+    b = [r.b_us for r in reps]
+    med_b = statistics.median(b)
+    variation = _pct(max(b) - min(b), med_b)
+    effect = statistics.median(r.b_us - r.a_us for r in reps)
+    err_b = statistics.median(_pct(abs(r.predicted_us - r.b_us), r.b_us) for r in reps)
+    err_eff = statistics.median(_pct(abs(r.predicted_us - r.b_us), abs(r.b_us - r.a_us)) for r in reps)
+    naive = statistics.median(_pct(abs(r.naive_us - r.b_us), r.b_us) for r in reps)
+    pred_eff = statistics.median(r.predicted_us - r.a_us for r in reps)
+    side_measured = statistics.median(r.b_us - r.naive_us for r in reps)
+    side_predicted = statistics.median(r.predicted_us - r.naive_us for r in reps)
+    direction = "ok" if (side_measured > 0) == (side_predicted > 0) else "WRONG"
+    if res.control:
+        # a control predicts no change: the predicted span stays within the bound of A's
+        no_change = statistics.median(_pct(abs(r.predicted_us - r.a_us), r.b_us) for r in reps)
+        passed = no_change <= MAX_ERR_OF_B and err_b <= MAX_ERR_OF_B
+    else:
+        passed = err_b <= MAX_ERR_OF_B and err_eff <= MAX_ERR_OF_EFFECT
+    return Verdict(med_b, variation, effect, pred_eff, err_b, err_eff, naive, direction, passed,
+                   variation < STABLE_B)
+
+
+def report(results: list[PairResult], per_step: bool) -> list[str]:
+    lines = [f"{'pair':18s} {'A us':>8s} {'B us':>8s} {'B var%':>6s} {'effect':>8s} {'pred us':>8s} "
+             f"{'err%B':>6s} {'err%eff':>7s} {'naive us':>8s} {'naive%B':>7s} {'dir':>5s} {'replayA%':>8s} "
+             f"{'delay%':>6s}  verdict"]
+    for res in results:
+        v = verdict(res)
+        reps = res.repeats
+        a = statistics.median(r.a_us for r in reps)
+        pred = statistics.median(r.predicted_us for r in reps)
+        naive = statistics.median(r.naive_us for r in reps)
+        replay_a = statistics.median(_pct(r.replay_a_us - r.a_us, r.a_us) for r in reps)
+        shares = [r.delay_share for r in reps if r.delay_share is not None]
+        share = f"{100 * statistics.median(shares):6.1f}" if shares else f"{'-':>6s}"
+        status = ("pass" if v.passed else "FAIL") + ("" if v.stable else " (B unstable)")
+        name = res.name + (" (ctl)" if res.control else "")
+        lines.append(f"{name:18s} {a:8.0f} {v.b_median:8.0f} {v.b_variation:6.1f} {v.effect:+8.0f} {pred:8.0f} "
+                     f"{v.err_of_b:6.1f} {v.err_of_effect:7.0f} {naive:8.0f} {v.naive_err_of_b:7.1f} "
+                     f"{v.direction:>5s} {replay_a:+8.2f} {share}  {status}")
+        if per_step:
+            by_step: dict[int | None, list[tuple[int | None, int]]] = {}
+            for r in reps:
+                for step, measured, predicted in r.steps:
+                    by_step.setdefault(step, []).append((measured, predicted))
+            for step, values in sorted(by_step.items(), key=lambda kv: kv[0] or 0):
+                ms = [m for m, _ in values if m is not None]
+                ps = [p for _, p in values]
+                m_med = statistics.median(ms) if ms else float("nan")
+                p_med = statistics.median(ps)
+                lines.append(f"    ProfilerStep#{step}: B measured {m_med:8.0f} us, predicted {p_med:8.0f} us "
+                             f"({_pct(p_med - m_med, m_med):+.1f}%)")
+    return lines
+
+
+def shared_delay_shares(fn: Callable[..., float]) -> list[str]:
+    """The delay share of every pair of the shared traces (gpu/ and cpu-gloo/), one rank at a time."""
+    from bench.scale import traces_dir
+    from etweave.convert import run_pipeline
+    from etweave.read.host_et import read_host_et
+    from etweave.read.kineto import read_kineto
+
+    root = traces_dir()
+    lines = ["delay share of the critical path (unlimited resources), shared traces:"]
+    for host in sorted([*root.glob("gpu/**/host.json.gz"), *root.glob("cpu-gloo/**/host.json.gz")]):
+        d = host.parent
+        result = run_pipeline(read_host_et(host), read_kineto(d / "kineto.json.gz"))
+        lines.append(f"  {str(d.relative_to(root)):38s} {100 * float(fn(result.nodes)):6.1f}%")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=5, help="A/B recordings per pair (default 5, at least 3)")
+    ap.add_argument("--steps", type=int, default=4, help="recorded steps per run (default 4)")
+    ap.add_argument("--quick", action="store_true", help="3 repeats of 2 steps, no shared traces")
+    ap.add_argument("--pairs", default=",".join(PAIRS), help=f"comma-separated subset of {', '.join(PAIRS)}")
+    ap.add_argument("--runs", type=Path, help="keep the recordings (and conversions) here; reuse them if present")
+    ap.add_argument("--per-step", action="store_true", help="also print each step's predicted vs measured time")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.repeats, args.steps = 3, 2
+    if args.repeats < 3:
+        ap.error("--repeats: at least 3 (medians)")
+    pairs = args.pairs.split(",")
+    unknown = sorted(set(pairs) - set(PAIRS))
+    if unknown:
+        ap.error(f"unknown pairs {unknown}")
+    with tempfile.TemporaryDirectory(prefix="etweave-whatif-") as tmp:
+        runs = args.runs or Path(tmp) / "runs"
+        if not all(run_dir(runs, p, s, k).is_dir() for p in pairs for s in "AB" for k in range(args.repeats)):
+            print(f"recording {len(pairs)} pairs x {args.repeats} repeats x {args.steps} steps "
+                  f"(2 gloo ranks) in {runs}", flush=True)
+            record(runs, pairs, args.repeats, args.steps)
+        converted = runs / "converted"
+        results = []
+        for name in pairs:
+            res = PairResult(name, PAIRS[name].control)
+            res.repeats = [measure_repeat(name, runs, converted, k) for k in range(args.repeats)]
+            results.append(res)
+        for res in results:
+            print(f"{res.name}: {PAIRS[res.name].what}\n    edits: {' '.join(res.repeats[0].edits)}")
+        print("\n".join(report(results, args.per_step or not args.quick)))
+        fn = delay_share_function()
+        if fn is None:
+            print("delay share: no delay_share function yet (issue 17 items 1-3; see delay_share_function)")
+        elif not args.quick:
+            print("\n".join(shared_delay_shares(fn)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
