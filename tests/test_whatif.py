@@ -76,11 +76,14 @@ def test_scale_by_name_changes_exactly_the_ops_and_their_parts(ddp: Path, glob: 
 def test_kind_selects_by_class_and_never_delays(ddp: Path) -> None:
     ranks = load(ddp)
     before = durations(ranks)
-    [cpu] = apply(ranks, [parse_edit("scale", "kind=cpu:2")])
+    [res] = apply(ranks, [parse_edit("scale", "kind=cpu:2")])
+    cpu = 0
     for ri, rg in enumerate(ranks):
         for i, nd in enumerate(rg.nodes):
             is_cpu = nd.type not in COMM and nd.kind in ("host_op", "runtime", "self_part", "resume")
             assert nd.duration == (2 * before[ri][i] if is_cpu else before[ri][i]), (nd.name, nd.kind)
+            cpu += is_cpu
+    assert res.nodes == cpu > 0
     assert any(nd.kind == "delay" and nd.duration for rg in ranks for nd in rg.nodes)  # delays exist, untouched
     with pytest.raises(BadInput, match="selects no node"):  # a CPU run has no GPU work
         apply(ranks, [parse_edit("scale", "kind=gpu:2")])

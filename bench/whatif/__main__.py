@@ -209,7 +209,7 @@ def shared_delay_shares(fn: Callable[..., float]) -> list[str]:
     for host in sorted([*root.glob("gpu/**/host.json.gz"), *root.glob("cpu-gloo/**/host.json.gz")]):
         d = host.parent
         result = run_pipeline(read_host_et(host), read_kineto(d / "kineto.json.gz"))
-        lines.append(f"  {str(d.relative_to(root)):38s} {100 * float(fn(result.nodes)):6.1f}%")
+        lines.append(f"  {d.relative_to(root)!s:38s} {100 * float(fn(result.nodes)):6.1f}%")
     return lines
 
 
