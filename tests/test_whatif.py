@@ -236,7 +236,7 @@ def test_straggler_edits_select_the_straggle_op_of_each_step(pairs: Path) -> Non
     ranks = load(pairs / "straggler" / "A")
     steps = sorted(step_bounds(ranks[0].nodes))
     assert len(steps) == 2
-    results = apply(ranks, [parse_edit(a, t) for a, t in PAIRS["straggler"].edits(steps)])
+    results = apply(ranks, [parse_edit(a, t) for a, t in PAIRS["straggler"].edits(steps, 1.0)])
     assert [r.ops for r in results] == [1, 1]
     for step in steps:  # the straggler of step k is rank k % 2, and only its straggle op got the 26 ms
         rg = ranks[step % 2]

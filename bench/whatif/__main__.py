@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import statistics
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from etweave.run import convert_run
 from etweave.simulate.engine import RankGraph, replay
 from etweave.simulate.load import find_comm_group, load_comm_group, load_rank
 from etweave.simulate.steps import step_times
-from etweave.simulate.whatif import apply, parse_edit
+from etweave.simulate.whatif import apply, parse_edit, select
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_ERR_OF_B = 5.0  # % of B's span (issue 17, "Done when")
@@ -42,6 +43,8 @@ class Repeat:
     steps: list[tuple[int | None, int | None, int]]  # per step: (step, B measured, predicted)
     delay_share: float | None = None
     edits: list[str] = field(default_factory=list)  # as `etweave simulate` options
+    edited_us: int = 0  # the edited nodes' durations in A's graph after the edits
+    b_op_us: int = 0  # the same selection's durations in B's graph, as measured: does the edit say what B did?
 
 
 @dataclass
@@ -83,7 +86,7 @@ def _run_delay_share(out: Path, fn: Callable[..., float]) -> float:
     return max(float(fn(read_et(f)[1])) for f in sorted(out.glob("*.et")))
 
 
-def measure_repeat(name: str, runs: Path, converted: Path, k: int) -> Repeat:
+def measure_repeat(name: str, runs: Path, converted: Path, k: int, stretch: float) -> Repeat:
     pair = PAIRS[name]
     outs = {}
     for side in ("A", "B"):
@@ -96,8 +99,12 @@ def measure_repeat(name: str, runs: Path, converted: Path, k: int) -> Repeat:
     times_a = step_times(base)
     measured_b = step_times(replay(ranks_b, groups_b))
     steps = sorted({s["step"] for s in times_a["steps"]})
-    edits = [parse_edit(action, text) for action, text in pair.edits(steps)]
-    added = sum(r.added_us for r in apply(ranks_a, edits))
+    edits = [parse_edit(action, text) for action, text in pair.edits(steps, stretch)]
+    applied = apply(ranks_a, edits)
+    added = sum(r.added_us for r in applied)
+    # the same nodes in B (same names, ranks, steps), with the durations B's conversion gave them
+    b_op = sum(rg.nodes[i].duration for e in edits for rg in ranks_b for group in select(rg, e.selector)
+               for i in group)
     predicted = step_times(replay(ranks_a, groups))
     b_by_step = {s["step"]: s["measured_us"] for s in measured_b["steps"]}
     fn = delay_share_function()
@@ -110,15 +117,18 @@ def measure_repeat(name: str, runs: Path, converted: Path, k: int) -> Repeat:
         steps=[(s["step"], b_by_step.get(s["step"]), s["simulated_us"]) for s in predicted["steps"]],
         delay_share=_run_delay_share(outs["A"], fn) if fn is not None else None,
         edits=[e.label for e in edits],
+        edited_us=sum(r.after_us for r in applied),
+        b_op_us=b_op,
     )
 
 
-def record(runs: Path, pairs: Sequence[str], repeats: int, steps: int) -> None:
+def record(runs: Path, pairs: Sequence[str], repeats: int, steps: int, stretch: float) -> None:
     log = runs / "record.log"
     runs.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as fh:
         proc = subprocess.run([sys.executable, "-m", "bench.whatif.workload", str(runs), "--repeats", str(repeats),
-                               "--steps", str(steps), "--pairs", ",".join(pairs)], cwd=REPO, stdout=fh, stderr=fh)
+                               "--steps", str(steps), "--pairs", ",".join(pairs), "--stretch", str(stretch)],
+                              cwd=REPO, stdout=fh, stderr=fh)
     if proc.returncode != 0:
         sys.exit(f"recording failed (exit {proc.returncode}); see {log}:\n" + log.read_text()[-3000:])
 
@@ -167,7 +177,7 @@ def verdict(res: PairResult) -> Verdict:
 def report(results: list[PairResult], per_step: bool) -> list[str]:
     lines = [f"{'pair':18s} {'A us':>8s} {'B us':>8s} {'B var%':>6s} {'effect':>8s} {'pred us':>8s} "
              f"{'err%B':>6s} {'err%eff':>7s} {'naive us':>8s} {'naive%B':>7s} {'dir':>5s} {'replayA%':>8s} "
-             f"{'delay%':>6s}  verdict"]
+             f"{'edit%':>6s} {'delay%':>6s}  verdict"]
     for res in results:
         v = verdict(res)
         reps = res.repeats
@@ -178,10 +188,11 @@ def report(results: list[PairResult], per_step: bool) -> list[str]:
         shares = [r.delay_share for r in reps if r.delay_share is not None]
         share = f"{100 * statistics.median(shares):6.1f}" if shares else f"{'-':>6s}"
         status = ("pass" if v.passed else "FAIL") + ("" if v.stable else " (B unstable)")
+        edit = statistics.median(_pct(r.b_op_us - r.edited_us, r.edited_us) for r in reps)
         name = res.name + (" (ctl)" if res.control else "")
         lines.append(f"{name:18s} {a:8.0f} {v.b_median:8.0f} {v.b_variation:6.1f} {v.effect:+8.0f} {pred:8.0f} "
                      f"{v.err_of_b:6.1f} {v.err_of_effect:7.0f} {naive:8.0f} {v.naive_err_of_b:7.1f} "
-                     f"{v.direction:>5s} {replay_a:+8.2f} {share}  {status}")
+                     f"{v.direction:>5s} {replay_a:+8.2f} {edit:+6.1f} {share}  {status}")
         if per_step:
             by_step: dict[int | None, list[tuple[int | None, int]]] = {}
             for r in reps:
@@ -217,13 +228,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5, help="A/B recordings per pair (default 5, at least 3)")
     ap.add_argument("--steps", type=int, default=4, help="recorded steps per run (default 4)")
-    ap.add_argument("--quick", action="store_true", help="3 repeats of 2 steps, no shared traces")
+    ap.add_argument("--stretch", type=float, default=2.0,
+                    help="time stretch of every pair: sleeps, async all_reduce size, bmm batch (default 2)")
+    ap.add_argument("--quick", action="store_true", help="3 repeats of 2 steps, stretch 1, no shared traces")
     ap.add_argument("--pairs", default=",".join(PAIRS), help=f"comma-separated subset of {', '.join(PAIRS)}")
     ap.add_argument("--runs", type=Path, help="keep the recordings (and conversions) here; reuse them if present")
     ap.add_argument("--per-step", action="store_true", help="also print each step's predicted vs measured time")
     args = ap.parse_args(argv)
     if args.quick:
-        args.repeats, args.steps = 3, 2
+        args.repeats, args.steps, args.stretch = 3, 2, 1.0
     if args.repeats < 3:
         ap.error("--repeats: at least 3 (medians)")
     pairs = args.pairs.split(",")
@@ -232,15 +245,20 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown pairs {unknown}")
     with tempfile.TemporaryDirectory(prefix="etweave-whatif-") as tmp:
         runs = args.runs or Path(tmp) / "runs"
+        meta = runs / "settings.json"
+        settings = {"steps": args.steps, "stretch": args.stretch}
+        if meta.exists() and json.loads(meta.read_text()) != settings:
+            ap.error(f"{runs} was recorded with {meta.read_text()}, not {settings}: choose another --runs")
         if not all(run_dir(runs, p, s, k).is_dir() for p in pairs for s in "AB" for k in range(args.repeats)):
-            print(f"recording {len(pairs)} pairs x {args.repeats} repeats x {args.steps} steps "
-                  f"(2 gloo ranks) in {runs}", flush=True)
-            record(runs, pairs, args.repeats, args.steps)
+            print(f"recording {len(pairs)} pairs x {args.repeats} repeats x {args.steps} steps, stretch "
+                  f"{args.stretch:g} (2 gloo ranks) in {runs}", flush=True)
+            record(runs, pairs, args.repeats, args.steps, args.stretch)
+            meta.write_text(json.dumps(settings))
         converted = runs / "converted"
         results = []
         for name in pairs:
             res = PairResult(name, PAIRS[name].control)
-            res.repeats = [measure_repeat(name, runs, converted, k) for k in range(args.repeats)]
+            res.repeats = [measure_repeat(name, runs, converted, k, args.stretch) for k in range(args.repeats)]
             results.append(res)
         for res in results:
             print(f"{res.name}: {PAIRS[res.name].what}\n    edits: {' '.join(res.repeats[0].edits)}")

@@ -31,13 +31,14 @@ MS = 1e-3
 
 @dataclass(frozen=True)
 class Pair:
-    """One A/B pair. `edits(rank_steps)` are the what-if edits (CLI syntax) that turn A's graph into B;
-    `rank_steps` is the ProfilerStep numbers recorded. `control`: B's span is not expected to move."""
+    """One A/B pair. `edits(steps, stretch)` are the what-if edits (CLI syntax) that turn A's graph into B;
+    `steps` are the ProfilerStep numbers recorded, `stretch` the run's time stretch. `control`: B's span is not
+    expected to move."""
 
     name: str
     what: str
     control: bool
-    edits: Callable[[list[int]], list[tuple[str, str]]]
+    edits: Callable[[list[int], float], list[tuple[str, str]]]
 
 
 # --------------------------------------------------------------------------------------------- the steps
@@ -49,9 +50,15 @@ HELPER_A_MS, HELPER_B_MS, HELPER_MAIN_MS = 5.0, 30.0, 10.0
 HELPER_HIDDEN_A_MS, HELPER_HIDDEN_B_MS, HELPER_HIDDEN_MAIN_MS = 2.0, 8.0, 20.0
 ASYNC_NUMEL, ASYNC_FACTOR, ASYNC_OVERLAP_MS = 1 << 20, 4, 6.0
 ASYNC_HIDDEN_FACTOR, ASYNC_HIDDEN_OVERLAP_MS = 2, 40.0
-BMM_BATCH, BMM_FACTOR, BMM_N = 32, 4, 128
+BMM_BATCH, BMM_FACTOR, BMM_N = 128, 4, 64
 BG_TICK_MS, BG_PAUSE_MS = 0.5, 4.0
 FRAME_MS = 5.0  # fixed work before and after the interesting part of every step
+# --stretch: every sleep, the async all_reduce's size and the bmm's batch times this (longer steps: less noise)
+_STRETCH = [1.0]
+
+
+def stretched(ms: float, stretch: float | None = None) -> float:
+    return ms * (_STRETCH[0] if stretch is None else stretch)
 
 
 def _torch():  # type: ignore[no-untyped-def]
@@ -66,7 +73,7 @@ def _work(name: str, ms: float) -> None:
     """Work the profiler sees as one op named `name` lasting `ms` (a sleep: independent of CPU load)."""
     _, _, record_function = _torch()
     with record_function(name):
-        time.sleep(ms * MS)
+        time.sleep(stretched(ms) * MS)
 
 
 _TENSORS: dict[tuple[str, int], object] = {}
@@ -79,6 +86,8 @@ def _tensor(kind: str, numel: int):  # type: ignore[no-untyped-def]
     key = (kind, numel)
     if key not in _TENSORS:
         _TENSORS[key] = torch.ones(numel) if kind == "ones" else torch.randn(numel // (BMM_N * BMM_N), BMM_N, BMM_N)
+        if kind == "out":
+            _TENSORS[key] = torch.zeros(numel // (BMM_N * BMM_N), BMM_N, BMM_N)
     return _TENSORS[key]
 
 
@@ -105,7 +114,7 @@ def step_straggler_hidden(rank: int, step: int, side: str) -> None:
     def background() -> None:
         while not stop.is_set():
             _work("bg_tick", BG_TICK_MS)
-            time.sleep(BG_PAUSE_MS * MS)
+            time.sleep(stretched(BG_PAUSE_MS) * MS)
 
     bg = threading.Thread(target=background, name="bg") if rank == 0 else None
     if bg is not None:
@@ -143,7 +152,7 @@ def step_helper_hidden(rank: int, step: int, side: str) -> None:
 
 def _async_step(side: str, factor: int, overlap_ms: float) -> None:
     _, dist, _ = _torch()
-    grad = _tensor("ones", ASYNC_NUMEL * (factor if side == "B" else 1))
+    grad = _tensor("ones", round(stretched(ASYNC_NUMEL)) * (factor if side == "B" else 1))
     _work("frame_before", FRAME_MS)
     work = dist.all_reduce(grad, async_op=True)
     _work("overlap_work", overlap_ms)
@@ -162,12 +171,15 @@ def step_async_hidden(rank: int, step: int, side: str) -> None:
 
 
 def step_compute4x(rank: int, step: int, side: str) -> None:
-    """One `aten::bmm` whose batch is 4x larger in B (4x the work), between frame work and an all_reduce."""
+    """One `aten::bmm` on rank 1, whose batch is 4x larger in B (4x the work), before an all_reduce that rank 0
+    waits in."""
     torch, _, _ = _torch()
-    batch = BMM_BATCH * (BMM_FACTOR if side == "B" else 1)
+    batch = round(stretched(BMM_BATCH)) * (BMM_FACTOR if side == "B" else 1)
     a = _tensor("randn", batch * BMM_N * BMM_N)
+    out = _tensor("out", batch * BMM_N * BMM_N)  # no allocation inside the op: page faults grow with size
     _work("frame_before", FRAME_MS)
-    torch.bmm(a, a)
+    if rank == 1:  # one rank computes: two bmm at once on 2 shared cores slow each other down unevenly
+        torch.bmm(a, a, out=out)
     _all_reduce_small()
     _work("frame_after", FRAME_MS)
 
@@ -183,33 +195,34 @@ STEPS: dict[str, Callable[[int, int, str], None]] = {
 }
 
 
-def _us(ms: float) -> int:
-    return round(ms * 1000)
+def _us(ms: float, stretch: float) -> int:
+    return round(stretched(ms, stretch) * 1000)
 
 
 PAIRS: dict[str, Pair] = {p.name: p for p in [
     Pair("straggler", "straggler rank alternating per step: `straggle` +25 ms on rank step%2", False,
-         lambda steps: [("set-duration", f"name=straggle,rank={s % WORLD},step={s}:"
-                                         f"{_us(STRAGGLE_BASE_MS + STRAGGLE_EXTRA_MS)}") for s in steps]),
+         lambda steps, x: [("set-duration", f"name=straggle,rank={s % WORLD},step={s}:"
+                                            f"{_us(STRAGGLE_BASE_MS + STRAGGLE_EXTRA_MS, x)}") for s in steps]),
     Pair("straggler_hidden", "control: rank 0 `straggle` +15 ms, hidden behind rank 1's 30 ms", True,
-         lambda steps: [("set-duration", f"name=straggle,rank=0:{_us(STRAGGLE_BASE_MS + HIDDEN_EXTRA_MS)}")]),
+         lambda steps, x: [("set-duration", f"name=straggle,rank=0:{_us(STRAGGLE_BASE_MS + HIDDEN_EXTRA_MS, x)}")]),
     Pair("helper_join", "helper thread `helper_work` 5 -> 30 ms, joined after 10 ms of main work", False,
-         lambda steps: [("set-duration", f"name=helper_work:{_us(HELPER_B_MS)}")]),
+         lambda steps, x: [("set-duration", f"name=helper_work:{_us(HELPER_B_MS, x)}")]),
     Pair("helper_hidden", "control: helper thread `helper_work` 2 -> 8 ms, hidden behind 20 ms", True,
-         lambda steps: [("set-duration", f"name=helper_work:{_us(HELPER_HIDDEN_B_MS)}")]),
+         lambda steps, x: [("set-duration", f"name=helper_work:{_us(HELPER_HIDDEN_B_MS, x)}")]),
     Pair("async_allreduce", "async all_reduce 4x larger (4 -> 16 MB), overlapped with 6 ms then waited for", False,
-         lambda steps: [("comm-bandwidth", f"{1 / ASYNC_FACTOR:g}")]),
+         lambda steps, x: [("comm-bandwidth", f"{1 / ASYNC_FACTOR:g}")]),
     Pair("async_hidden", "control: async all_reduce 2x larger (4 -> 8 MB), hidden behind 40 ms", True,
-         lambda steps: [("comm-bandwidth", f"{1 / ASYNC_HIDDEN_FACTOR:g}")]),
-    Pair("compute4x", "one `aten::bmm` with 4x the batch", False,
-         lambda steps: [("scale", f"name=aten::bmm:{BMM_FACTOR}")]),
+         lambda steps, x: [("comm-bandwidth", f"{1 / ASYNC_HIDDEN_FACTOR:g}")]),
+    Pair("compute4x", "one `aten::bmm` on rank 1 with 4x the batch; rank 0 waits for it in the all_reduce", False,
+         lambda steps, x: [("scale", f"name=aten::bmm:{BMM_FACTOR}")]),
 ]}
 
 
 # --------------------------------------------------------------------------------------------- recording
 
 
-def _worker(rank: int, port: int, out: str, pairs: list[str], repeats: int, steps: int) -> None:
+def _worker(rank: int, port: int, out: str, pairs: list[str], repeats: int, steps: int, stretch: float) -> None:
+    _STRETCH[0] = stretch
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch, dist, _ = _torch()
@@ -238,7 +251,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def record(out: Path, pairs: list[str], repeats: int, steps: int) -> None:
+def record(out: Path, pairs: list[str], repeats: int, steps: int, stretch: float = 1.0) -> None:
     """Record every pair's A and B runs `repeats` times under `out` (2 gloo processes)."""
     import torch.multiprocessing as mp
 
@@ -246,7 +259,7 @@ def record(out: Path, pairs: list[str], repeats: int, steps: int) -> None:
     if unknown:
         raise ValueError(f"unknown pairs {unknown}; known: {sorted(PAIRS)}")
     out.mkdir(parents=True, exist_ok=True)
-    mp.spawn(_worker, args=(_free_port(), str(out), pairs, repeats, steps), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(_free_port(), str(out), pairs, repeats, steps, stretch), nprocs=WORLD, join=True)
 
 
 def run_dir(out: Path, pair: str, side: str, repeat: int) -> Path:
@@ -259,8 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--pairs", default=",".join(PAIRS))
+    ap.add_argument("--stretch", type=float, default=1.0, help="time stretch of every pair (default 1)")
     args = ap.parse_args(argv)
-    record(args.out, args.pairs.split(","), args.repeats, args.steps)
+    record(args.out, args.pairs.split(","), args.repeats, args.steps, args.stretch)
     return 0
 
 
