@@ -24,7 +24,7 @@ from bench.whatif.workload import PAIRS, run_dir
 from etweave.run import convert_run
 from etweave.simulate.engine import RankGraph, replay
 from etweave.simulate.load import find_comm_group, load_comm_group, load_rank
-from etweave.simulate.steps import step_times
+from etweave.simulate.steps import step_bounds, step_times
 from etweave.simulate.whatif import apply, parse_edit, select
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,7 +39,7 @@ class Repeat:
     b_us: int  # B's measured span
     predicted_us: int  # the replay of A's graph with the edits
     replay_a_us: int  # the replay of A's graph unedited (how well the model replays A itself)
-    naive_us: int  # A's span + the edited ops' added time
+    naive_us: int  # A's span + the time the edits added (naive_added)
     steps: list[tuple[int | None, int | None, int]]  # per step: (step, B measured, predicted)
     delay_share: float | None = None
     edits: list[str] = field(default_factory=list)  # as `etweave simulate` options
@@ -86,6 +86,25 @@ def _run_delay_share(out: Path, fn: Callable[..., float]) -> float:
     return max(float(fn(read_et(f)[1])) for f in sorted(out.glob("*.et")))
 
 
+def naive_added(ranks: list[RankGraph], before: list[list[int]]) -> int:
+    """The µs the edits added, as the naive estimate counts them: each step longer by the most that the edits added
+    to any one rank in that step (ranks run side by side; steps one after the other). Nodes outside the recorded
+    steps count as one more step."""
+    total = 0
+    per_step: dict[int | None, dict[int, int]] = {}
+    for ri, rg in enumerate(ranks):
+        bounds = step_bounds(rg.nodes)
+        for i, nd in enumerate(rg.nodes):
+            change = nd.duration - before[ri][i]
+            if change:
+                step = next((k for k, (lo, hi) in bounds.items() if lo <= nd.measured_start < hi), None)
+                by_rank = per_step.setdefault(step, {})
+                by_rank[ri] = by_rank.get(ri, 0) + change
+    for by_rank in per_step.values():
+        total += max(by_rank.values(), key=abs)
+    return total
+
+
 def measure_repeat(name: str, runs: Path, converted: Path, k: int, stretch: float) -> Repeat:
     pair = PAIRS[name]
     outs = {}
@@ -100,8 +119,9 @@ def measure_repeat(name: str, runs: Path, converted: Path, k: int, stretch: floa
     measured_b = step_times(replay(ranks_b, groups_b))
     steps = sorted({s["step"] for s in times_a["steps"]})
     edits = [parse_edit(action, text) for action, text in pair.edits(steps, stretch)]
+    before = [[nd.duration for nd in rg.nodes] for rg in ranks_a]
     applied = apply(ranks_a, edits)
-    added = sum(r.added_us for r in applied)
+    added = naive_added(ranks_a, before)
     # the same nodes in B (same names, ranks, steps), with the durations B's conversion gave them
     b_op = sum(rg.nodes[i].duration for e in edits for rg in ranks_b for group in select(rg, e.selector)
                for i in group)
@@ -175,7 +195,7 @@ def verdict(res: PairResult) -> Verdict:
 
 
 def report(results: list[PairResult], per_step: bool) -> list[str]:
-    lines = [f"{'pair':18s} {'A us':>8s} {'B us':>8s} {'B var%':>6s} {'effect':>8s} {'pred us':>8s} "
+    lines = [f"{'pair':22s} {'A us':>8s} {'B us':>8s} {'B var%':>6s} {'effect':>8s} {'pred us':>8s} "
              f"{'err%B':>6s} {'err%eff':>7s} {'naive us':>8s} {'naive%B':>7s} {'dir':>5s} {'replayA%':>8s} "
              f"{'edit%':>6s} {'delay%':>6s}  verdict"]
     for res in results:
@@ -190,7 +210,7 @@ def report(results: list[PairResult], per_step: bool) -> list[str]:
         status = ("pass" if v.passed else "FAIL") + ("" if v.stable else " (B unstable)")
         edit = statistics.median(_pct(r.b_op_us - r.edited_us, r.edited_us) for r in reps)
         name = res.name + (" (ctl)" if res.control else "")
-        lines.append(f"{name:18s} {a:8.0f} {v.b_median:8.0f} {v.b_variation:6.1f} {v.effect:+8.0f} {pred:8.0f} "
+        lines.append(f"{name:22s} {a:8.0f} {v.b_median:8.0f} {v.b_variation:6.1f} {v.effect:+8.0f} {pred:8.0f} "
                      f"{v.err_of_b:6.1f} {v.err_of_effect:7.0f} {naive:8.0f} {v.naive_err_of_b:7.1f} "
                      f"{v.direction:>5s} {replay_a:+8.2f} {edit:+6.1f} {share}  {status}")
         if per_step:
@@ -260,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
             res = PairResult(name, PAIRS[name].control)
             res.repeats = [measure_repeat(name, runs, converted, k, args.stretch) for k in range(args.repeats)]
             results.append(res)
+        print(f"pairs (times at stretch 1; this run: x{args.stretch:g}):")
         for res in results:
             print(f"{res.name}: {PAIRS[res.name].what}\n    edits: {' '.join(res.repeats[0].edits)}")
         print("\n".join(report(results, args.per_step or not args.quick)))
