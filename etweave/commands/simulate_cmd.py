@@ -1,6 +1,7 @@
 """`etweave simulate TRACE.et [more ranks...]`: replay .et files event by event and compare with the measured run.
 
-Exit 0 when the replay finishes, 3 on a deadlock (nodes that can never start), 2 on bad input.
+Exit 0 when the replay finishes, 3 on a deadlock (nodes that can never start), 2 on bad input (what-if edits
+included: etweave/simulate/whatif.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,23 @@ resource: the one ready first goes first, ties by lowest id. A collective holds 
 on all members given when the last one issues it, and lasts transfer_duration_micros (else duration_micros);
 the k-th collective of a pg on each rank (ascending id) match. The k-th send S->D with tag T matches the k-th
 recv on D from S with tag T; sends never wait; a recv ends at max(own start + duration, send start + send
-duration). Ranks come from the GlobalMetadata attr rank, else the file name <prefix>.<rank>.et."""
+duration). Ranks come from the GlobalMetadata attr rank, else the file name <prefix>.<rank>.et.
+
+What-if edits (--scale, --set-duration, --comm-bandwidth; repeatable, applied in the order given) change
+durations after loading and before the replay; measured times stay those of the run the files came from.
+SELECTOR is key=value terms joined by ',' that must all hold:
+  name=GLOB   an op whose name matches (fnmatch), with its [self]/[resumed] parts
+  kind=K      cpu (host ops, runtime calls; never delays), gpu (kernels, GPU copies/memsets), comm,
+              or a value of the node attr kind (host_op, delay, ...)
+  rank=LIST   global ranks, e.g. 0,2-3
+  step=LIST   nodes whose measured start lies inside ProfilerStep#N of their rank
+An edit that selects no node is bad input (exit 2). Examples:
+  --scale 'name=aten::mm*:2'                           every aten::mm* op twice as long
+  --scale 'kind=gpu,rank=3:0.5'                        rank 3's GPU work twice as fast
+  --set-duration 'name=straggle,rank=0,step=2:25000'   that op lasts 25 ms in all
+  --comm-bandwidth 2                                   transfer times / 2 (also '[SELECTOR:]FACTOR')
+Printed beside the measured ones: each ProfilerStep's simulated time (else the whole span's), and per edit
+the ops and nodes it changed and the us it added."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
