@@ -41,7 +41,7 @@ class Repeat:
     replay_a_us: int  # the replay of A's graph unedited (how well the model replays A itself)
     naive_us: int  # A's span + the time the edits added (naive_added)
     steps: list[tuple[int | None, int | None, int]]  # per step: (step, B measured, predicted)
-    delay_share: float | None = None
+    delay_share: float | None = None  # % (delay_share_function), the largest over A's ranks
     edits: list[str] = field(default_factory=list)  # as `etweave simulate` options
     edited_us: int = 0  # the edited nodes' durations in A's graph after the edits
     b_op_us: int = 0  # the same selection's durations in B's graph, as measured: does the edit say what B did?
@@ -66,24 +66,28 @@ def _span(times: dict[str, Any], key: str) -> int:
     return int(value)
 
 
-def delay_share_function() -> Callable[..., float] | None:
-    """The hook for issue 17's `delay_share` (the share of the critical path in nodes that stand for no measured
-    op). It is looked up, not imported, so that this benchmark runs before and after it exists; it is called
-    with a rank's list of Chakra nodes (`pb.Node`, as `etweave.fidelity.measure` takes them)."""
-    for module in ("etweave.fidelity", "etweave.deps.delays", "etweave.delays"):
-        try:
-            fn = getattr(importlib.import_module(module), "delay_share", None)
-        except ImportError:
-            continue
-        if callable(fn):
-            return fn  # type: ignore[no-any-return]
-    return None
+def delay_share_function() -> Callable[[Sequence[Any]], float] | None:
+    """The hook for issue 17's delay share (the share of the critical path, unlimited resources, in nodes that
+    stand for no measured op), as a function of a rank's Chakra nodes (`pb.Node`) returning a percentage. It is
+    looked up, not imported, so that this benchmark runs before and after `etweave.fidelity.delay_share` exists;
+    that function takes `path_nodes(nodes)` and returns an object with `share` (%), or a fraction."""
+    fidelity = importlib.import_module("etweave.fidelity")
+    fn = getattr(fidelity, "delay_share", None)
+    if not callable(fn):
+        return None
+    convert = getattr(fidelity, "path_nodes", None)
+
+    def percent(nodes: Sequence[Any]) -> float:
+        out = fn(convert(nodes) if callable(convert) else nodes)
+        return float(out.share) if hasattr(out, "share") else 100.0 * float(out)
+
+    return percent
 
 
-def _run_delay_share(out: Path, fn: Callable[..., float]) -> float:
+def _run_delay_share(out: Path, fn: Callable[[Sequence[Any]], float]) -> float:
     from etweave.chakra.io import read_et
 
-    return max(float(fn(read_et(f)[1])) for f in sorted(out.glob("*.et")))
+    return max(fn(read_et(f)[1]) for f in sorted(out.glob("*.et")))
 
 
 def naive_added(ranks: list[RankGraph], before: list[list[int]]) -> int:
@@ -206,7 +210,7 @@ def report(results: list[PairResult], per_step: bool) -> list[str]:
         naive = statistics.median(r.naive_us for r in reps)
         replay_a = statistics.median(_pct(r.replay_a_us - r.a_us, r.a_us) for r in reps)
         shares = [r.delay_share for r in reps if r.delay_share is not None]
-        share = f"{100 * statistics.median(shares):6.1f}" if shares else f"{'-':>6s}"
+        share = f"{statistics.median(shares):6.1f}" if shares else f"{'-':>6s}"
         status = ("pass" if v.passed else "FAIL") + ("" if v.stable else " (B unstable)")
         edit = statistics.median(_pct(r.b_op_us - r.edited_us, r.edited_us) for r in reps)
         name = res.name + (" (ctl)" if res.control else "")
@@ -228,7 +232,7 @@ def report(results: list[PairResult], per_step: bool) -> list[str]:
     return lines
 
 
-def shared_delay_shares(fn: Callable[..., float]) -> list[str]:
+def shared_delay_shares(fn: Callable[[Sequence[Any]], float]) -> list[str]:
     """The delay share of every pair of the shared traces (gpu/ and cpu-gloo/), one rank at a time."""
     from bench.scale import traces_dir
     from etweave.convert import run_pipeline
@@ -240,7 +244,7 @@ def shared_delay_shares(fn: Callable[..., float]) -> list[str]:
     for host in sorted([*root.glob("gpu/**/host.json.gz"), *root.glob("cpu-gloo/**/host.json.gz")]):
         d = host.parent
         result = run_pipeline(read_host_et(host), read_kineto(d / "kineto.json.gz"))
-        lines.append(f"  {d.relative_to(root)!s:38s} {100 * float(fn(result.nodes)):6.1f}%")
+        lines.append(f"  {d.relative_to(root)!s:38s} {fn(result.nodes):6.1f}%")
     return lines
 
 
