@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 MAX_ERR_OF_B = 5.0  # % of B's span (issue 17, "Done when")
 MAX_ERR_OF_EFFECT = 25.0  # % of the measured effect B - A
 STABLE_B = 3.0  # a pair counts when B varies by less than this (% of its median span) across repeats
+MIN_EFFECT = 15.0  # a pair that is not a control must move B's span by at least this (% of A)
 
 
 @dataclass
@@ -165,6 +166,7 @@ def _pct(part: float, whole: float) -> float:
 class Verdict:
     b_median: float
     b_variation: float  # (max - min) / median of B's span across repeats, %
+    b_spread: float  # 1.4826 x median absolute deviation / median of B's span, % (a robust standard deviation)
     effect: float  # median of B - A
     predicted_effect: float  # median of predicted - A
     err_of_b: float  # median |predicted - B| / B, %
@@ -172,7 +174,8 @@ class Verdict:
     naive_err_of_b: float
     direction: str  # "ok" when predicted and measured lie on the same side of the naive estimate
     passed: bool
-    stable: bool
+    stable: bool  # b_spread < STABLE_B
+    small_effect: bool  # not a control, and |B - A| < MIN_EFFECT % of A
 
 
 def verdict(res: PairResult) -> Verdict:
@@ -180,6 +183,7 @@ def verdict(res: PairResult) -> Verdict:
     b = [r.b_us for r in reps]
     med_b = statistics.median(b)
     variation = _pct(max(b) - min(b), med_b)
+    spread = _pct(1.4826 * statistics.median(abs(x - med_b) for x in b), med_b)
     effect = statistics.median(r.b_us - r.a_us for r in reps)
     err_b = statistics.median(_pct(abs(r.predicted_us - r.b_us), r.b_us) for r in reps)
     err_eff = statistics.median(_pct(abs(r.predicted_us - r.b_us), abs(r.b_us - r.a_us)) for r in reps)
@@ -194,12 +198,13 @@ def verdict(res: PairResult) -> Verdict:
         passed = no_change <= MAX_ERR_OF_B and err_b <= MAX_ERR_OF_B
     else:
         passed = err_b <= MAX_ERR_OF_B and err_eff <= MAX_ERR_OF_EFFECT
-    return Verdict(med_b, variation, effect, pred_eff, err_b, err_eff, naive, direction, passed,
-                   variation < STABLE_B)
+    small = not res.control and abs(effect) < MIN_EFFECT / 100 * statistics.median(r.a_us for r in reps)
+    return Verdict(med_b, variation, spread, effect, pred_eff, err_b, err_eff, naive, direction, passed,
+                   spread < STABLE_B, small)
 
 
 def report(results: list[PairResult], per_step: bool) -> list[str]:
-    lines = [f"{'pair':22s} {'A us':>8s} {'B us':>8s} {'B var%':>6s} {'effect':>8s} {'pred us':>8s} "
+    lines = [f"{'pair':22s} {'A us':>8s} {'B us':>8s} {'B var%':>6s} {'B sd%':>6s} {'effect':>8s} {'pred us':>8s} "
              f"{'err%B':>6s} {'err%eff':>7s} {'naive us':>8s} {'naive%B':>7s} {'dir':>5s} {'replayA%':>8s} "
              f"{'edit%':>6s} {'delay%':>6s}  verdict"]
     for res in results:
@@ -211,12 +216,13 @@ def report(results: list[PairResult], per_step: bool) -> list[str]:
         replay_a = statistics.median(_pct(r.replay_a_us - r.a_us, r.a_us) for r in reps)
         shares = [r.delay_share for r in reps if r.delay_share is not None]
         share = f"{statistics.median(shares):6.1f}" if shares else f"{'-':>6s}"
-        status = ("pass" if v.passed else "FAIL") + ("" if v.stable else " (B unstable)")
+        status = ("pass" if v.passed else "FAIL") + ("" if v.stable else " (B unstable)") + \
+            (" (effect < 15%)" if v.small_effect else "")
         edit = statistics.median(_pct(r.b_op_us - r.edited_us, r.edited_us) for r in reps)
         name = res.name + (" (ctl)" if res.control else "")
-        lines.append(f"{name:22s} {a:8.0f} {v.b_median:8.0f} {v.b_variation:6.1f} {v.effect:+8.0f} {pred:8.0f} "
-                     f"{v.err_of_b:6.1f} {v.err_of_effect:7.0f} {naive:8.0f} {v.naive_err_of_b:7.1f} "
-                     f"{v.direction:>5s} {replay_a:+8.2f} {edit:+6.1f} {share}  {status}")
+        lines.append(f"{name:22s} {a:8.0f} {v.b_median:8.0f} {v.b_variation:6.1f} {v.b_spread:6.1f} "
+                     f"{v.effect:+8.0f} {pred:8.0f} {v.err_of_b:6.1f} {v.err_of_effect:7.0f} {naive:8.0f} "
+                     f"{v.naive_err_of_b:7.1f} {v.direction:>5s} {replay_a:+8.2f} {edit:+6.1f} {share}  {status}")
         if per_step:
             by_step: dict[int | None, list[tuple[int | None, int]]] = {}
             for r in reps:
