@@ -28,6 +28,7 @@ from etweave.simulate.whatif import apply, parse_edit
 
 REPO = Path(__file__).resolve().parents[1]
 COMM = (pb.COMM_COLL_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE)
+CPU_KINDS = ("host_op", "runtime", "self_part", "resume")
 
 
 @pytest.fixture(scope="module")
@@ -80,13 +81,22 @@ def test_kind_selects_by_class_and_never_delays(ddp: Path) -> None:
     cpu = 0
     for ri, rg in enumerate(ranks):
         for i, nd in enumerate(rg.nodes):
-            is_cpu = nd.type not in COMM and nd.kind in ("host_op", "runtime", "self_part", "resume")
+            is_cpu = nd.type not in (*COMM, pb.METADATA_NODE) and nd.kind in CPU_KINDS
             assert nd.duration == (2 * before[ri][i] if is_cpu else before[ri][i]), (nd.name, nd.kind)
             cpu += is_cpu
     assert res.nodes == cpu > 0
     assert any(nd.kind == "delay" and nd.duration for rg in ranks for nd in rg.nodes)  # delays exist, untouched
     with pytest.raises(BadInput, match="selects no node"):  # a CPU run has no GPU work
         apply(ranks, [parse_edit("scale", "kind=gpu:2")])
+
+
+def test_metadata_nodes_are_never_edited(ddp: Path) -> None:
+    ranks = load(ddp)
+    [res] = apply(ranks, [parse_edit("set-duration", "name=*:5")])
+    metadata = [nd for rg in ranks for nd in rg.nodes if nd.type == pb.METADATA_NODE]
+    assert metadata and all(nd.duration == 0 for nd in metadata)
+    assert res.ops == sum(nd.type != pb.METADATA_NODE and nd.kind not in ("self_part", "resume")
+                          for rg in ranks for nd in rg.nodes)
 
 
 def test_comm_bandwidth_divides_comm_durations_on_the_ranks_given(ddp: Path) -> None:

@@ -22,8 +22,8 @@ Actions, applied in the order given, each to the durations left by the previous 
   (the transfer time where `convert-run` measured one) divided by FACTOR (> 0).
 
 Only the simulated `duration` changes: each node's measured start and duration stay as loaded, so the replay is
-still compared with the measured (unedited) run. An edit that selects no node is bad input (a typo would
-otherwise predict "no change").
+still compared with the measured (unedited) run. Metadata nodes (process and thread roots) are never selected. An
+edit that selects no node is bad input (a typo would otherwise predict "no change").
 """
 
 from __future__ import annotations
@@ -177,6 +177,8 @@ def select(rank: RankGraph, selector: Selector) -> list[list[int]]:
 
     groups: dict[int, list[int]] = {}
     for i, nd in enumerate(nodes):
+        if nd.type == pb.METADATA_NODE:  # roots take no time in any replay (docs/OUTPUT.md): nothing to edit
+            continue
         o = owner(i)
         if selector.name is not None and not fnmatchcase(nodes[o].name, selector.name):
             continue
