@@ -246,8 +246,11 @@ def shared_delay_shares(fn: Callable[[Sequence[Any]], float]) -> list[str]:
     from etweave.read.kineto import read_kineto
 
     root = traces_dir()
+    hosts = sorted([*root.glob("gpu/**/host.json.gz"), *root.glob("cpu-gloo/**/host.json.gz")])
+    if not hosts:
+        return [f"delay share of the shared traces: none found under {root} (set ETWEAVE_TRACES)"]
     lines = ["delay share of the critical path (unlimited resources), shared traces:"]
-    for host in sorted([*root.glob("gpu/**/host.json.gz"), *root.glob("cpu-gloo/**/host.json.gz")]):
+    for host in hosts:
         d = host.parent
         result = run_pipeline(read_host_et(host), read_kineto(d / "kineto.json.gz"))
         lines.append(f"  {d.relative_to(root)!s:38s} {fn(result.nodes):6.1f}%")
