@@ -46,9 +46,9 @@ class Pair:
 
 STRAGGLE_BASE_MS, STRAGGLE_EXTRA_MS = 1.0, 25.0
 HIDDEN_SLOW_MS, HIDDEN_EXTRA_MS = 30.0, 15.0
-HELPER_A_MS, HELPER_B_MS, HELPER_MAIN_MS = 5.0, 30.0, 10.0
+HELPER_A_MS, HELPER_B_MS, HELPER_MAIN_MS = 12.0, 37.0, 10.0
 HELPER_HIDDEN_A_MS, HELPER_HIDDEN_B_MS, HELPER_HIDDEN_MAIN_MS = 2.0, 8.0, 20.0
-ASYNC_NUMEL, ASYNC_FACTOR, ASYNC_OVERLAP_MS = 1 << 20, 4, 6.0
+ASYNC_NUMEL, ASYNC_FACTOR, ASYNC_OVERLAP_MS = 1 << 20, 4, 2.0
 ASYNC_HIDDEN_FACTOR, ASYNC_HIDDEN_OVERLAP_MS = 2, 40.0
 BMM_BATCH, BMM_FACTOR, BMM_N = 128, 4, 64
 BG_TICK_MS, BG_PAUSE_MS = 0.5, 4.0
@@ -141,7 +141,9 @@ def _helper_step(side: str, a_ms: float, b_ms: float, main_ms: float) -> None:
 
 
 def step_helper_join(rank: int, step: int, side: str) -> None:
-    """A helper thread's `helper_work` (5 ms in A, 30 ms in B) runs beside 10 ms of `main_work`, then is joined."""
+    """A helper thread's `helper_work` (12 ms in A, 37 ms in B) runs beside 10 ms of `main_work`, then is joined:
+    the main thread already waits in A's join (2 ms), so A's trace holds the evidence of the join. (A join that
+    never waited in A leaves no trace of itself in A; `helper_hidden` is that case.)"""
     _helper_step(side, HELPER_A_MS, HELPER_B_MS, HELPER_MAIN_MS)
 
 
@@ -161,7 +163,8 @@ def _async_step(side: str, factor: int, overlap_ms: float) -> None:
 
 
 def step_async_allreduce(rank: int, step: int, side: str) -> None:
-    """An async all_reduce overlapped with 6 ms of `overlap_work`, then waited for; B's tensor is 4x larger."""
+    """An async all_reduce overlapped with 2 ms of `overlap_work`, then waited for; B's tensor is 4x larger. The
+    4 MB transfer of A already outlasts the overlap, so A's trace shows the wait."""
     _async_step(side, ASYNC_FACTOR, ASYNC_OVERLAP_MS)
 
 
@@ -205,11 +208,11 @@ PAIRS: dict[str, Pair] = {p.name: p for p in [
                                             f"{_us(STRAGGLE_BASE_MS + STRAGGLE_EXTRA_MS, x)}") for s in steps]),
     Pair("straggler_hidden", "control: rank 0 `straggle` +15 ms, hidden behind rank 1's 30 ms", True,
          lambda steps, x: [("set-duration", f"name=straggle,rank=0:{_us(STRAGGLE_BASE_MS + HIDDEN_EXTRA_MS, x)}")]),
-    Pair("helper_join", "helper thread `helper_work` 5 -> 30 ms, joined after 10 ms of main work", False,
+    Pair("helper_join", "helper thread `helper_work` 12 -> 37 ms, joined after 10 ms of main work", False,
          lambda steps, x: [("set-duration", f"name=helper_work:{_us(HELPER_B_MS, x)}")]),
     Pair("helper_hidden", "control: helper thread `helper_work` 2 -> 8 ms, hidden behind 20 ms", True,
          lambda steps, x: [("set-duration", f"name=helper_work:{_us(HELPER_HIDDEN_B_MS, x)}")]),
-    Pair("async_allreduce", "async all_reduce 4x larger (4 -> 16 MB), overlapped with 6 ms then waited for", False,
+    Pair("async_allreduce", "async all_reduce 4x larger (4 -> 16 MB), overlapped with 2 ms then waited for", False,
          lambda steps, x: [("comm-bandwidth", f"{1 / ASYNC_FACTOR:g}")]),
     Pair("async_hidden", "control: async all_reduce 2x larger (4 -> 8 MB), hidden behind 40 ms", True,
          lambda steps, x: [("comm-bandwidth", f"{1 / ASYNC_HIDDEN_FACTOR:g}")]),
