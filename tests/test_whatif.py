@@ -257,6 +257,23 @@ def test_straggler_edits_select_the_straggle_op_of_each_step(pairs: Path) -> Non
         assert other.nodes[in_step(other, "straggle", step)].duration < 26000 // 2
 
 
+def test_naive_estimate_adds_each_steps_largest_rank_once(pairs: Path) -> None:
+    """bench/whatif's naive estimate: the straggler edits add (26 ms - the op's time in A) once per step."""
+    from bench.whatif.__main__ import naive_added
+    from bench.whatif.workload import PAIRS
+
+    ranks = load(pairs / "straggler" / "A")
+    steps = sorted(step_bounds(ranks[0].nodes))
+    before = durations(ranks)
+    expected = 0
+    for step in steps:
+        rg = ranks[step % 2]
+        op = rg.nodes[in_step(rg, "straggle", step)].id
+        expected += 26000 - sum(nd.duration for nd in rg.nodes if op in (nd.id, nd.part_of))
+    apply(ranks, [parse_edit(a, t) for a, t in PAIRS["straggler"].edits(steps, 1.0)])
+    assert naive_added(ranks, before) == expected > 0
+
+
 def test_straggler_replays_each_side_as_measured(pairs: Path) -> None:
     """The graph of each side replays to its own measured step times: the predictions start from a faithful A."""
     for side in "AB":
