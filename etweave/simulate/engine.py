@@ -55,6 +55,8 @@ class SimNode:
     comm_src: int | None = None
     comm_dst: int | None = None
     comm_tag: int | None = None
+    kind: str = ""  # attr `kind` (host_op, self_part, kernel, delay, ...): what-if selection and step bounds
+    part_of: int = 0  # attr `part_of`: the op a self_part/resume node belongs to, 0 = none
 
 
 @dataclass(slots=True)

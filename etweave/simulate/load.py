@@ -16,7 +16,7 @@ COMM_GROUP_FILE = "comm_group.json"
 _RANK_IN_NAME = re.compile(r"\.(\d+)\.et$")
 _COMM_TYPES = (pb.COMM_COLL_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE)
 _WANTED = frozenset({"device", "stream", "tid", "pg_name", "comm_src", "comm_dst", "comm_tag",
-                     "transfer_duration_micros", "measured_duration_micros"})
+                     "transfer_duration_micros", "measured_duration_micros", "kind", "part_of"})
 
 
 def resource_of(attrs: dict[str, object]) -> str | None:
@@ -55,6 +55,11 @@ def to_sim_node(node: pb.Node, path: Path) -> SimNode:
         measured_duration=_int(attrs.get("measured_duration_micros", node.duration_micros), path, node.id,
                                "measured_duration_micros"),
     )
+    # what `etweave simulate --scale/--set-duration` select by and step times are bounded by (whatif.py, steps.py)
+    kind = attrs.get("kind", "")
+    sim.kind = kind if isinstance(kind, str) else str(kind)
+    if "part_of" in attrs:
+        sim.part_of = _int(attrs["part_of"], path, node.id, "part_of")
     if node.type == pb.COMM_COLL_NODE:
         pg = attrs.get("pg_name", "")
         sim.pg = pg if isinstance(pg, str) else str(pg)
