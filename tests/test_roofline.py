@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import convert_pair
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import node_attrs
 from etweave.model import GPU_KINDS
 from etweave.roofline import op_work, spread
-from tests.conftest import convert_pair
 
 
 def _roofline(node: pb.Node) -> tuple[int, int]:
