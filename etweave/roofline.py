@@ -137,11 +137,12 @@ _ELEMENTWISE = (
     "pow", "relu", "relu_", "clamp", "clamp_", "clamp_min", "clamp_min_", "clamp_max", "threshold",
     "threshold_backward", "sigmoid", "sigmoid_backward", "tanh", "tanh_backward", "gelu", "gelu_backward", "silu",
     "silu_backward", "hardtanh", "hardtanh_backward", "leaky_relu", "addcmul", "addcmul_", "addcdiv", "addcdiv_",
-    "lerp_", "where", "masked_fill", "masked_fill_", "eq", "ne", "lt", "gt", "le", "ge", "reciprocal",
+    "lerp_", "exp_", "log_", "sqrt_", "neg_", "sigmoid_", "tanh_",
+    "where", "masked_fill", "masked_fill_", "eq", "ne", "lt", "gt", "le", "ge", "reciprocal",
     "dropout", "native_dropout", "native_dropout_backward", "embedding_dense_backward", "index_select",
 )
 _MOVES = ("copy_", "fill_", "zero_", "_to_copy", "clone", "contiguous", "cat", "index", "gather", "scatter_",
-          "embedding")
+          "embedding", "index_put_", "_index_put_impl_")
 _NORMS = ("native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm", "native_batch_norm_backward",
           "cudnn_batch_norm_backward", "miopen_batch_norm_backward", "native_layer_norm",
           "native_layer_norm_backward", "native_group_norm", "native_group_norm_backward")
