@@ -130,6 +130,7 @@ def _worker(rank: int, port: int, run_dir: str) -> None:
         mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))  # tp {0,1},{2,3}; dp {0,2},{1,3}
         tp, dp = mesh.get_group("tp"), mesh.get_group("dp")
         w = torch.randn(32, 32)
+        allreduce = vars(dist.ProcessGroup)["allreduce"]
         with collect(run_dir, steps=STEPS, wait=0, warmup=1) as c:
             for _ in range(c.total_steps):
                 h = (torch.randn(8, 32) @ w).relu()
@@ -139,6 +140,7 @@ def _worker(rank: int, port: int, run_dir: str) -> None:
                 dist.all_reduce(torch.ones(DP_ALL_REDUCE), group=dp)
                 dist.all_reduce(torch.ones(WORLD_ALL_REDUCE))
                 c.step()
+        assert vars(dist.ProcessGroup)["allreduce"] is allreduce, "collect restores the methods it annotated"
         dist.barrier()
     finally:
         dist.destroy_process_group()
