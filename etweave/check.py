@@ -46,13 +46,15 @@ Warnings (the file runs, but not as measured), by rule:
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from etweave.chakra import et_def_pb2 as pb
+from etweave.read.host_et import PG_INIT_NAME
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +108,6 @@ MEM_NODE_TYPES = frozenset({pb.MEM_LOAD_NODE, pb.MEM_STORE_NODE})
 # Collectives the network model times from comm_size alone (BROADCAST replays duration_micros), 3b.4
 SIZE_TIMED_COLLECTIVES = frozenset({pb.ALL_REDUCE, pb.ALL_GATHER, pb.REDUCE_SCATTER, pb.ALL_TO_ALL})
 ROOFLINE_ATTRS = ("num_ops", "tensor_size")
-PG_INIT_NAME = "## process_group:init ##"
 GPU_KINDS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 
 # Collectives the simulator runs (BROADCAST is replayed from duration_micros), and what etweave writes instead
@@ -164,8 +165,8 @@ def pg_init_problem(values: str) -> str | None:
     if len(values) < 4:
         return f"inputs.values {values!r} is shorter than the 4 characters the feeder cuts off"
     try:
-        groups = json.loads(values[2:len(values) - 2])
-    except ValueError:
+        groups = orjson.loads(values[2:len(values) - 2])
+    except orjson.JSONDecodeError:
         return (f"inputs.values cut as the feeder does ({values[2:42]!r}...) is not JSON; write the JSON list "
                 "between two 2-character brackets, or leave it empty")
     if not isinstance(groups, list):
