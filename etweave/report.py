@@ -146,6 +146,11 @@ def summary(report: dict[str, Any]) -> str:
     if orphans["count"]:
         out.append(f"  orphans: {orphans['count']} kept under their thread roots, below "
                    f"{len(orphans['missing_parents'])} missing parent(s)")
+    rf = report.get("roofline")
+    if rf and rf["comp_nodes"]:
+        covered = f" ({rf['gpu_time_covered_pct']}% of GPU time)" if rf["gpu_time_covered_pct"] is not None else ""
+        out.append(f"  roofline: {rf['real_values']} of {rf['comp_nodes']} COMP nodes with num_ops/tensor_size from "
+                   f"their op's shapes{covered}, {rf['zero_values']} with zeros")
     nonzero = {k: v for k, v in report["warnings"].items() if v}
     out.append("  warnings: " + (", ".join(f"{k}={v}" for k, v in nonzero.items()) if nonzero else "none"))
     if report["collective_type_mapping"]:
