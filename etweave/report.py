@@ -11,6 +11,7 @@ from etweave.model import GPU_KINDS, HOST_OP, RUNTIME, THREAD_ROOT, Graph
 from etweave.read.host_et import PG_INIT_NAME, HostTrace
 from etweave.read.kineto import KinetoTrace
 from etweave.repair import Repair
+from etweave.roofline import Roofline
 
 
 def build_report(host: HostTrace | None, kineto: KinetoTrace | None, link: HostLink, device: DeviceSelection | None,
@@ -75,6 +76,7 @@ def build_report(host: HostTrace | None, kineto: KinetoTrace | None, link: HostL
         "edges": {"total": sum(deps.per_source.values()), "per_source": dict(sorted(deps.per_source.items())),
                   "inferred": dict(sorted(deps.inferred.items()))},
         "nodes": len(g.items),
+        "roofline": _roofline(g),
     }
     if kineto is not None:
         cpu_in, cpu_left = _kineto_cpu_ops(kineto, link)
@@ -90,6 +92,17 @@ def build_report(host: HostTrace | None, kineto: KinetoTrace | None, link: HostL
         report["link"]["note"] = (f"the host ET comes from another iteration than the Kineto trace (sequence numbers "
                                   f"differ by {link.seq_offset}); linked to the structurally identical iteration")
     return report
+
+
+def _roofline(g: Graph) -> dict[str, Any]:
+    """COMP nodes with real num_ops/tensor_size (from their launching op's shapes) and with zeros."""
+    rf: Roofline | None = g.extra.get("roofline")
+    comp = sum(1 for it in g.items if it.comm is None)
+    real = sum(1 for _ops, size in rf.values.values() if size > 0) if rf is not None else 0
+    gpu, covered = (rf.gpu_time_us, rf.gpu_time_covered_us) if rf is not None else (0.0, 0.0)
+    return {"comp_nodes": comp, "real_values": real, "zero_values": comp - real,
+            "gpu_time_covered_pct": round(100.0 * covered / gpu, 2) if gpu > 0 else None,
+            "ops_per_family": rf.ops if rf is not None else {}}
 
 
 def _kineto_cpu_ops(kineto: KinetoTrace, link: HostLink) -> tuple[int, LeftOut]:
@@ -133,6 +146,11 @@ def summary(report: dict[str, Any]) -> str:
     if orphans["count"]:
         out.append(f"  orphans: {orphans['count']} kept under their thread roots, below "
                    f"{len(orphans['missing_parents'])} missing parent(s)")
+    rf = report.get("roofline")
+    if rf and rf["comp_nodes"]:
+        covered = f" ({rf['gpu_time_covered_pct']}% of GPU time)" if rf["gpu_time_covered_pct"] is not None else ""
+        out.append(f"  roofline: {rf['real_values']} of {rf['comp_nodes']} COMP nodes with num_ops/tensor_size from "
+                   f"their op's shapes{covered}, {rf['zero_values']} with zeros")
     nonzero = {k: v for k, v in report["warnings"].items() if v}
     out.append("  warnings: " + (", ".join(f"{k}={v}" for k, v in nonzero.items()) if nonzero else "none"))
     if report["collective_type_mapping"]:

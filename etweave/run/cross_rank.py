@@ -13,7 +13,10 @@ from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import attr_value, parse
 from etweave.check import Violation, check_nodes, check_run, comm_type_name
 from etweave.collectives import classify
+from etweave.convert import assign_group_ids
 from etweave.errors import BadInput, CheckFailed
+from etweave.model import PROCESS_ROOT, THREAD_ROOT
+from etweave.nodes import PG_INIT_KIND
 from etweave.run.discover import Discovery
 
 # Kinds whose members must all pass the same byte count (all_to_all(v), gather and scatter legitimately differ).
@@ -90,21 +93,8 @@ def build_comm_group(outputs: Sequence[dict[str, Any]], world: int | None
             ids[name] = ""
         else:
             subgroups.append((ranks, name))
-    taken: set[str] = set()
-    # Decimal trace names keep their number; the others get the next free ids in a rank-list order that is the
-    # same on every run, so an id never depends on which rank was read first.
-    for _ranks, name in sorted(subgroups):
-        if name.isdecimal() and name not in taken:
-            ids[name] = name
-            taken.add(name)
-    next_id = 0
-    for _ranks, name in sorted(subgroups):
-        if name in ids:
-            continue
-        while str(next_id) in taken:
-            next_id += 1
-        ids[name] = str(next_id)
-        taken.add(str(next_id))
+    # Ids in a rank-list order that is the same on every run, so an id never depends on which rank was read first.
+    ids.update(assign_group_ids([name for _ranks, name in sorted(subgroups)]))
     comm_group = {ids[name]: ranks for ranks, name in subgroups}
     return dict(sorted(comm_group.items(), key=lambda kv: int(kv[0]))), ids, notes
 
@@ -297,10 +287,11 @@ def assemble_run(outputs: Sequence[dict[str, Any]], allow_mismatch: bool = False
                             f"rank(s) {_range_text(d['expected_on'])} have {d['expected']}")
 
     violations: list[Violation] = []
+    check_warnings: list[Violation] = []  # runs in ASTRA-sim, but not as measured (etweave.check)
     for rank, (_, nodes) in ranks.items():
-        violations += check_nodes(nodes, f"rank {rank}")
+        violations += check_nodes(nodes, f"rank {rank}", check_warnings)
     run_notes: list[Violation] = []
-    across = check_run({r: nodes for r, (_, nodes) in ranks.items()}, comm_group, run_notes)
+    across = check_run({r: nodes for r, (_, nodes) in ranks.items()}, comm_group, run_notes, check_warnings)
     # Ranks that disagree are the user's input, not a broken conversion: the caller fails on them unless told
     # to allow them; every other violation fails the run.
     mismatches = [v for v in across if v.rule in _MISMATCH_RULES]
@@ -327,6 +318,7 @@ def assemble_run(outputs: Sequence[dict[str, Any]], allow_mismatch: bool = False
             "violations": [_as_dict(v) for v in violations],
             "mismatches": [_as_dict(v) for v in mismatches],
             "notes": [_as_dict(v) for v in run_notes],
+            "check_warnings": dict(sorted(Counter(v.rule for v in check_warnings).items())),
         },
         "durations": {
             "comm_nodes_matched": stats["collectives"],
@@ -347,6 +339,14 @@ def assemble_run(outputs: Sequence[dict[str, Any]], allow_mismatch: bool = False
     return RunResult(ranks, comm_group, report, consistent, messages)
 
 
+_MARKER_KINDS = frozenset({PROCESS_ROOT, THREAD_ROOT, PG_INIT_KIND})
+
+
+def _kind(node: pb.Node) -> str | None:
+    a = _attr(node, "kind")
+    return a.string_val if a is not None else None
+
+
 def _align_rank_starts(ranks: dict[int, tuple[pb.GlobalMetadata, list[pb.Node]]]) -> dict[int, int]:
     """Ranks start their recorded work at different times (dlrm's up to 7 ms apart). A rank that started later
     than the run's first measured instant gets a `[rank start offset]` delay node that its sources (the nodes
@@ -364,16 +364,20 @@ def _align_rank_starts(ranks: dict[int, tuple[pb.GlobalMetadata, list[pb.Node]]]
         offsets[rank] = offset
         if offset <= 0:
             continue
-        roots = {n.id for n in nodes if n.type == pb.METADATA_NODE and not n.data_deps and not n.ctrl_deps
-                 and any(a.name == "kind" and a.string_val == "process_root" for a in n.attr)}
+        # Roots are zero-duration COMP_NODEs told apart by their `kind` attr (METADATA_NODE in older outputs)
+        markers = {n.id for n in nodes if n.type == pb.METADATA_NODE or _kind(n) in _MARKER_KINDS}
+        roots = {n.id for n in nodes if n.id in markers and not n.data_deps and not n.ctrl_deps
+                 and _kind(n) == PROCESS_ROOT}
         delay = pb.Node(id=max(n.id for n in nodes) + 1, name="[rank start offset]", type=pb.COMP_NODE,
                         data_deps=sorted(roots), start_time_micros=run_t0, duration_micros=offset)
         delay.attr.add(name="kind", string_val="delay")
         delay.attr.add(name="is_cpu_op", bool_val=True)
+        delay.attr.add(name="num_ops", int64_val=0)  # every COMP_NODE has both (FORMATS.md 3b.3)
+        delay.attr.add(name="tensor_size", uint64_val=0)
         for n in nodes:
-            if n.type != pb.METADATA_NODE and set(n.data_deps) <= roots and not n.ctrl_deps:
+            if n.id not in markers and set(n.data_deps) <= roots and not n.ctrl_deps:
                 n.data_deps.append(delay.id)
-            elif n.type == pb.METADATA_NODE and n.id not in roots and set(n.data_deps) <= roots:
+            elif n.id in markers and n.id not in roots and set(n.data_deps) <= roots:
                 n.data_deps.append(delay.id)  # thread roots: everything on the thread follows them
         nodes.append(delay)
     return offsets
