@@ -13,6 +13,8 @@ from etweave.model import GPU_KINDS, HOST_OP, PROCESS_ROOT, RUNTIME, THREAD_ROOT
 from etweave.read.host_et import IO, PG_INIT_NAME
 from etweave.read.kineto import as_int
 
+DEP_EVIDENCE = "dep_evidence"
+
 
 def _attr(name: str, **value: Any) -> pb.AttributeProto:
     return pb.AttributeProto(name=name, **value)
@@ -50,11 +52,12 @@ def duration(it: Item) -> int:
 def build_nodes(g: Graph, deps: Dependencies) -> Iterator[pb.Node]:
     """Nodes in ascending id, built lazily so the writer can stream them."""
     for it in g.items:
+        preds = deps.preds.get(it.id, ())
         node = pb.Node(
             id=it.id,
             name=it.name,
             type=node_type(it),
-            data_deps=[e.src for e in deps.preds.get(it.id, ())],
+            data_deps=[e.src for e in preds],
             start_time_micros=max(0, round(it.start)) if it.measured or it.start > 0 else 0,
             duration_micros=duration(it),
         )
@@ -62,6 +65,8 @@ def build_nodes(g: Graph, deps: Dependencies) -> Iterator[pb.Node]:
             node.inputs.CopyFrom(_io(it.host.inputs))
             node.outputs.CopyFrom(_io(it.host.outputs))
         node.attr.extend(_attrs(it))
+        if preds:  # why each data_dep is there: its evidence source, in data_deps order (docs/OUTPUT.md)
+            node.attr.append(_attr(DEP_EVIDENCE, string_list=pb.StringList(values=[e.source for e in preds])))
         yield node
 
 

@@ -14,6 +14,7 @@ from etweave.chakra.io import attr_value, parse
 from etweave.check import Violation, check_nodes, check_run, comm_type_name
 from etweave.collectives import classify
 from etweave.errors import BadInput, CheckFailed
+from etweave.nodes import DEP_EVIDENCE
 from etweave.run.discover import Discovery
 
 # Kinds whose members must all pass the same byte count (all_to_all(v), gather and scatter legitimately differ).
@@ -371,12 +372,22 @@ def _align_rank_starts(ranks: dict[int, tuple[pb.GlobalMetadata, list[pb.Node]]]
         delay.attr.add(name="kind", string_val="delay")
         delay.attr.add(name="is_cpu_op", bool_val=True)
         for n in nodes:
-            if n.type != pb.METADATA_NODE and set(n.data_deps) <= roots and not n.ctrl_deps:
+            if (n.type != pb.METADATA_NODE and set(n.data_deps) <= roots and not n.ctrl_deps) or (
+                    n.type == pb.METADATA_NODE and n.id not in roots and set(n.data_deps) <= roots):
+                # (thread roots too: everything on the thread follows them)
                 n.data_deps.append(delay.id)
-            elif n.type == pb.METADATA_NODE and n.id not in roots and set(n.data_deps) <= roots:
-                n.data_deps.append(delay.id)  # thread roots: everything on the thread follows them
+                _add_evidence(n, "rank_start_offset")
         nodes.append(delay)
     return offsets
+
+
+def _add_evidence(node: pb.Node, source: str) -> None:
+    """Keep attr dep_evidence aligned with data_deps after appending one."""
+    for a in node.attr:
+        if a.name == DEP_EVIDENCE:
+            a.string_list.values.append(source)
+            return
+    node.attr.add(name=DEP_EVIDENCE).string_list.values.extend(["unknown"] * (len(node.data_deps) - 1) + [source])
 
 
 def _as_dict(v: Violation) -> dict[str, Any]:
