@@ -40,6 +40,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="write a Chrome/Perfetto trace with the measured and simulated timelines")
     p.add_argument("--plot", type=Path, metavar="OUT.png",
                    help="write a PNG of measured vs simulated per resource (needs matplotlib)")
+    p.add_argument("--csv", type=Path, metavar="OUT.csv",
+                   help="write one row per node: measured and simulated times, start error, critical-path order "
+                        "and contribution (the whole path)")
+    p.add_argument("--steps-csv", type=Path, metavar="OUT.csv",
+                   help="write one row per rank and ProfilerStep#N: measured and simulated span")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(run=run)
 
@@ -70,11 +75,25 @@ def run(args: argparse.Namespace) -> int:
         raise CheckFailed(format_deadlock(result))
 
     summary = summarize(result)
+    details = None
+    if args.timeline is not None or args.csv is not None or args.steps_csv is not None:
+        from etweave.simulate.timeline import load_details
+
+        details = load_details(result)  # kind, parts, call stack, evidence: read again from the files
     if args.timeline is not None:
         from etweave.simulate.timeline import write_timeline
 
-        write_timeline(args.timeline, result)
+        write_timeline(args.timeline, result, details)
         summary["timeline"] = str(args.timeline)
+    if args.csv is not None or args.steps_csv is not None:
+        from etweave.simulate import tables
+
+        if args.csv is not None:
+            tables.write_csv(args.csv, tables.node_records(result, details), tables.NODE_COLUMNS)
+            summary["csv"] = str(args.csv)
+        if args.steps_csv is not None:
+            tables.write_csv(args.steps_csv, tables.step_records(result, details or []), tables.STEP_COLUMNS)
+            summary["steps_csv"] = str(args.steps_csv)
     if args.plot is not None:
         from etweave.simulate.plot import write_plot
 
@@ -84,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         _print_json(summary)
     else:
         text = format_text(summary)
-        for key in ("timeline", "plot"):
+        for key in ("timeline", "plot", "csv", "steps_csv"):
             if key in summary:
                 text += f"\nwrote {key} {summary[key]}"
         print(text)

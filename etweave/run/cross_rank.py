@@ -50,6 +50,12 @@ class RunResult:
     consistent: bool
     messages: list[str]  # divergences and failing checks, one line each (what the CLI prints on failure)
 
+    def __repr__(self) -> str:  # the default would print every node of every rank
+        nodes = sum(len(n) for _, n in self.ranks.values())
+        state = "consistent" if self.consistent else "NOT consistent"
+        return (f"RunResult({len(self.ranks)} rank(s) {sorted(self.ranks)}, {nodes} nodes, "
+                f"{len(self.comm_group)} listed process group(s), {state})")
+
 
 def _range_text(ranks: Iterable[int]) -> str:
     """0-2,4,6-7."""

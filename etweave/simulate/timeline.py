@@ -165,13 +165,8 @@ def timeline_events(replay: Replay, details: Sequence[dict[int, NodeDetail]] | N
     for ri, rg in enumerate(replay.ranks):
         det = details[ri]
         measured_pid, simulated_pid = 1 + 2 * ri, 2 + 2 * ri  # alternate so each rank's pair sits together
-        issue, start, end = replay.issue[ri], replay.start[ri], replay.end[ri]
-        untimed = [nd.type == pb.METADATA_NODE for nd in rg.nodes]  # metadata takes no time
-        measured_times = [None if untimed[i] or not nd.measured_start else
-                          (float(nd.measured_start), float(nd.measured_start + nd.measured_duration))
-                          for i, nd in enumerate(rg.nodes)]
-        simulated_times = [None if untimed[i] or end[i] < 0 else (float(origin + issue[i]), float(origin + end[i]))
-                           for i in range(len(rg.nodes))]  # end < 0 only after a deadlock
+        issue, start = replay.issue[ri], replay.start[ri]
+        measured_times, simulated_times = _view_times(replay, ri, origin)
         for pid, label, times in ((measured_pid, "measured", measured_times),
                                   (simulated_pid, "simulated", simulated_times)):
             slices = _slices(rg.nodes, det, times)
@@ -210,6 +205,30 @@ def timeline_events(replay: Replay, details: Sequence[dict[int, NodeDetail]] | N
         events.extend(_critical_track(replay, ri, simulated_pid, origin))
     events.extend(_critical_flows(replay, placed, origin))
     return events
+
+
+def _view_times(replay: Replay, ri: int, origin: int) -> tuple[list[tuple[float, float] | None], ...]:
+    """Per node of rank index `ri`, its (start, end) measured and simulated (issue to end, in the measured frame);
+    None where it has none. Metadata nodes take no time."""
+    rg, issue, end = replay.ranks[ri], replay.issue[ri], replay.end[ri]
+    untimed = [nd.type == pb.METADATA_NODE for nd in rg.nodes]
+    measured: list[tuple[float, float] | None] = [
+        None if untimed[i] or not nd.measured_start else
+        (float(nd.measured_start), float(nd.measured_start + nd.measured_duration)) for i, nd in enumerate(rg.nodes)]
+    simulated: list[tuple[float, float] | None] = [
+        None if untimed[i] or end[i] < 0 else (float(origin + issue[i]), float(origin + end[i]))
+        for i in range(len(rg.nodes))]  # end < 0 only after a deadlock
+    return measured, simulated
+
+
+def op_spans(replay: Replay, ri: int, details: dict[int, NodeDetail], origin: int
+             ) -> tuple[dict[int, tuple[float, float]], dict[int, tuple[float, float]]]:
+    """Per op (node index of its first node), its slice's (start, end): measured, and simulated in the measured
+    frame, as the timeline draws them."""
+    views = _view_times(replay, ri, origin)
+    nodes = replay.ranks[ri].nodes
+    return tuple({s.op: (s.start, s.end) for s in _slices(nodes, details, times)}  # type: ignore[return-value]
+                 for times in views)
 
 
 def _critical_track(replay: Replay, ri: int, pid: int, origin: int) -> list[dict[str, Any]]:
