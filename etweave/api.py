@@ -17,7 +17,14 @@ from etweave.simulate.timeline import NodeDetail
 
 PathLike = str | Path
 
-__all__ = ["Simulation", "convert_pair", "convert_run", "simulate_files"]
+__all__ = ["Simulation", "convert_pair", "convert_run", "example_run_dir", "simulate_files"]
+
+
+def example_run_dir() -> Path:
+    """The real 2-rank gloo run bundled with the package (what `etweave example` converts)."""
+    from etweave.commands.example_cmd import example_dir
+
+    return example_dir()
 
 
 def convert_pair(host: PathLike | None, device: PathLike | None, out: PathLike | None = None,
