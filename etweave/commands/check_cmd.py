@@ -29,7 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                        description="Check Chakra .et files: ids, edges, cycles, attr types, collectives, process "
                                    "groups and send/recv pairing. Exit 0 clean, 3 on violations, 2 on bad input.")
     p.add_argument("paths", type=Path, nargs="+", metavar="OUT_DIR_or_FILE",
-                   help="a folder (every *.et in it, plus its comm_group.json) or .et files named <prefix>.<rank>.et")
+                   help="a folder (every *.et and *.et.gz in it, plus its comm_group.json) or .et files named "
+                        "<prefix>.<rank>.et (a gzipped .et is read, with a warning: ASTRA-sim reads no gzip)")
     p.add_argument("--comm-group", type=Path, metavar="FILE",
                    help="the comm-group JSON map (overrides a comm_group.json found in the folder)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of lines")

@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                                    "the measured one. Exit 0 ok, 3 on a deadlock, 2 on bad input.",
                        epilog=RULES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("traces", type=Path, nargs="+", metavar="TRACE.et",
-                   help="one .et file per rank (or a folder: every *.et in it)")
+                   help="one .et (or .et.gz) file per rank, or a folder: every *.et and *.et.gz in it")
     p.add_argument("--comm-group", type=Path, metavar="FILE",
                    help=f"process-group map (default: {COMM_GROUP_FILE} beside the traces)")
     p.add_argument("--timeline", type=Path, metavar="OUT.json",
