@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -132,3 +133,34 @@ def test_streamed_reader_matches_whole_buffer_parse(plain_and_gz: tuple[Path, Pa
 def test_varint_round_trip(value: int) -> None:
     encoded = varint_bytes(value)
     assert decode_varint(encoded + b"\x00", 0) == (value, len(encoded))
+
+
+def test_reading_and_jsonize_hold_a_chunk_not_the_file(tmp_path: Path) -> None:
+    """Memory stays near one read chunk (1 MiB) whatever the file's size: nodes are read and written one by one."""
+    import tracemalloc
+
+    from etweave.chakra.io import write_et
+
+    def nodes() -> Iterator[pb.Node]:
+        for i in range(1, 8_001):
+            node = pb.Node(id=i, name=f"aten::op_{i}" + "x" * 1200, type=pb.COMP_NODE,
+                           data_deps=[i - 1] if i > 1 else [], start_time_micros=1_000_000 + i, duration_micros=3)
+            node.attr.add(name="kind", string_val="host_op")
+            yield node
+
+    path = tmp_path / "big.et"
+    write_et(path, pb.GlobalMetadata(version="0.0.4"), nodes())
+    size = path.stat().st_size
+    assert size > 8 << 20
+    tracemalloc.start()
+    try:
+        _, it = iter_et(path)
+        count = sum(1 for _ in it)
+        read_peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        assert main(["jsonize", str(path), "--format", "chakra", "-o", str(tmp_path / "big.json")]) == 0
+        jsonize_peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert count == 8_000
+    assert read_peak < size / 2 and jsonize_peak < size / 2, (read_peak, jsonize_peak, size)
