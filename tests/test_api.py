@@ -101,3 +101,15 @@ def test_cli_csv_matches_the_records(run_out: tuple[Path, object], tmp_path: Pat
     assert api_csv.read_bytes() == nodes_csv.read_bytes()
     sim.write_csv(tmp_path / "cp.csv", "critical_path")
     assert len(list(csv.DictReader((tmp_path / "cp.csv").open()))) == sim.summary["critical_path"]["nodes"]
+
+
+def test_step_table_of_a_rank_without_profiler_steps(traces: Path, tmp_path: Path) -> None:
+    # gpu/linear's host ET has no ProfilerStep op: one row for the whole rank, spanning what was measured
+    result = etweave.convert_pair(traces / "gpu/linear/host.json.gz", traces / "gpu/linear/kineto.json.gz",
+                                  tmp_path / "t.0.et")
+    assert not [n for n in result.nodes if n.name.startswith("ProfilerStep#")]
+    sim = etweave.simulate_files(tmp_path / "t.0.et")
+    (row,) = sim.steps()
+    assert row["step"] == "(no ProfilerStep: whole rank)" and row["id"] is None
+    assert row["measured_start_us"] == 0 and row["measured_duration_us"] == sim.summary["measured_span_us"]
+    assert row["simulated_duration_us"] > 0

@@ -44,7 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="write one row per node: measured and simulated times, start error, critical-path order "
                         "and contribution (the whole path)")
     p.add_argument("--steps-csv", type=Path, metavar="OUT.csv",
-                   help="write one row per rank and ProfilerStep#N: measured and simulated span")
+                   help="write one row per rank and ProfilerStep#N: measured and simulated span (a rank without "
+                        "profiler steps: one row for the whole rank)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(run=run)
 

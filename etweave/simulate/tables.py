@@ -27,6 +27,7 @@ STEP_COLUMNS = ["rank", "step", "id", "measured_start_us", "measured_duration_us
 CRITICAL_COLUMNS = ["order", "rank", "id", "name", "resource", "simulated_start_us", "simulated_end_us",
                     "critical_path_us"]
 STEP_PREFIX = "ProfilerStep#"
+WHOLE_RANK = "(no ProfilerStep: whole rank)"
 
 
 def _origin(replay: Replay) -> int:
@@ -81,25 +82,36 @@ def node_records(replay: Replay, details: Sequence[dict[int, NodeDetail]] | None
 
 def step_records(replay: Replay, details: Sequence[dict[int, NodeDetail]]) -> list[dict[str, Any]]:
     """One row per `ProfilerStep#N` op of every rank: the op's whole span (its parts and the ops it holds on its
-    thread, as the timeline draws it), measured and simulated. Empty when the traces have no profiler steps."""
+    thread, as the timeline draws it), measured and simulated. A rank without such ops gets one row, step
+    WHOLE_RANK, spanning all of its nodes."""
     origin = _origin(replay)
     rows = []
     for ri, rg in enumerate(replay.ranks):
         measured, simulated = op_spans(replay, ri, details[ri], origin)
-        for op, nd in enumerate(rg.nodes):
-            if not nd.name.startswith(STEP_PREFIX) or (op not in measured and op not in simulated):
-                continue
-            m, s = measured.get(op), simulated.get(op)
-            row: dict[str, Any] = {"rank": rg.rank, "step": nd.name, "id": nd.id,
-                                   "measured_start_us": _us(m[0] - origin) if m else None,
-                                   "measured_duration_us": _us(m[1] - m[0]) if m else None,
-                                   "simulated_start_us": _us(s[0] - origin) if s else None,
-                                   "simulated_duration_us": _us(s[1] - s[0]) if s else None,
-                                   "duration_error_pct": None}
-            if m and s and m[1] > m[0]:
-                row["duration_error_pct"] = round(100.0 * ((s[1] - s[0]) - (m[1] - m[0])) / (m[1] - m[0]), 3)
-            rows.append(row)
+        steps = [op for op, nd in enumerate(rg.nodes)
+                 if nd.name.startswith(STEP_PREFIX) and (op in measured or op in simulated)]
+        for op in steps:
+            rows.append(_step_row(rg.rank, rg.nodes[op].name, rg.nodes[op].id, measured.get(op), simulated.get(op),
+                                  origin))
+        if not steps:  # e.g. a host ET recorded outside the profiler's steps: the rank as a whole, said so
+            m_all, s_all = list(measured.values()), list(simulated.values())
+            m = (min(a for a, _ in m_all), max(b for _, b in m_all)) if m_all else None
+            s = (min(a for a, _ in s_all), max(b for _, b in s_all)) if s_all else None
+            rows.append(_step_row(rg.rank, WHOLE_RANK, None, m, s, origin))
     return rows
+
+
+def _step_row(rank: int, step: str, node_id: int | None, m: tuple[float, float] | None,
+              s: tuple[float, float] | None, origin: int) -> dict[str, Any]:
+    row: dict[str, Any] = {"rank": rank, "step": step, "id": node_id,
+                           "measured_start_us": _us(m[0] - origin) if m else None,
+                           "measured_duration_us": _us(m[1] - m[0]) if m else None,
+                           "simulated_start_us": _us(s[0] - origin) if s else None,
+                           "simulated_duration_us": _us(s[1] - s[0]) if s else None,
+                           "duration_error_pct": None}
+    if m and s and m[1] > m[0]:
+        row["duration_error_pct"] = round(100.0 * ((s[1] - s[0]) - (m[1] - m[0])) / (m[1] - m[0]), 3)
+    return row
 
 
 def _us(value: float) -> int | float:
