@@ -77,7 +77,7 @@ def load_details(replay: Replay) -> list[dict[int, NodeDetail]]:
 @dataclass(slots=True)
 class _Slice:
     op: int  # node index of the op's first node
-    parts: list[int]  # node indices merged into it (the op's node first)
+    parts: list[int]  # node indices merged into it (the op's own node among them when it has a time here)
     track: str
     start: float
     end: float
@@ -183,8 +183,9 @@ def timeline_events(replay: Replay, details: Sequence[dict[int, NodeDetail]] | N
                     if d.deps:
                         args["evidence"] = [f"{dep} {d.evidence[k] if k < len(d.evidence) else 'unknown'}"
                                             for k, dep in enumerate(d.deps)]
-                if len(s.parts) > 1:
-                    args["parts"] = [rg.nodes[p].id for p in s.parts[1:]]
+                merged = [rg.nodes[p].id for p in s.parts if p != s.op]
+                if merged:
+                    args["parts"] = merged
                 if label == "simulated":
                     if start[s.op] > issue[s.op]:
                         args["wait_us"] = start[s.op] - issue[s.op]
