@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -66,8 +67,14 @@ def build_nodes(g: Graph, deps: Dependencies) -> Iterator[pb.Node]:
             node.outputs.CopyFrom(_io(it.host.outputs))
         node.attr.extend(_attrs(it))
         if preds:  # why each data_dep is there: its evidence source, in data_deps order (docs/OUTPUT.md)
-            node.attr.append(_attr(DEP_EVIDENCE, string_list=pb.StringList(values=[e.source for e in preds])))
+            node.attr.append(_evidence_attr(tuple(e.source for e in preds)))
         yield node
+
+
+@functools.lru_cache(maxsize=4096)
+def _evidence_attr(sources: tuple[str, ...]) -> pb.AttributeProto:
+    # few distinct combinations occur: build each once (append copies it into the node)
+    return _attr(DEP_EVIDENCE, string_list=pb.StringList(values=sources))
 
 
 def _attrs(it: Item) -> list[pb.AttributeProto]:
