@@ -113,3 +113,18 @@ def test_critical_path_marked_with_flows(traces: Path, tmp_path: Path, capsys: p
     assert any(len(set(p)) == 2 for p in by_id.values())
     processes = {e["args"]["name"] for e in events if e["name"] == "process_name"}
     assert processes == {"measured rank 0", "simulated rank 0", "measured rank 1", "simulated rank 1"}
+
+
+def test_dep_evidence_names_every_data_dep(traces: Path, tmp_path: Path) -> None:
+    """attr dep_evidence holds one evidence source per data_dep, also after convert-run adds rank start offsets."""
+    out = tmp_path / "run"
+    assert main(["convert-run", str(traces / "gpu/dlrm-8rank"), "-o", str(out), "--jobs", "1", "--quiet"]) == 0
+    from etweave.chakra.io import read_et
+
+    seen: set[str] = set()
+    for path in sorted(out.glob("*.et")):
+        for node in read_et(path)[1]:
+            evidence = node_attrs(node).get("dep_evidence") or []
+            assert len(evidence) == len(node.data_deps), (path.name, node.id, node.name)
+            seen.update(evidence)
+    assert {"thread_order", "launch", "stream_order", "rank_start_offset"} <= seen

@@ -377,6 +377,7 @@ def _align_rank_starts(ranks: dict[int, tuple[pb.GlobalMetadata, list[pb.Node]]]
                         data_deps=sorted(roots), start_time_micros=run_t0, duration_micros=offset)
         delay.attr.add(name="kind", string_val="delay")
         delay.attr.add(name="is_cpu_op", bool_val=True)
+        delay.attr.add(name=DEP_EVIDENCE).string_list.values.extend(["rank_start_offset"] * len(delay.data_deps))
         for n in nodes:
             if (n.type != pb.METADATA_NODE and set(n.data_deps) <= roots and not n.ctrl_deps) or (
                     n.type == pb.METADATA_NODE and n.id not in roots and set(n.data_deps) <= roots):
