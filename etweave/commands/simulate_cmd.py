@@ -37,7 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--comm-group", type=Path, metavar="FILE",
                    help=f"process-group map (default: {COMM_GROUP_FILE} beside the traces)")
     p.add_argument("--timeline", type=Path, metavar="OUT.json",
-                   help="write a Chrome/Perfetto trace with the measured and simulated timelines")
+                   help="write a Chrome/Perfetto trace with the measured and simulated timelines: a track per thread "
+                        "and stream, one slice per op nested as the call stack, the critical path marked and "
+                        "drawn as flow arrows (docs/OUTPUT.md)")
     p.add_argument("--plot", type=Path, metavar="OUT.png",
                    help="write a PNG of measured vs simulated per resource (needs matplotlib)")
     p.add_argument("--csv", type=Path, metavar="OUT.csv",
