@@ -45,6 +45,13 @@ class Result:
             self._nodes = list(self.checked_nodes())
         return self._nodes
 
+    def __repr__(self) -> str:  # the default would print every node and the whole report
+        r = self.report
+        counts = ", ".join(f"{k} {r[k]['output']}/{r[k]['input']}" for k in
+                           ("host_ops", "cpu_ops", "device_ops", "runtime_calls", "collectives") if k in r)
+        return (f"Result(rank {r.get('rank')}: {r.get('nodes')} nodes, {r.get('edges', {}).get('total')} edges, "
+                f"{counts} (output/input), linked by {r.get('link', {}).get('method')})")
+
     def checked_nodes(self) -> Iterator[pb.Node]:
         """The nodes one at a time; after the last, the whole graph is checked. A violation is an etweave bug:
         raising there leaves no output, since the writer renames its temporary file only once this ends."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +14,8 @@ from etweave.model import GPU_KINDS, HOST_OP, PROCESS_ROOT, RUNTIME, THREAD_ROOT
 from etweave.read.host_et import IO, PG_INIT_NAME
 from etweave.read.kineto import as_int
 from etweave.roofline import Roofline
+
+DEP_EVIDENCE = "dep_evidence"
 
 
 def _attr(name: str, **value: Any) -> pb.AttributeProto:
@@ -62,11 +65,12 @@ def build_nodes(g: Graph, deps: Dependencies) -> Iterator[pb.Node]:
     roofline: Roofline | None = g.extra.get("roofline")
     work = roofline.values if roofline is not None else {}
     for it in g.items:
+        preds = deps.preds.get(it.id, ())
         node = pb.Node(
             id=it.id,
             name=it.name,
             type=node_type(it),
-            data_deps=[e.src for e in deps.preds.get(it.id, ())],
+            data_deps=[e.src for e in preds],
             start_time_micros=max(0, round(it.start)) if it.measured or it.start > 0 else 0,
             duration_micros=duration(it),
         )
@@ -83,7 +87,15 @@ def build_nodes(g: Graph, deps: Dependencies) -> Iterator[pb.Node]:
             num_ops, tensor_size = work.get(it.id, (0, 0))
             node.attr.append(_attr("num_ops", int64_val=num_ops))
             node.attr.append(_attr("tensor_size", uint64_val=tensor_size))
+        if preds:  # why each data_dep is there: its evidence source, in data_deps order (docs/OUTPUT.md)
+            node.attr.append(_evidence_attr(tuple(e.source for e in preds)))
         yield node
+
+
+@functools.lru_cache(maxsize=4096)
+def _evidence_attr(sources: tuple[str, ...]) -> pb.AttributeProto:
+    # few distinct combinations occur: build each once (append copies it into the node)
+    return _attr(DEP_EVIDENCE, string_list=pb.StringList(values=sources))
 
 
 def _attrs(it: Item) -> list[pb.AttributeProto]:

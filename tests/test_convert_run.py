@@ -361,7 +361,8 @@ def test_example_command_converts_the_bundled_run(tmp_path: Path, capsys: pytest
     from etweave.cli import main
     assert main(["example", "-o", str(tmp_path / "ex")]) == 0
     out = capsys.readouterr().out
-    assert out.count("host_ops") == 2 and "warnings: none" in out and "consistent" in out
+    assert out.count("  host_ops ") == 2 and "warnings: none" in out and "consistent" in out
+    assert "linked by rf_id:" in out and "cpu_ops:" in out  # the words of the summary, explained
     assert sorted(p.name for p in (tmp_path / "ex").iterdir()) == ["comm_group.json", "report.json", "trace.0.et",
                                                                     "trace.1.et"]
     assert main(["check", str(tmp_path / "ex")]) == 0

@@ -16,12 +16,12 @@ from pathlib import Path
 import orjson
 
 from etweave.chakra import et_def_pb2 as pb
-from etweave.chakra.io import attr_value, et_files, read_et
+from etweave.chakra.io import GZIP_MAGIC, attr_value, et_files, read_et
 from etweave.check import COMM_NODE_TYPES, Violation, check_metadata, check_nodes, check_run
 from etweave.errors import BadInput
 
 EXIT_OK, EXIT_CHECK = 0, 3
-_RANK_NAME = re.compile(r"^.+\.(\d+)\.et$")  # <prefix>.<rank>.et
+_RANK_NAME = re.compile(r"^.+\.(\d+)\.et(?:\.gz)?$")  # <prefix>.<rank>.et, also gzipped
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -33,7 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                                    "listed with counts and do not fail. Exit 0 clean, 3 on violations, 2 on bad "
                                    "input.")
     p.add_argument("paths", type=Path, nargs="+", metavar="OUT_DIR_or_FILE",
-                   help="a folder (every *.et in it, plus its comm_group.json) or .et files named <prefix>.<rank>.et")
+                   help="a folder (every *.et and *.et.gz in it, plus its comm_group.json) or .et files named "
+                        "<prefix>.<rank>.et (a gzipped .et is read, with a warning: ASTRA-sim reads no gzip)")
     p.add_argument("--comm-group", type=Path, metavar="FILE",
                    help="the comm-group JSON map (overrides a comm_group.json found in the folder)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
@@ -94,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
     rank_files: dict[int, Path] = {}
     total_nodes = 0
     for path in files:
+        _warn_if_gzip(path)
         metadata, nodes = read_et(path)
         rank = _rank_of(path, metadata, len(files) == 1)
         if rank in rank_files:
@@ -148,6 +150,18 @@ def run(args: argparse.Namespace) -> int:
                                                   and count > limit else ""))
         print(_summary(len(files), total_nodes, counts, len(notes), sum(warning_counts.values())))
     return EXIT_CHECK if violations else EXIT_OK
+
+
+def _warn_if_gzip(path: Path) -> None:
+    """etweave and Chakra's tools read gzip, ASTRA-sim's feeder does not: say so, but check the content."""
+    try:
+        with open(path, "rb") as f:
+            gz = f.read(2) == GZIP_MAGIC
+    except OSError:
+        return  # read_et says why, as bad input
+    if gz:
+        print(f"etweave: warning: {path} is gzip-compressed: ASTRA-sim's feeder reads no gzip, gunzip it "
+              "before simulating with ASTRA-sim", file=sys.stderr)
 
 
 def _capped(violations: list[Violation], limit: int | None) -> list[Violation]:

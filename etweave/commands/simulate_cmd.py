@@ -54,13 +54,21 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                        epilog=RULES + "\n\n" + simulate_astra.HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("traces", type=Path, nargs="+", metavar="TRACE.et",
-                   help="one .et file per rank (or a folder: every *.et in it)")
+                   help="one .et (or .et.gz) file per rank, or a folder: every *.et and *.et.gz in it")
     p.add_argument("--comm-group", type=Path, metavar="FILE",
                    help=f"process-group map (default: {COMM_GROUP_FILE} beside the traces)")
     p.add_argument("--timeline", type=Path, metavar="OUT.json",
-                   help="write a Chrome/Perfetto trace with the measured and simulated timelines")
+                   help="write a Chrome/Perfetto trace with the measured and simulated timelines: a track per thread "
+                        "and stream, one slice per op nested as the call stack, the critical path marked and "
+                        "drawn as flow arrows (docs/OUTPUT.md)")
     p.add_argument("--plot", type=Path, metavar="OUT.png",
                    help="write a PNG of measured vs simulated per resource (needs matplotlib)")
+    p.add_argument("--csv", type=Path, metavar="OUT.csv",
+                   help="write one row per node: measured and simulated times, start error, critical-path order "
+                        "and contribution (the whole path)")
+    p.add_argument("--steps-csv", type=Path, metavar="OUT.csv",
+                   help="write one row per rank and ProfilerStep#N: measured and simulated span (a rank without "
+                        "profiler steps: one row for the whole rank)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     simulate_astra.add_arguments(p)
     what_if = p.add_argument_group("what-if edits (see below)")
@@ -123,11 +131,25 @@ def run(args: argparse.Namespace) -> int:
     summary["step_times"] = step_times(result)
     if applied:
         summary["whatif"] = describe(applied)
+    details = None
+    if args.timeline is not None or args.csv is not None or args.steps_csv is not None:
+        from etweave.simulate.timeline import load_details
+
+        details = load_details(result)  # kind, parts, call stack, evidence: read again from the files
     if args.timeline is not None:
         from etweave.simulate.timeline import write_timeline
 
-        write_timeline(args.timeline, result)
+        write_timeline(args.timeline, result, details)
         summary["timeline"] = str(args.timeline)
+    if args.csv is not None or args.steps_csv is not None:
+        from etweave.simulate import tables
+
+        if args.csv is not None:
+            tables.write_csv(args.csv, tables.node_records(result, details), tables.NODE_COLUMNS)
+            summary["csv"] = str(args.csv)
+        if args.steps_csv is not None:
+            tables.write_csv(args.steps_csv, tables.step_records(result, details or []), tables.STEP_COLUMNS)
+            summary["steps_csv"] = str(args.steps_csv)
     if args.plot is not None:
         from etweave.simulate.plot import write_plot
 
@@ -142,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
             text += "".join(f"\n  {e['edit']}: {e['ops']} op(s), {e['nodes']} node(s), {e['before_us']} -> "
                             f"{e['after_us']} us ({e['added_us']:+d} us)" for e in summary["whatif"])
         text += "\n" + "\n".join(format_steps(summary["step_times"]))
-        for key in ("timeline", "plot"):
+        for key in ("timeline", "plot", "csv", "steps_csv"):
             if key in summary:
                 text += f"\nwrote {key} {summary[key]}"
         print(text)

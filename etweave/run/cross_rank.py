@@ -16,7 +16,7 @@ from etweave.collectives import classify
 from etweave.convert import assign_group_ids
 from etweave.errors import BadInput, CheckFailed
 from etweave.model import PROCESS_ROOT, THREAD_ROOT
-from etweave.nodes import PG_INIT_KIND
+from etweave.nodes import DEP_EVIDENCE, PG_INIT_KIND
 from etweave.run.discover import Discovery
 
 # Kinds whose members must all pass the same byte count (all_to_all(v), gather and scatter legitimately differ).
@@ -51,6 +51,12 @@ class RunResult:
     report: dict[str, Any]
     consistent: bool
     messages: list[str]  # divergences and failing checks, one line each (what the CLI prints on failure)
+
+    def __repr__(self) -> str:  # the default would print every node of every rank
+        nodes = sum(len(n) for _, n in self.ranks.values())
+        state = "consistent" if self.consistent else "NOT consistent"
+        return (f"RunResult({len(self.ranks)} rank(s) {sorted(self.ranks)}, {nodes} nodes, "
+                f"{len(self.comm_group)} listed process group(s), {state})")
 
 
 def _range_text(ranks: Iterable[int]) -> str:
@@ -374,13 +380,24 @@ def _align_rank_starts(ranks: dict[int, tuple[pb.GlobalMetadata, list[pb.Node]]]
         delay.attr.add(name="is_cpu_op", bool_val=True)
         delay.attr.add(name="num_ops", int64_val=0)  # every COMP_NODE has both (FORMATS.md 3b.3)
         delay.attr.add(name="tensor_size", uint64_val=0)
+        delay.attr.add(name=DEP_EVIDENCE).string_list.values.extend(["rank_start_offset"] * len(delay.data_deps))
         for n in nodes:
-            if n.id not in markers and set(n.data_deps) <= roots and not n.ctrl_deps:
+            # sources of the rank, and its thread roots (everything on a thread follows its root)
+            if (n.id not in markers and set(n.data_deps) <= roots and not n.ctrl_deps) or (
+                    n.id in markers and n.id not in roots and set(n.data_deps) <= roots):
                 n.data_deps.append(delay.id)
-            elif n.id in markers and n.id not in roots and set(n.data_deps) <= roots:
-                n.data_deps.append(delay.id)  # thread roots: everything on the thread follows them
+                _add_evidence(n, "rank_start_offset")
         nodes.append(delay)
     return offsets
+
+
+def _add_evidence(node: pb.Node, source: str) -> None:
+    """Keep attr dep_evidence aligned with data_deps after appending one."""
+    for a in node.attr:
+        if a.name == DEP_EVIDENCE:
+            a.string_list.values.append(source)
+            return
+    node.attr.add(name=DEP_EVIDENCE).string_list.values.extend(["unknown"] * (len(node.data_deps) - 1) + [source])
 
 
 def _as_dict(v: Violation) -> dict[str, Any]:

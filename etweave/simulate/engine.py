@@ -99,6 +99,11 @@ class Replay:
     stuck: list[Stuck] = field(default_factory=list)  # at most MAX_STUCK, root causes first
     notes: list[str] = field(default_factory=list)
 
+    def __repr__(self) -> str:  # the default would print every node's times
+        stuck = f", {self.stuck_count} stuck" if self.stuck_count else ""
+        return (f"Replay({len(self.ranks)} rank(s), {sum(len(rg.nodes) for rg in self.ranks)} nodes, makespan "
+                f"{self.makespan} us, critical path {len(self.critical_path)} nodes{stuck})")
+
 
 class GraphError(ValueError):
     """The graphs (or the group map) are inconsistent; `rank_index` names the offending rank, if one."""

@@ -13,7 +13,7 @@ from etweave.errors import BadInput
 from etweave.simulate.engine import RankGraph, SimNode
 
 COMM_GROUP_FILE = "comm_group.json"
-_RANK_IN_NAME = re.compile(r"\.(\d+)\.et$")
+_RANK_IN_NAME = re.compile(r"\.(\d+)\.et(?:\.gz)?$")
 _COMM_TYPES = (pb.COMM_COLL_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE)
 _WANTED = frozenset({"device", "stream", "tid", "pg_name", "comm_src", "comm_dst", "comm_tag",
                      "transfer_duration_micros", "measured_duration_micros", "kind", "part_of"})
