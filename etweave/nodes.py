@@ -37,6 +37,14 @@ def _tid(tid: int | str | None) -> int:
 
 # The `kind` attr of the `## process_group:init ##` node: its item is a host op, but it stands for no work.
 PG_INIT_KIND = "process_group_init"
+# The `kind` attr values of nodes that stand for no work: zero-length COMP_NODEs (METADATA_NODE in older outputs).
+MARKER_KINDS = frozenset({PROCESS_ROOT, THREAD_ROOT, PG_INIT_KIND})
+
+
+def is_marker_node(node_type: int, kind: str) -> bool:
+    """A written node that stands for no work, by its type and `kind` attr: replays give it no time, what-if
+    edits and timelines leave it out."""
+    return node_type == pb.METADATA_NODE or kind in MARKER_KINDS
 
 
 def is_marker(it: Item) -> bool:

@@ -20,6 +20,7 @@ import pytest
 from etweave.chakra import et_def_pb2 as pb
 from etweave.cli import main as etweave_main
 from etweave.errors import BadInput
+from etweave.nodes import is_marker_node
 from etweave.run import convert_run
 from etweave.simulate.engine import RankGraph, replay
 from etweave.simulate.load import load_comm_group, load_rank
@@ -93,9 +94,9 @@ def test_kind_selects_by_class_and_never_delays(ddp: Path) -> None:
 def test_metadata_nodes_are_never_edited(ddp: Path) -> None:
     ranks = load(ddp)
     [res] = apply(ranks, [parse_edit("set-duration", "name=*:5")])
-    metadata = [nd for rg in ranks for nd in rg.nodes if nd.type == pb.METADATA_NODE]
+    metadata = [nd for rg in ranks for nd in rg.nodes if is_marker_node(nd.type, nd.kind)]
     assert metadata and all(nd.duration == 0 for nd in metadata)
-    assert res.ops == sum(nd.type != pb.METADATA_NODE and nd.kind not in ("self_part", "resume")
+    assert res.ops == sum(not is_marker_node(nd.type, nd.kind) and nd.kind not in ("self_part", "resume")
                           for rg in ranks for nd in rg.nodes)
 
 

@@ -15,8 +15,8 @@ from etweave.check import Violation, check_nodes, check_run, comm_type_name
 from etweave.collectives import classify
 from etweave.convert import assign_group_ids
 from etweave.errors import BadInput, CheckFailed
-from etweave.model import PROCESS_ROOT, THREAD_ROOT
-from etweave.nodes import DEP_EVIDENCE, PG_INIT_KIND
+from etweave.model import PROCESS_ROOT
+from etweave.nodes import DEP_EVIDENCE, MARKER_KINDS
 from etweave.run.discover import Discovery
 
 # Kinds whose members must all pass the same byte count (all_to_all(v), gather and scatter legitimately differ).
@@ -345,7 +345,6 @@ def assemble_run(outputs: Sequence[dict[str, Any]], allow_mismatch: bool = False
     return RunResult(ranks, comm_group, report, consistent, messages)
 
 
-_MARKER_KINDS = frozenset({PROCESS_ROOT, THREAD_ROOT, PG_INIT_KIND})
 
 
 def _kind(node: pb.Node) -> str | None:
@@ -371,7 +370,7 @@ def _align_rank_starts(ranks: dict[int, tuple[pb.GlobalMetadata, list[pb.Node]]]
         if offset <= 0:
             continue
         # Roots are zero-duration COMP_NODEs told apart by their `kind` attr (METADATA_NODE in older outputs)
-        markers = {n.id for n in nodes if n.type == pb.METADATA_NODE or _kind(n) in _MARKER_KINDS}
+        markers = {n.id for n in nodes if n.type == pb.METADATA_NODE or _kind(n) in MARKER_KINDS}
         roots = {n.id for n in nodes if n.id in markers and not n.data_deps and not n.ctrl_deps
                  and _kind(n) == PROCESS_ROOT}
         delay = pb.Node(id=max(n.id for n in nodes) + 1, name="[rank start offset]", type=pb.COMP_NODE,

@@ -26,7 +26,7 @@ import orjson
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import attr_value, iter_et
-from etweave.nodes import DEP_EVIDENCE
+from etweave.nodes import DEP_EVIDENCE, is_marker_node
 from etweave.output import write_atomic
 from etweave.simulate.engine import Replay
 from etweave.simulate.metrics import measured_window
@@ -212,7 +212,8 @@ def _view_times(replay: Replay, ri: int, origin: int) -> tuple[list[tuple[float,
     """Per node of rank index `ri`, its (start, end) measured and simulated (issue to end, in the measured frame);
     None where it has none. Metadata nodes take no time."""
     rg, issue, end = replay.ranks[ri], replay.issue[ri], replay.end[ri]
-    untimed = [nd.type == pb.METADATA_NODE for nd in rg.nodes]
+    # roots and process-group init are zero-length markers (METADATA_NODE in older outputs), not ops to draw
+    untimed = [is_marker_node(nd.type, nd.kind) for nd in rg.nodes]
     measured: list[tuple[float, float] | None] = [
         None if untimed[i] or not nd.measured_start else
         (float(nd.measured_start), float(nd.measured_start + nd.measured_duration)) for i, nd in enumerate(rg.nodes)]

@@ -36,6 +36,7 @@ from fnmatch import fnmatchcase
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.errors import BadInput
+from etweave.nodes import is_marker_node
 from etweave.simulate.engine import RankGraph, SimNode
 from etweave.simulate.steps import PART_KINDS, step_bounds
 
@@ -177,7 +178,7 @@ def select(rank: RankGraph, selector: Selector) -> list[list[int]]:
 
     groups: dict[int, list[int]] = {}
     for i, nd in enumerate(nodes):
-        if nd.type == pb.METADATA_NODE:  # roots take no time in any replay (docs/OUTPUT.md): nothing to edit
+        if is_marker_node(nd.type, nd.kind):  # roots take no time in any replay (docs/OUTPUT.md): nothing to edit
             continue
         o = owner(i)
         if selector.name is not None and not fnmatchcase(nodes[o].name, selector.name):
