@@ -89,3 +89,60 @@ def measure(nodes: Sequence[pb.Node]) -> Fidelity:
             firsts.add(key)
     return Fidelity(span, cp, _pct(gpu_err, 0.5), _pct(gpu_err, 0.95), max(gpu_err, default=0.0),
                     max(comm_err, default=0.0), no_pred)
+
+
+# Node kinds that stand for no measured op: time the graph keeps as a fixed duration because no evidence says
+# what it waited for (`delay`: an idle thread or stream), the measured latency of a thread waking up after what
+# it waited for (`wakeup`), and time a thread spent in code no profiler recorded (`untraced`).
+NO_OP_KINDS = frozenset({"delay", "wakeup", "untraced"})
+RANK_START_OFFSET = "[rank start offset]"  # an initial condition of a whole run, reported beside the share
+
+
+@dataclass(slots=True)
+class DelayShare:
+    critical_path: float  # µs, unlimited resources
+    share: float  # % of the critical path in nodes of NO_OP_KINDS (the rank start offset excluded)
+    rank_start_offset: float  # µs of the critical path in the `[rank start offset]` node
+    by_kind: dict[str, float]  # µs of the critical path per NO_OP kind
+    on_path: list[int]  # ids of the critical path, first to last
+
+
+def critical_path(nodes: Sequence[pb.Node], durations: dict[int, float] | None = None) -> tuple[float, list[int]]:
+    """Length of the longest path with unlimited resources, and its node ids (first to last)."""
+    start = asap(nodes, durations)
+    dur = {n.id: float(n.duration_micros) for n in nodes}
+    if durations:
+        dur.update(durations)
+    if not nodes:
+        return 0.0, []
+    preds = {n.id: set(n.data_deps) | set(n.ctrl_deps) for n in nodes}
+    last = max(nodes, key=lambda n: (start[n.id] + dur[n.id], -n.id)).id
+    path = [last]
+    while True:  # walk back along the predecessor that ended last (it decided the node's start)
+        ps = preds[path[-1]]
+        if not ps:
+            break
+        p = max(ps, key=lambda i: (start[i] + dur[i], -i))
+        path.append(p)
+    path.reverse()
+    return start[last] + dur[last], path
+
+
+def delay_share(nodes: Sequence[pb.Node]) -> DelayShare:
+    """The share of the critical path (unlimited resources) in nodes that stand for no measured op: idle and
+    GPU-idle delays, wake-up latency, untraced work. The rank start offset is an initial condition, kept apart."""
+    cp, path = critical_path(nodes)
+    by_id = {n.id: n for n in nodes}
+    by_kind: dict[str, float] = {}
+    offset = 0.0
+    for i in path:
+        n = by_id[i]
+        if n.name == RANK_START_OFFSET:
+            offset += n.duration_micros
+            continue
+        kind = node_attrs(n).get("kind")
+        if kind in NO_OP_KINDS:
+            by_kind[str(kind)] = by_kind.get(str(kind), 0.0) + n.duration_micros
+    base = cp - offset
+    share = 100.0 * sum(by_kind.values()) / base if base > 0 else 0.0
+    return DelayShare(cp, share, offset, by_kind, path)

@@ -12,13 +12,30 @@ import bisect
 import math
 from collections import defaultdict
 
-from etweave.model import DELAY, GPU_KINDS, HOST_OP, MEMCPY, RESUME, RUNTIME, SELF_PART, THREAD_ROOT, Graph, Item
+from etweave.model import (
+    DELAY,
+    GPU_KINDS,
+    HOST_OP,
+    MEMCPY,
+    RESUME,
+    RUNTIME,
+    SELF_PART,
+    THREAD_ROOT,
+    UNTRACED,
+    WAKEUP,
+    Graph,
+    Item,
+)
 from etweave.read.kineto import Event, as_int
 
 # A waiter resumes within this long after what it waited for ended (µs), as FORMATS.md's traces show.
 TOLERANCE = 5.0
 # Only periods at least this long are examined for a hidden wait on another thread (µs).
 MIN_WAIT = 20.0
+# A thread waiting for work it handed to another thread (a gloo worker, the autograd engine, a helper thread)
+# resumes up to this long after that work ended (µs): 78-283 µs on CPU gloo runs (FORMATS.md, "Waiting on CPU
+# threads"); the bound keeps a period that merely overlapped the other thread's work from being taken as a wait.
+MAX_WAKEUP = 1000.0
 _SYNC_WORDS = ("Synchronize",)
 _COPY_PREFIXES = ("cudaMemcpy", "hipMemcpy", "cuMemcpy")
 
@@ -28,8 +45,11 @@ def resolve_waits(g: Graph) -> None:
     records = _SyncRecords(g)
     _event_waits(g, records)
     _blocking_calls(g, chains, records)
-    _cross_thread_waits(g, chains)
-    _handoffs(g, chains)
+    handed = _handoffs(g, chains, apply=False)  # which thread hands work to which: evidence for the waits below
+    _cross_thread_waits(g, chains, handed)
+    _handoffs(g, chains, apply=True)  # after the waits, so a thread's waiting time is not taken for handing work
+    _await_last_periods(g, chains)
+    _name_untraced(g, chains)
     chains.store()
     _stream_waits(g)
 
@@ -51,11 +71,18 @@ class _Chains:
             s = self._starts[tid] = [self.g.by_id[i].start for i in self.ids[tid]]
         return s
 
+    def reset_starts(self) -> None:
+        """Forget the period starts after periods were moved: rebuilt from the items on next use."""
+        self._starts.clear()
+
     def split(self, it: Item, at: float, kind: str) -> Item:
         """Cut `it`'s period at `at`: `it` keeps [start, at], a new item of `kind` takes [at, end]."""
-        owner = it.part_of if it.part_of is not None else it.id
+        owner: int | None = it.part_of if it.part_of is not None else it.id
         name = self.g.by_id[owner].name if owner in self.g.by_id else it.name
-        tail = Item(id=0, kind=kind, name=f"{name} [{'resumed' if kind == RESUME else 'self'}]", part_of=owner,
+        if it.kind == DELAY:  # an idle period belongs to no op
+            owner, name = None, ""
+        suffix = {RESUME: "[resumed]", WAKEUP: "[wake-up]"}.get(kind, "[self]")
+        tail = Item(id=0, kind=kind, name=f"{name} {suffix}".strip(), part_of=owner,
                     start=at, seg_end=max(at, it.seg_end), measured=True, tid=it.tid)
         tail.dur = tail.excl = tail.seg_end - at
         it.seg_end = max(it.start, min(it.seg_end, at))
@@ -197,49 +224,126 @@ def _blocking_calls(g: Graph, chains: _Chains, records: _SyncRecords) -> None:
         resume.awaits.append((awaited.id, "sync", False))
 
 
-def _cross_thread_waits(g: Graph, chains: _Chains) -> None:
-    """A long period of a host op that ends right after another thread finished a top-level op was waiting for
-    it (e.g. `## backward ##` on the main thread while the autograd thread runs): inferred from timing."""
+def _cross_thread_waits(g: Graph, chains: _Chains, served: dict[int | str, set[int | str]]) -> None:
+    """A long period of a thread (an op's own time, its later self time, or idle) inside which an op of another
+    thread ended was waiting for that op, when either the thread resumed within TOLERANCE of its end (any thread),
+    or the op ran on a thread this one handed work to (`handoff`: the gloo worker running the collective it issued,
+    the autograd engine running its backward, a helper thread it joins) and it resumed within MAX_WAKEUP. Inferred
+    from that structure and the timing. The waiting time becomes the edge; the time from the awaited end to the
+    period's end is a WAKEUP node on the waiting thread, as long as the measured latency."""
     tops = sorted((it for it in g.items if it.kind == HOST_OP and it.measured and it.enclosing is None
-                   and it.tid is not None), key=lambda it: (it.start + it.dur, it.id))
+                   and it.tid is not None and it.dur > 0), key=lambda it: (it.start + it.dur, it.id))
     ends = [it.start + it.dur for it in tops]
-    for it in [x for x in g.items if x.kind in (HOST_OP, SELF_PART) and x.measured and x.comm is None]:
+    periods = [x for x in g.items if x.kind in (HOST_OP, SELF_PART, DELAY) and x.measured and x.comm is None
+               and x.tid is not None and x.stream is None and x.id not in chains.removed]
+    for it in periods:
         if it.seg_end - it.start < MIN_WAIT:
             continue
         x = _latest_before(ends, tops, it.start + TOLERANCE, it.seg_end, lambda o, t=it.tid: o.tid != t)
         if x is None or it.seg_end - (x.start + x.dur) > TOLERANCE:
-            continue
-        resume = chains.split(it, it.start, RESUME)
-        resume.start = min(x.start + x.dur, resume.seg_end)
-        resume.awaits.append((x.id, "thread_wait", True))
+            handed = served.get(it.tid, set())  # type: ignore[arg-type]
+            x = _latest_before(ends, tops, it.start + TOLERANCE, it.seg_end, lambda o, h=handed: o.tid in h)
+            if x is None or it.seg_end - (x.start + x.dur) > MAX_WAKEUP:
+                continue
+        wake = chains.split(it, it.start, WAKEUP)
+        wake.start = min(x.start + x.dur, wake.seg_end)
+        wake.dur = wake.excl = wake.seg_end - wake.start
+        wake.awaits.append((x.id, "thread_wait", True))
+        if it.kind == DELAY:  # the idle period was all waiting: only the wake-up is left of it
+            chains.removed.add(it.id)
+    chains.reset_starts()
 
 
-def _handoffs(g: Graph, chains: _Chains) -> None:
-    """An idle gap on a worker thread ends when another thread hands it work: the gap is an edge from what that
-    thread was doing at that moment (inferred). The main thread's gaps stay delays (Python work, data loading)."""
+def _await_last_periods(g: Graph, chains: _Chains) -> None:
+    """A thread waited for an op of another thread to end: the edge comes from the op's last period on its thread
+    (the op may have been cut into periods after the wait was found)."""
+    chains.reset_starts()
+    for it in g.items:
+        for n, (src, how, inferred) in enumerate(it.awaits):
+            x = g.by_id[src]
+            if how != "thread_wait" or x.tid is None:
+                continue
+            order, end = chains.ids[x.tid], x.start + x.dur
+            k = bisect.bisect_left(chains.starts(x.tid), end) - 1
+            while k >= 0 and order[k] in chains.removed:
+                k -= 1
+            if k >= 0 and order[k] != src and g.by_id[order[k]].start >= x.start:
+                it.awaits[n] = (order[k], how, inferred)
+
+
+def _name_untraced(g: Graph, chains: _Chains) -> None:
+    """Idle time on a thread that no evidence says was waiting is code the profiler did not record (Python between
+    ops, data loading): it stays a fixed duration, named for what it is."""
+    for order in chains.ids.values():
+        for i in order:
+            it = g.by_id[i]
+            if it.kind == DELAY and i not in chains.removed:
+                it.kind, it.name = UNTRACED, "[untraced]"
+
+
+def _handoffs(g: Graph, chains: _Chains, apply: bool) -> dict[int | str, set[int | str]]:
+    """An idle gap on a worker thread ends when another thread hands it work (inferred). If that thread was running
+    an op at that moment, the op is cut there and the gap becomes an edge from its first part; if it had just
+    entered a wait (a zero-length blocking node while the gap was open, e.g. `backward()` handing the engine its
+    first task), the gap becomes a WAKEUP node from that moment, after an edge from it. The main thread's gaps are
+    not handoffs (Python work, data loading). Returns thread -> the threads it handed work to; with `apply` False
+    only that is computed, nothing is changed."""
+    handed: dict[int | str, set[int | str]] = defaultdict(set)
     firsts = {tid: next((g.by_id[i].start for i in order if g.by_id[i].kind not in (THREAD_ROOT, DELAY)), None)
               for tid, order in chains.ids.items()}
     timed = {t: s for t, s in firsts.items() if s is not None}
     if len(timed) < 2:
-        return
+        return handed
     main = min(timed, key=lambda t: (timed[t], -len(chains.ids[t]), str(t)))
     for tid, order in sorted(chains.ids.items(), key=lambda kv: str(kv[0])):
         if tid == main:
             continue
         for pos, i in enumerate(list(order)):
             gap = g.by_id[i]
-            if gap.kind != DELAY or pos + 1 >= len(order):
+            if gap.kind != DELAY or pos + 1 >= len(order) or i in chains.removed:
                 continue
             nxt = g.by_id[order[pos + 1]]
-            src = _executing(g, chains, main, nxt.start) or next(
+            found = _handing(g, chains, main, gap, nxt.start) or next(
                 (s for t in sorted(chains.ids, key=str) if t not in (tid, main)
-                 for s in [_executing(g, chains, t, nxt.start)] if s is not None), None)
-            if src is None:
+                 for s in [_handing(g, chains, t, gap, nxt.start)] if s is not None), None)
+            if found is None:
                 continue
-            if nxt.start - src.start >= 0.5:
-                chains.split(src, nxt.start, SELF_PART if src.kind != RESUME else RESUME)
-            nxt.awaits.append((src.id, "handoff", True))
-            chains.removed.add(gap.id)
+            src, running = found
+            if src.tid is not None:
+                handed[src.tid].add(tid)
+            if not apply:
+                continue
+            if running:
+                if nxt.start - src.start >= 0.5:
+                    chains.split(src, nxt.start, SELF_PART if src.kind != RESUME else RESUME)
+                nxt.awaits.append((src.id, "handoff", True))
+                chains.removed.add(gap.id)
+            else:  # the worker woke up after the handing thread began to wait: that latency is a wake-up
+                gap.kind, gap.name = WAKEUP, "[wake-up]"
+                gap.start = src.seg_end if src.seg_end > src.start else math.nextafter(src.start, math.inf)
+                gap.dur = gap.excl = gap.seg_end - gap.start
+                gap.awaits.append((src.id, "handoff", True))
+                chains.reset_starts()
+    return handed
+
+
+def _handing(g: Graph, chains: _Chains, tid: int | str, gap: Item, t: float) -> tuple[Item, bool] | None:
+    """The period of thread `tid` that handed work to a thread whose idle `gap` ended at t: the op it was running
+    then (True), or the blocking node it had entered while the gap was open, within MAX_WAKEUP (False)."""
+    running = _executing(g, chains, tid, t)
+    if running is not None:
+        return running, True
+    order = chains.ids[tid]
+    k = bisect.bisect_right(chains.starts(tid), t) - 1
+    while k >= 0 and order[k] in chains.removed:
+        k -= 1
+    if k < 0:
+        return None
+    last = g.by_id[order[k]]
+    if (last.kind in (HOST_OP, RUNTIME, SELF_PART, RESUME) and last.seg_end == last.start
+            and gap.start <= last.start and t - last.start <= MAX_WAKEUP):
+        return last, False
+    return None
 
 
 def _executing(g: Graph, chains: _Chains, tid: int | str, t: float) -> Item | None:
