@@ -45,8 +45,8 @@ def resolve_waits(g: Graph) -> None:
     records = _SyncRecords(g)
     _event_waits(g, records)
     _blocking_calls(g, chains, records)
-    handed = _handoffs(g, chains, apply=False)  # which thread hands work to which: evidence for the waits below
-    _cross_thread_waits(g, chains, handed)
+    handed, moments = _handoffs(g, chains, apply=False)  # who hands work to whom, when: evidence for the waits
+    _cross_thread_waits(g, chains, handed, moments)
     _handoffs(g, chains, apply=True)  # after the waits, so a thread's waiting time is not taken for handing work
     _await_last_periods(g, chains)
     _name_untraced(g, chains)
@@ -224,13 +224,15 @@ def _blocking_calls(g: Graph, chains: _Chains, records: _SyncRecords) -> None:
         resume.awaits.append((awaited.id, "sync", False))
 
 
-def _cross_thread_waits(g: Graph, chains: _Chains, served: dict[int | str, set[int | str]]) -> None:
+def _cross_thread_waits(g: Graph, chains: _Chains, served: dict[int | str, set[int | str]],
+                        moments: dict[int | str, list[float]]) -> None:
     """A long period of a thread (an op's own time, its later self time, or idle) inside which an op of another
     thread ended was waiting for that op, when either the thread resumed within TOLERANCE of its end (any thread),
     or the op ran on a thread this one handed work to (`handoff`: the gloo worker running the collective it issued,
     the autograd engine running its backward, a helper thread it joins) and it resumed within MAX_WAKEUP. Inferred
     from that structure and the timing. The waiting time becomes the edge; the time from the awaited end to the
-    period's end is a WAKEUP node on the waiting thread, as long as the measured latency."""
+    period's end is a WAKEUP node on the waiting thread, as long as the measured latency. A period in which the
+    thread also handed work over (the collective it then waited for) runs until the first such moment."""
     tops = sorted((it for it in g.items if it.kind == HOST_OP and it.measured and it.enclosing is None
                    and it.tid is not None and it.dur > 0), key=lambda it: (it.start + it.dur, it.id))
     ends = [it.start + it.dur for it in tops]
@@ -245,11 +247,15 @@ def _cross_thread_waits(g: Graph, chains: _Chains, served: dict[int | str, set[i
             x = _latest_before(ends, tops, it.start + TOLERANCE, it.seg_end, lambda o, h=handed: o.tid in h)
             if x is None or it.seg_end - (x.start + x.dur) > MAX_WAKEUP:
                 continue
-        wake = chains.split(it, it.start, WAKEUP)
-        wake.start = min(x.start + x.dur, wake.seg_end)
+        x_end = x.start + x.dur
+        times = moments.get(it.tid, [])  # type: ignore[call-overload]
+        k = bisect.bisect_right(times, it.start)
+        wait_from = times[k] if k < len(times) and times[k] < x_end else it.start
+        wake = chains.split(it, wait_from, WAKEUP)
+        wake.start = min(x_end, wake.seg_end)
         wake.dur = wake.excl = wake.seg_end - wake.start
         wake.awaits.append((x.id, "thread_wait", True))
-        if it.kind == DELAY:  # the idle period was all waiting: only the wake-up is left of it
+        if it.kind == DELAY and wait_from == it.start:  # the idle period was all waiting: only its wake-up is left
             chains.removed.add(it.id)
     chains.reset_starts()
 
@@ -281,19 +287,21 @@ def _name_untraced(g: Graph, chains: _Chains) -> None:
                 it.kind, it.name = UNTRACED, "[untraced]"
 
 
-def _handoffs(g: Graph, chains: _Chains, apply: bool) -> dict[int | str, set[int | str]]:
+def _handoffs(g: Graph, chains: _Chains, apply: bool) -> tuple[dict[int | str, set[int | str]],
+                                                                dict[int | str, list[float]]]:
     """An idle gap on a worker thread ends when another thread hands it work (inferred). If that thread was running
     an op at that moment, the op is cut there and the gap becomes an edge from its first part; if it had just
     entered a wait (a zero-length blocking node while the gap was open, e.g. `backward()` handing the engine its
     first task), the gap becomes a WAKEUP node from that moment, after an edge from it. The main thread's gaps are
-    not handoffs (Python work, data loading). Returns thread -> the threads it handed work to; with `apply` False
-    only that is computed, nothing is changed."""
+    not handoffs (Python work, data loading). Returns thread -> the threads it handed work to, and thread -> the
+    moments it did (sorted); with `apply` False only those are computed, nothing is changed."""
     handed: dict[int | str, set[int | str]] = defaultdict(set)
+    moments: dict[int | str, list[float]] = defaultdict(list)
     firsts = {tid: next((g.by_id[i].start for i in order if g.by_id[i].kind not in (THREAD_ROOT, DELAY)), None)
               for tid, order in chains.ids.items()}
     timed = {t: s for t, s in firsts.items() if s is not None}
     if len(timed) < 2:
-        return handed
+        return handed, moments
     main = min(timed, key=lambda t: (timed[t], -len(chains.ids[t]), str(t)))
     for tid, order in sorted(chains.ids.items(), key=lambda kv: str(kv[0])):
         if tid == main:
@@ -311,10 +319,11 @@ def _handoffs(g: Graph, chains: _Chains, apply: bool) -> dict[int | str, set[int
             src, running = found
             if src.tid is not None:
                 handed[src.tid].add(tid)
+                moments[src.tid].append(nxt.start)
             if not apply:
                 continue
             if running:
-                if nxt.start - src.start >= 0.5:
+                if src.seg_end - nxt.start >= 0.5 and nxt.start - src.start >= 0.5:
                     chains.split(src, nxt.start, SELF_PART if src.kind != RESUME else RESUME)
                 nxt.awaits.append((src.id, "handoff", True))
                 chains.removed.add(gap.id)
@@ -324,7 +333,9 @@ def _handoffs(g: Graph, chains: _Chains, apply: bool) -> dict[int | str, set[int
                 gap.dur = gap.excl = gap.seg_end - gap.start
                 gap.awaits.append((src.id, "handoff", True))
                 chains.reset_starts()
-    return handed
+    for times in moments.values():
+        times.sort()
+    return handed, moments
 
 
 def _handing(g: Graph, chains: _Chains, tid: int | str, gap: Item, t: float) -> tuple[Item, bool] | None:
@@ -340,6 +351,8 @@ def _handing(g: Graph, chains: _Chains, tid: int | str, gap: Item, t: float) -> 
     if k < 0:
         return None
     last = g.by_id[order[k]]
+    if last.kind not in (DELAY, THREAD_ROOT) and last.seg_end > last.start and t - last.seg_end < 0.5:
+        return last, True  # it ended as the gap did (a period cut where it handed the work over)
     if (last.kind in (HOST_OP, RUNTIME, SELF_PART, RESUME) and last.seg_end == last.start
             and gap.start <= last.start and t - last.start <= MAX_WAKEUP):
         return last, False
