@@ -351,7 +351,7 @@ def _handing(g: Graph, chains: _Chains, tid: int | str, gap: Item, t: float) -> 
     if k < 0:
         return None
     last = g.by_id[order[k]]
-    if last.kind not in (DELAY, THREAD_ROOT) and last.seg_end > last.start and t - last.seg_end < 0.5:
+    if last.kind != THREAD_ROOT and last.seg_end > last.start and t - last.seg_end < 0.5:
         return last, True  # it ended as the gap did (a period cut where it handed the work over)
     if (last.kind in (HOST_OP, RUNTIME, SELF_PART, RESUME) and last.seg_end == last.start
             and gap.start <= last.start and t - last.start <= MAX_WAKEUP):
@@ -360,13 +360,17 @@ def _handing(g: Graph, chains: _Chains, tid: int | str, gap: Item, t: float) -> 
 
 
 def _executing(g: Graph, chains: _Chains, tid: int | str, t: float) -> Item | None:
-    """The period running on thread `tid` at time t (not an idle gap), if any."""
+    """The period running on thread `tid` at time t, if any: an idle period too, since untraced code (Python
+    calling `backward()` or starting a thread) hands work over as well as a traced op."""
     order = chains.ids[tid]
     starts = chains.starts(tid)  # periods are in start order
     k = bisect.bisect_right(starts, t) - 1
     while k >= 0:
         it = g.by_id[order[k]]
-        if it.kind not in (DELAY, THREAD_ROOT) and it.start <= t < max(it.seg_end, it.start + 1e-9):
+        if order[k] in chains.removed:
+            k -= 1
+            continue
+        if it.kind != THREAD_ROOT and it.start <= t < max(it.seg_end, it.start + 1e-9):
             return it
         if it.seg_end <= t:
             return None
