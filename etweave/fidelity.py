@@ -92,45 +92,80 @@ def measure(nodes: Sequence[pb.Node]) -> Fidelity:
 
 
 # Node kinds that stand for no measured op: time the graph keeps as a fixed duration because no evidence says
-# what it waited for (`delay`: an idle thread or stream), the measured latency of a thread waking up after what
-# it waited for (`wakeup`), and time a thread spent in code no profiler recorded (`untraced`).
+# what it waited for (`delay`: an idle stream, or a thread before anything was handed to it), the measured latency of
+# a thread waking up after what it waited for (`wakeup`), and time a thread spent in code no profiler recorded
+# (`untraced`).
 NO_OP_KINDS = frozenset({"delay", "wakeup", "untraced"})
 RANK_START_OFFSET = "[rank start offset]"  # an initial condition of a whole run, reported beside the share
+
+
+@dataclass(slots=True, frozen=True)
+class PathNode:
+    """What the critical path needs of a node (built from protobuf nodes or from a graph before nodes exist)."""
+
+    id: int
+    name: str
+    kind: str
+    duration: float
+    preds: tuple[int, ...]
 
 
 @dataclass(slots=True)
 class DelayShare:
     critical_path: float  # µs, unlimited resources
-    share: float  # % of the critical path in nodes of NO_OP_KINDS (the rank start offset excluded)
-    rank_start_offset: float  # µs of the critical path in the `[rank start offset]` node
-    by_kind: dict[str, float]  # µs of the critical path per NO_OP kind
+    share: float  # % of the critical path (less the rank start offset) in nodes of NO_OP_KINDS
+    rank_start_offset: float  # µs of the critical path in the `[rank start offset]` node, not in `share`
+    by_kind: dict[str, float]  # µs of the critical path per kind of NO_OP_KINDS
     on_path: list[int]  # ids of the critical path, first to last
 
 
-def critical_path(nodes: Sequence[pb.Node], durations: dict[int, float] | None = None) -> tuple[float, list[int]]:
+def path_nodes(nodes: Sequence[pb.Node]) -> list[PathNode]:
+    out = []
+    for n in nodes:
+        kind = next((a.string_val for a in n.attr if a.name == "kind"), "")
+        out.append(PathNode(n.id, n.name, kind, float(n.duration_micros), tuple({*n.data_deps, *n.ctrl_deps})))
+    return out
+
+
+def critical_path(nodes: Sequence[PathNode], durations: dict[int, float] | None = None) -> tuple[float, list[int]]:
     """Length of the longest path with unlimited resources, and its node ids (first to last)."""
-    start = asap(nodes, durations)
-    dur = {n.id: float(n.duration_micros) for n in nodes}
-    if durations:
-        dur.update(durations)
     if not nodes:
         return 0.0, []
-    preds = {n.id: set(n.data_deps) | set(n.ctrl_deps) for n in nodes}
-    last = max(nodes, key=lambda n: (start[n.id] + dur[n.id], -n.id)).id
+    dur = {n.id: n.duration for n in nodes}
+    if durations:
+        dur.update(durations)
+    succ: dict[int, list[int]] = {}
+    indeg: dict[int, int] = {}
+    for n in nodes:
+        indeg[n.id] = len(n.preds)
+        for p in n.preds:
+            succ.setdefault(p, []).append(n.id)
+    start = dict.fromkeys(indeg, 0.0)
+    decided: dict[int, int] = {}  # node -> the predecessor whose end decided its start
+    ready = [i for i, d in indeg.items() if d == 0]
+    while ready:
+        i = ready.pop()
+        end = start[i] + dur[i]
+        for j in succ.get(i, ()):
+            if end > start[j] or j not in decided:
+                start[j] = max(start[j], end)
+                if start[j] == end:
+                    decided[j] = i
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                ready.append(j)
+    last = max(indeg, key=lambda i: (start[i] + dur[i], -i))
     path = [last]
-    while True:  # walk back along the predecessor that ended last (it decided the node's start)
-        ps = preds[path[-1]]
-        if not ps:
-            break
-        p = max(ps, key=lambda i: (start[i] + dur[i], -i))
-        path.append(p)
+    while path[-1] in decided:
+        path.append(decided[path[-1]])
     path.reverse()
     return start[last] + dur[last], path
 
 
-def delay_share(nodes: Sequence[pb.Node]) -> DelayShare:
+def delay_share(nodes: Sequence[PathNode]) -> DelayShare:
     """The share of the critical path (unlimited resources) in nodes that stand for no measured op: idle and
-    GPU-idle delays, wake-up latency, untraced work. The rank start offset is an initial condition, kept apart."""
+    GPU-idle delays, wake-up latency, untraced work. The rank start offset is an initial condition, kept apart.
+    The report (etweave.report) and bench/replay.py both use this one function."""
     cp, path = critical_path(nodes)
     by_id = {n.id: n for n in nodes}
     by_kind: dict[str, float] = {}
@@ -138,11 +173,9 @@ def delay_share(nodes: Sequence[pb.Node]) -> DelayShare:
     for i in path:
         n = by_id[i]
         if n.name == RANK_START_OFFSET:
-            offset += n.duration_micros
-            continue
-        kind = node_attrs(n).get("kind")
-        if kind in NO_OP_KINDS:
-            by_kind[str(kind)] = by_kind.get(str(kind), 0.0) + n.duration_micros
+            offset += n.duration
+        elif n.kind in NO_OP_KINDS:
+            by_kind[n.kind] = by_kind.get(n.kind, 0.0) + n.duration
     base = cp - offset
     share = 100.0 * sum(by_kind.values()) / base if base > 0 else 0.0
-    return DelayShare(cp, share, offset, by_kind, path)
+    return DelayShare(cp, share, offset, dict(sorted(by_kind.items())), path)

@@ -44,6 +44,7 @@ def resolve_waits(g: Graph) -> None:
     chains = _Chains(g)
     records = _SyncRecords(g)
     _event_waits(g, records)
+    _unrecorded_event_waits(g, records)
     _blocking_calls(g, chains, records)
     handed, moments = _handoffs(g, chains, apply=False)  # who hands work to whom, when: evidence for the waits
     _cross_thread_waits(g, chains, handed, moments)
@@ -185,6 +186,40 @@ def _event_waits(g: Graph, records: _SyncRecords) -> None:
         waiter = records.first_launched_after(as_int(ev.args.device, 0) or 0, stream, call.start)
         if waiter is not None and waiter is not awaited and awaited.start <= waiter.start:
             waiter.awaits.append((awaited.id, "event_wait", False))
+
+
+def _unrecorded_event_waits(g: Graph, records: _SyncRecords) -> None:
+    """cudaStreamWaitEvent with no `Stream Wait Event` record (most traces): the stream of the next GPU op the
+    calling thread launches waits for the event, which was recorded after the last op enqueued on another stream
+    before the call (`work.wait()` after a NCCL collective: the compute stream waits for the collective's kernel;
+    before one: the NCCL stream waits for its input). Inferred, and kept only where the timeline agrees (the awaited
+    op ended before the waiting op started)."""
+    calls = sorted((it for it in g.items if it.kind == RUNTIME and it.name.endswith("StreamWaitEvent")
+                    and records.of(it) is None), key=lambda it: (it.start, it.id))
+    if not calls:
+        return
+    launches: dict[int | str, list[tuple[float, Item]]] = defaultdict(list)  # thread -> (launch time, GPU op)
+    for it in g.items:
+        if it.kind in GPU_KINDS and it.launcher is not None:
+            call = g.by_id[it.launcher]
+            if call.tid is not None:
+                launches[call.tid].append((call.start, it))
+    for seq in launches.values():
+        seq.sort(key=lambda p: (p[0], p[1].id))
+    done: set[tuple[int, int]] = set()
+    for call in calls:
+        seq = launches.get(call.tid, [])  # type: ignore[call-overload]
+        k = bisect.bisect_right([t for t, _ in seq], call.start)
+        if k >= len(seq):
+            continue
+        waiter = seq[k][1]
+        awaited = next((op for _, op in reversed(seq[:k]) if op.stream != waiter.stream
+                        and op.device == waiter.device), None)
+        if awaited is None or (awaited.id, waiter.id) in done:
+            continue
+        if awaited.start + awaited.dur <= waiter.start + TOLERANCE and awaited.start < waiter.start:
+            waiter.awaits.append((awaited.id, "event_wait", True))
+            done.add((awaited.id, waiter.id))
 
 
 def _blocking_calls(g: Graph, chains: _Chains, records: _SyncRecords) -> None:
@@ -430,3 +465,27 @@ def _stream_waits(g: Graph) -> None:
             new_order.append(i)
             prev = it
         g.streams[key] = new_order
+
+
+def no_wait_evidence(g: Graph, it: Item) -> str:
+    """Why a delay period that stayed a fixed duration was not taken for a wait: what ended during it, elsewhere."""
+    end = it.start + it.dur
+    if it.stream is not None:  # idle on a GPU stream
+        others = [o for o in g.items if o.kind in GPU_KINDS and o.device == it.device and o.stream != it.stream
+                  and it.start <= o.start + o.dur <= end + TOLERANCE]
+        if not others:
+            return "no op on another stream of its device ended while the stream was idle"
+        last = max(others, key=lambda o: o.start + o.dur)
+        return (f"the last op on another stream to end ({last.name}, stream {last.stream}) ended "
+                f"{end - last.start - last.dur:.0f} us before the idle time did (> {TOLERANCE:.0f} us)")
+    others = [o for o in g.items if o.kind == HOST_OP and o.measured and o.enclosing is None and o.tid is not None
+              and o.tid != it.tid and it.start < o.start + o.dur <= end]
+    if not others:
+        return "no op of another thread ended during it: nothing it could have waited for"
+    last = max(others, key=lambda o: o.start + o.dur)
+    gap = end - last.start - last.dur
+    if gap > MAX_WAKEUP:
+        return (f"the last op of another thread to end during it ({last.name}, thread {last.tid}) ended {gap:.0f} us "
+                f"before it did (> {MAX_WAKEUP:.0f} us)")
+    return (f"the last op of another thread to end during it ({last.name}, thread {last.tid}) ended {gap:.0f} us "
+            f"before it did, but this thread handed that thread no work (> {TOLERANCE:.0f} us)")
