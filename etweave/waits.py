@@ -346,7 +346,7 @@ def _handoffs(g: Graph, chains: _Chains, apply: bool) -> tuple[dict[int | str, s
             if gap.kind != DELAY or pos + 1 >= len(order) or i in chains.removed:
                 continue
             nxt = g.by_id[order[pos + 1]]
-            found = _handing(g, chains, main, gap, nxt.start) or next(
+            found = _handing(g, chains, main, gap, nxt.start, idle_hands=True) or next(
                 (s for t in sorted(chains.ids, key=str) if t not in (tid, main)
                  for s in [_handing(g, chains, t, gap, nxt.start)] if s is not None), None)
             if found is None:
@@ -373,10 +373,13 @@ def _handoffs(g: Graph, chains: _Chains, apply: bool) -> tuple[dict[int | str, s
     return handed, moments
 
 
-def _handing(g: Graph, chains: _Chains, tid: int | str, gap: Item, t: float) -> tuple[Item, bool] | None:
+def _handing(g: Graph, chains: _Chains, tid: int | str, gap: Item, t: float,
+             idle_hands: bool = False) -> tuple[Item, bool] | None:
     """The period of thread `tid` that handed work to a thread whose idle `gap` ended at t: the op it was running
-    then (True), or the blocking node it had entered while the gap was open, within MAX_WAKEUP (False)."""
-    running = _executing(g, chains, tid, t)
+    then (True), or the blocking node it had entered while the gap was open, within MAX_WAKEUP (False). With
+    `idle_hands` (the main thread), its untraced code (Python calling `backward()`, starting a thread) hands work
+    over too; a worker's idle time is only waiting."""
+    running = _executing(g, chains, tid, t, idle_hands)
     if running is not None:
         return running, True
     order = chains.ids[tid]
@@ -386,7 +389,8 @@ def _handing(g: Graph, chains: _Chains, tid: int | str, gap: Item, t: float) -> 
     if k < 0:
         return None
     last = g.by_id[order[k]]
-    if last.kind != THREAD_ROOT and last.seg_end > last.start and t - last.seg_end < 0.5:
+    if (last.kind != THREAD_ROOT and (idle_hands or last.kind != DELAY) and last.seg_end > last.start
+            and t - last.seg_end < 0.5):
         return last, True  # it ended as the gap did (a period cut where it handed the work over)
     if (last.kind in (HOST_OP, RUNTIME, SELF_PART, RESUME) and last.seg_end == last.start
             and gap.start <= last.start and t - last.start <= MAX_WAKEUP):
@@ -394,9 +398,8 @@ def _handing(g: Graph, chains: _Chains, tid: int | str, gap: Item, t: float) -> 
     return None
 
 
-def _executing(g: Graph, chains: _Chains, tid: int | str, t: float) -> Item | None:
-    """The period running on thread `tid` at time t, if any: an idle period too, since untraced code (Python
-    calling `backward()` or starting a thread) hands work over as well as a traced op."""
+def _executing(g: Graph, chains: _Chains, tid: int | str, t: float, idle: bool) -> Item | None:
+    """The period running on thread `tid` at time t, if any (an idle period only with `idle`)."""
     order = chains.ids[tid]
     starts = chains.starts(tid)  # periods are in start order
     k = bisect.bisect_right(starts, t) - 1
@@ -405,7 +408,7 @@ def _executing(g: Graph, chains: _Chains, tid: int | str, t: float) -> Item | No
         if order[k] in chains.removed:
             k -= 1
             continue
-        if it.kind != THREAD_ROOT and it.start <= t < max(it.seg_end, it.start + 1e-9):
+        if it.kind != THREAD_ROOT and (idle or it.kind != DELAY) and it.start <= t < max(it.seg_end, it.start + 1e-9):
             return it
         if it.seg_end <= t:
             return None
