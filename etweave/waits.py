@@ -87,6 +87,8 @@ class _Chains:
                     start=at, seg_end=max(at, it.seg_end), measured=True, tid=it.tid)
         tail.dur = tail.excl = tail.seg_end - at
         it.seg_end = max(it.start, min(it.seg_end, at))
+        if it.kind == DELAY:  # an idle period is nothing but its period
+            it.dur = it.excl = it.seg_end - it.start
         self.g.add(tail)
         order = self.ids[it.tid]  # type: ignore[index]
         starts = self._starts.get(it.tid)  # type: ignore[arg-type]
@@ -472,7 +474,7 @@ def _stream_waits(g: Graph) -> None:
 
 def no_wait_evidence(g: Graph, it: Item) -> str:
     """Why a delay period that stayed a fixed duration was not taken for a wait: what ended during it, elsewhere."""
-    end = it.start + it.dur
+    end = it.seg_end
     if it.stream is not None:  # idle on a GPU stream
         others = [o for o in g.items if o.kind in GPU_KINDS and o.device == it.device and o.stream != it.stream
                   and it.start <= o.start + o.dur <= end + TOLERANCE]
