@@ -205,6 +205,34 @@ def test_gloo_run_replays_as_measured(gloo_run: tuple[Path, Path, dict[int, dict
     assert f.no_predecessor == []
 
 
+@pytest.mark.parametrize("rank", [0, 1])
+def test_gloo_run_threads_wait_for_their_collectives(gloo_run: tuple[Path, Path, dict[int, dict[str, Any]]],
+                                                      rank: int) -> None:
+    """Every collective a gloo worker ran for the issuing thread gates a wake-up of that thread through a wait
+    edge (`thread_wait`), so a slower collective delays the thread that waited for it; only send/recv, which
+    gloo runs on the issuing thread itself, have none, and the report lists exactly those."""
+    _, out, reports = gloo_run
+    nodes = nodes_of(out, rank)
+    attrs = {n.id: node_attrs(n) for n in nodes}
+    by_id = {n.id: n for n in nodes}
+    owner = {n.id: attrs[n.id].get("part_of", n.id) for n in nodes}  # a period stands for its op
+    woken: dict[int, set[int]] = {}  # comm node -> threads whose wake-up depends on it
+    for n in nodes:
+        if attrs[n.id]["kind"] == "wakeup":
+            for d in n.data_deps:
+                woken.setdefault(owner[d], set()).add(attrs[n.id]["tid"])
+    comm = comm_nodes(nodes)
+    inline = []
+    for n in comm:
+        issuer = attrs[attrs[n.id]["et_parent"]]["tid"] if attrs[n.id]["et_parent"] in attrs else None
+        if issuer == attrs[n.id]["tid"]:
+            inline.append(n.id)
+            continue
+        assert issuer is not None and issuer in woken.get(n.id, set()), f"nothing waits for {n.id} {n.name}"
+    assert {by_id[i].name for i in inline} <= {"gloo:send", "gloo:recv"}
+    assert sorted(c["node"] for c in reports[rank]["collectives_without_dependents"]) == sorted(inline)
+
+
 # ---------------------------------------------------------------------------------------------- orphans
 
 
