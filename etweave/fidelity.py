@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import node_attrs
+from etweave.model import GPU_KINDS, Graph
 
 
 @dataclass(slots=True)
@@ -179,3 +180,30 @@ def delay_share(nodes: Sequence[PathNode]) -> DelayShare:
     base = cp - offset
     share = 100.0 * sum(by_kind.values()) / base if base > 0 else 0.0
     return DelayShare(cp, share, offset, dict(sorted(by_kind.items())), path)
+
+
+def blocked_in_gpu_syncs(g: Graph) -> tuple[float, float]:
+    """µs CPU threads spent blocked in GPU syncs (from each blocking call's start to the end of the GPU op it
+    waited for), and the part of it during which the device ran GPU ops (what faster GPU ops could shorten; a
+    pageable copy's staging, with the GPU idle, is not)."""
+    busy: dict[int | None, list[tuple[float, float]]] = {}
+    for it in g.items:
+        if it.kind in GPU_KINDS:
+            busy.setdefault(it.device, []).append((it.start, it.start + it.dur))
+    for spans in busy.values():
+        spans.sort()
+    blocked = while_busy = 0.0
+    for it in g.items:
+        for src, how, _ in it.awaits:
+            if how != "sync" or it.part_of is None:
+                continue
+            awaited, call = g.by_id[src], g.by_id[it.part_of]
+            lo, hi = call.start, min(awaited.start + awaited.dur, call.start + call.dur)
+            blocked += max(0.0, hi - lo)
+            cur = lo
+            for s0, e0 in busy.get(awaited.device, []):
+                s1, e1 = max(s0, cur), min(e0, hi)
+                if e1 > s1:
+                    while_busy += e1 - s1
+                    cur = e1
+    return blocked, while_busy

@@ -12,7 +12,7 @@ import pytest
 from conftest import PAIRS, REPO, convert_pair
 
 from etweave.convert import Result, run_pipeline
-from etweave.fidelity import NO_OP_KINDS, critical_path, delay_share, measure, path_nodes
+from etweave.fidelity import NO_OP_KINDS, blocked_in_gpu_syncs, critical_path, delay_share, measure, path_nodes
 from etweave.model import GPU_KINDS, HOST_OP, UNTRACED, WAKEUP, Graph, Item
 from etweave.read.host_et import read_host_et
 from etweave.read.kineto import read_kineto
@@ -106,27 +106,6 @@ def test_autograd_thread_is_handed_its_work(traces: Path) -> None:
     assert any(src.tid == engine for w in wakes for src, _ in _wait_edges(result, w))
 
 
-def _blocked_on_gpu_work(g: Graph) -> float:
-    """µs the CPU threads spent in GPU syncs while the device was running GPU ops (halving those can shorten it)."""
-    busy: dict[int | None, list[tuple[float, float]]] = {}
-    for it in g.items:
-        if it.kind in GPU_KINDS:
-            busy.setdefault(it.device, []).append((it.start, it.start + it.dur))
-    total = 0.0
-    for it in g.items:
-        for src, how, _ in it.awaits:
-            if how == "sync" and it.part_of is not None:
-                awaited, call = g.by_id[src], g.by_id[it.part_of]
-                lo, hi = call.start, min(awaited.start + awaited.dur, call.start + call.dur)
-                cur = lo
-                for s, e in sorted(busy.get(awaited.device, [])):
-                    s, e = max(s, cur), min(e, hi)
-                    if e > s:
-                        total += e - s
-                        cur = e
-    return total
-
-
 @pytest.mark.parametrize("rank", range(8))
 def test_faster_gpu_shortens_dlrm_by_its_sync_time(traces: Path, rank: int) -> None:
     """Halving every GPU duration shrinks the critical path by at least a fifth of the span's share blocked in
@@ -136,6 +115,6 @@ def test_faster_gpu_shortens_dlrm_by_its_sync_time(traces: Path, rank: int) -> N
     span = measure(result.nodes).span
     cp, _ = critical_path(nodes)
     halved, _ = critical_path(nodes, {n.id: n.duration / 2 for n in nodes if n.kind in GPU_KINDS})
-    blocked = _blocked_on_gpu_work(result.graph) / span
+    blocked = blocked_in_gpu_syncs(result.graph)[1] / span
     assert blocked > 0
     assert (cp - halved) / cp >= blocked / 5, f"shrinks {(cp - halved) / cp:.2%}, blocked {blocked:.2%}"
