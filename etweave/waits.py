@@ -292,6 +292,13 @@ def _cross_thread_waits(g: Graph, chains: _Chains, served: dict[int | str, set[i
         wake.start = min(x_end, wake.seg_end)
         wake.dur = wake.excl = wake.seg_end - wake.start
         wake.awaits.append((x.id, "thread_wait", True))
+        # Collectives of the threads it handed work to that ended while it waited were waited for too (DDP's
+        # buckets, all waited for at the end of backward): each gates the wake-up, whichever ends last.
+        handed = served.get(it.tid, set())  # type: ignore[arg-type]
+        lo = bisect.bisect_left(ends, wait_from)
+        for o in tops[lo:bisect.bisect_left(ends, x_end)]:
+            if o.comm is not None and o.tid in handed and o is not x:
+                wake.awaits.append((o.id, "thread_wait", True))
         if it.kind == DELAY and wait_from == it.start:  # the idle period was all waiting: only its wake-up is left
             chains.removed.add(it.id)
     chains.reset_starts()
