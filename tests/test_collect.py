@@ -14,6 +14,7 @@ import importlib.util
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -304,6 +305,31 @@ def test_orphans_on_a_second_thread(tmp_path: Path) -> None:
     assert len(missing) == 1 and missing[0]["thread"] not in main_threads, "one missing parent: `bg_loop`"
 
 
+def test_main_thread_waits_for_the_helper_it_joins(tmp_path: Path) -> None:
+    """Each step hands work to a new helper thread, does shorter work of its own, then joins the helper: the
+    helper's work is gated by an edge from the main thread, and the main thread resumes after the helper's work
+    (a wake-up after a wait edge), so a slower helper would delay it and a faster one would not be hidden."""
+    scenario("helper_join", tmp_path / "run")
+    d = tmp_path / "run" / "rank0"
+    result = run_pipeline(read_host_et(d / "host.json.gz"), read_kineto(d / "kineto.json.gz"))
+    g = result.graph
+    helpers = [it for it in g.items if it.name == "helper_work" and it.measured]
+    (main,) = {it.tid for it in g.items if it.name == "main_work" and it.measured}
+    assert len(helpers) == 2 and all(h.tid != main for h in helpers)
+    preds = result.deps.preds
+    for h in helpers:
+        chain = [g.by_id[i] for i in g.threads[h.tid]]
+        upto = chain[:chain.index(h) + 1]
+        handed = [g.by_id[e.src] for it in upto for e in preds.get(it.id, ()) if e.source == "handoff"]
+        assert any(src.tid == main for src in handed), "the helper's work follows the main thread's hand-over"
+        end = h.start + h.dur
+        woken = [it for it in g.items if it.kind == "wakeup" and it.tid == main
+                 and any(e.source == "thread_wait" and g.by_id[e.src].tid == h.tid and g.by_id[e.src].start >= h.start
+                         and g.by_id[e.src].seg_end >= end - 1 for e in preds.get(it.id, ()))]
+        assert len(woken) == 1, "the main thread's join ends in a wake-up after the helper's work"
+    assert abs(measure(result.nodes).critical_path_error) <= 2.0
+
+
 # ---------------------------------------------------------------------------------------------- scenarios
 # Run in a fresh interpreter (see the module docstring). One process, gloo group of size 1.
 
@@ -380,6 +406,30 @@ def _scenario_second_thread(run_dir: Path) -> None:
     dist.destroy_process_group()
 
 
+def _scenario_helper_join(run_dir: Path) -> None:
+    """Each recorded step: start a helper thread (5 ms of work), do 1 ms of work, join the helper."""
+    import torch
+    from torch.profiler import record_function
+
+    from etweave.collect import collect
+
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+
+    def work(name: str, seconds: float) -> None:
+        with record_function(name):
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                (a @ b).tanh()
+
+    with collect(run_dir, rank=0, steps=2) as c:
+        for _ in range(c.total_steps):
+            helper = threading.Thread(target=work, args=("helper_work", 0.005))
+            helper.start()
+            work("main_work", 0.001)
+            helper.join()
+            c.step()
+
+
 def _scenario_api(run_dir: Path) -> None:
     import torch
 
@@ -418,4 +468,4 @@ def _scenario_api(run_dir: Path) -> None:
 
 if __name__ == "__main__":
     {"open_record_function": _scenario_open_record_function, "second_thread": _scenario_second_thread,
-     "api": _scenario_api}[sys.argv[1]](Path(sys.argv[2]))
+     "api": _scenario_api, "helper_join": _scenario_helper_join}[sys.argv[1]](Path(sys.argv[2]))
