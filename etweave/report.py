@@ -13,7 +13,7 @@ from etweave.nodes import duration
 from etweave.read.host_et import PG_INIT_NAME, HostTrace
 from etweave.read.kineto import KinetoTrace
 from etweave.repair import Repair
-from etweave.waits import no_wait_evidence
+from etweave.waits import NoWaitEvidence
 
 LONG_DELAY = 100.0  # µs: delays on the critical path at least this long are listed with their evidence
 
@@ -106,13 +106,15 @@ def delays(g: Graph, deps: Dependencies) -> dict[str, Any]:
              for it in g.items]
     ds = delay_share(nodes)
     long = []
+    evidence: NoWaitEvidence | None = None
     for i in ds.on_path:
         it = g.by_id[i]
         d = duration(it)
         if it.kind in ("delay", "untraced") and d >= LONG_DELAY:
+            evidence = evidence or NoWaitEvidence(g)
             where = {"stream": it.stream} if it.stream is not None else {"tid": str(it.tid)}
             long.append({"node": i, "name": it.name, "kind": it.kind, **where, "start_micros": round(it.start),
-                         "micros": d, "evidence": no_wait_evidence(g, it)})
+                         "micros": d, "evidence": evidence.of(it)})
     wakeups = sorted(duration(it) for it in g.items if it.kind == WAKEUP)
     return {
         "critical_path_micros": round(ds.critical_path),

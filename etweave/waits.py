@@ -208,10 +208,11 @@ def _unrecorded_event_waits(g: Graph, records: _SyncRecords) -> None:
                 launches[call.tid].append((call.start, it))
     for seq in launches.values():
         seq.sort(key=lambda p: (p[0], p[1].id))
+    times = {tid: [t for t, _ in seq] for tid, seq in launches.items()}
     done: set[tuple[int, int]] = set()
     for call in calls:
         seq = launches.get(call.tid, [])  # type: ignore[call-overload]
-        k = bisect.bisect_right([t for t, _ in seq], call.start)
+        k = bisect.bisect_right(times.get(call.tid, []), call.start)  # type: ignore[call-overload]
         if k >= len(seq):
             continue
         waiter = seq[k][1]
@@ -479,25 +480,44 @@ def _stream_waits(g: Graph) -> None:
         g.streams[key] = new_order
 
 
-def no_wait_evidence(g: Graph, it: Item) -> str:
-    """Why a delay period that stayed a fixed duration was not taken for a wait: what ended during it, elsewhere."""
-    end = it.seg_end
-    if it.stream is not None:  # idle on a GPU stream
-        others = [o for o in g.items if o.kind in GPU_KINDS and o.device == it.device and o.stream != it.stream
-                  and it.start <= o.start + o.dur <= end + TOLERANCE]
-        if not others:
-            return "no op on another stream of its device ended while the stream was idle"
-        last = max(others, key=lambda o: o.start + o.dur)
-        return (f"the last op on another stream to end ({last.name}, stream {last.stream}) ended "
-                f"{end - last.start - last.dur:.0f} us before the idle time did (> {TOLERANCE:.0f} us)")
-    others = [o for o in g.items if o.kind == HOST_OP and o.measured and o.enclosing is None and o.tid is not None
-              and o.tid != it.tid and it.start < o.start + o.dur <= end]
-    if not others:
-        return "no op of another thread ended during it: nothing it could have waited for"
-    last = max(others, key=lambda o: o.start + o.dur)
-    gap = end - last.start - last.dur
-    if gap > MAX_WAKEUP:
+class NoWaitEvidence:
+    """Why delay periods that stayed fixed durations were not taken for waits: what ended elsewhere while they ran
+    (indexed once, so the report can ask for every long delay of a large trace)."""
+
+    def __init__(self, g: Graph) -> None:
+        tops = sorted((o for o in g.items if o.kind == HOST_OP and o.measured and o.enclosing is None
+                       and o.tid is not None), key=lambda o: (o.start + o.dur, o.id))
+        self.tops = (tops, [o.start + o.dur for o in tops])
+        gpu: dict[int | None, list[Item]] = defaultdict(list)
+        for o in g.items:
+            if o.kind in GPU_KINDS:
+                gpu[o.device].append(o)
+        self.gpu = {}
+        for dev, ops in gpu.items():
+            ops.sort(key=lambda o: (o.start + o.dur, o.id))
+            self.gpu[dev] = (ops, [o.start + o.dur for o in ops])
+
+    def of(self, it: Item) -> str:
+        end = it.seg_end
+        if it.stream is not None:  # idle on a GPU stream
+            ops, ends = self.gpu.get(it.device, ([], []))
+            last = _latest_before(ends, ops, it.start, end + TOLERANCE, lambda o: o.stream != it.stream)
+            if last is None:
+                return "no op on another stream of its device ended while the stream was idle"
+            return (f"the last op on another stream to end ({last.name}, stream {last.stream}) ended "
+                    f"{end - last.start - last.dur:.0f} us before the idle time did (> {TOLERANCE:.0f} us)")
+        tops, ends = self.tops
+        last = _latest_before(ends, tops, math.nextafter(it.start, math.inf), end, lambda o: o.tid != it.tid)
+        if last is None:
+            return "no op of another thread ended during it: nothing it could have waited for"
+        gap = end - last.start - last.dur
+        if gap > MAX_WAKEUP:
+            return (f"the last op of another thread to end during it ({last.name}, thread {last.tid}) ended "
+                    f"{gap:.0f} us before it did (> {MAX_WAKEUP:.0f} us)")
         return (f"the last op of another thread to end during it ({last.name}, thread {last.tid}) ended {gap:.0f} us "
-                f"before it did (> {MAX_WAKEUP:.0f} us)")
-    return (f"the last op of another thread to end during it ({last.name}, thread {last.tid}) ended {gap:.0f} us "
-            f"before it did, but this thread handed that thread no work (> {TOLERANCE:.0f} us)")
+                f"before it did, but this thread handed that thread no work (> {TOLERANCE:.0f} us)")
+
+
+def no_wait_evidence(g: Graph, it: Item) -> str:
+    """NoWaitEvidence for one delay period."""
+    return NoWaitEvidence(g).of(it)
