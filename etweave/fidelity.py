@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import node_attrs
@@ -100,8 +101,7 @@ NO_OP_KINDS = frozenset({"delay", "wakeup", "untraced"})
 RANK_START_OFFSET = "[rank start offset]"  # an initial condition of a whole run, reported beside the share
 
 
-@dataclass(slots=True, frozen=True)
-class PathNode:
+class PathNode(NamedTuple):
     """What the critical path needs of a node (built from protobuf nodes or from a graph before nodes exist)."""
 
     id: int
@@ -132,35 +132,35 @@ def critical_path(nodes: Sequence[PathNode], durations: dict[int, float] | None 
     """Length of the longest path with unlimited resources, and its node ids (first to last)."""
     if not nodes:
         return 0.0, []
-    dur = {n.id: n.duration for n in nodes}
+    index = {n.id: k for k, n in enumerate(nodes)}
+    dur = [n.duration for n in nodes]
     if durations:
-        dur.update(durations)
-    succ: dict[int, list[int]] = {}
-    indeg: dict[int, int] = {}
-    for n in nodes:
-        indeg[n.id] = len(n.preds)
+        for i, d in durations.items():
+            dur[index[i]] = d
+    succ: list[list[int]] = [[] for _ in nodes]
+    indeg = [0] * len(nodes)
+    for k, n in enumerate(nodes):
+        indeg[k] = len(n.preds)
         for p in n.preds:
-            succ.setdefault(p, []).append(n.id)
-    start = dict.fromkeys(indeg, 0.0)
-    decided: dict[int, int] = {}  # node -> the predecessor whose end decided its start
-    ready = [i for i, d in indeg.items() if d == 0]
+            succ[index[p]].append(k)
+    start = [0.0] * len(nodes)
+    decided = [-1] * len(nodes)  # the predecessor whose end decided a node's start
+    ready = [k for k, d in enumerate(indeg) if d == 0]
     while ready:
-        i = ready.pop()
-        end = start[i] + dur[i]
-        for j in succ.get(i, ()):
-            if end > start[j] or j not in decided:
-                start[j] = max(start[j], end)
-                if start[j] == end:
-                    decided[j] = i
+        k = ready.pop()
+        end = start[k] + dur[k]
+        for j in succ[k]:
+            if end > start[j] or (decided[j] < 0 and end == start[j]):
+                start[j], decided[j] = end, k
             indeg[j] -= 1
             if indeg[j] == 0:
                 ready.append(j)
-    last = max(indeg, key=lambda i: (start[i] + dur[i], -i))
+    last = max(range(len(nodes)), key=lambda k: (start[k] + dur[k], -nodes[k].id))
     path = [last]
-    while path[-1] in decided:
+    while decided[path[-1]] >= 0:
         path.append(decided[path[-1]])
     path.reverse()
-    return start[last] + dur[last], path
+    return start[last] + dur[last], [nodes[k].id for k in path]
 
 
 def delay_share(nodes: Sequence[PathNode]) -> DelayShare:

@@ -102,8 +102,9 @@ def build_report(host: HostTrace | None, kineto: KinetoTrace | None, link: HostL
 def delays(g: Graph, deps: Dependencies) -> dict[str, Any]:
     """The delay share of the critical path (fidelity.delay_share), every delay on it of LONG_DELAY µs or more with
     the evidence that nothing was awaited, and the distribution of wake-up latencies."""
-    nodes = [PathNode(it.id, it.name, it.kind, float(duration(it)), tuple(e.src for e in deps.preds.get(it.id, ())))
-             for it in g.items]
+    preds = deps.preds
+    nodes = [PathNode(it.id, it.name, it.kind, float(duration(it)),
+                      tuple(e.src for e in preds[it.id]) if it.id in preds else ()) for it in g.items]
     ds = delay_share(nodes)
     long = []
     evidence: NoWaitEvidence | None = None
