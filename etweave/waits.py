@@ -1,9 +1,14 @@
 """Stage 5a, waits: time a thread or stream spent waiting becomes an edge, never a duration.
 
 Each finder looks at the measured timeline, records on the waiting item what it waited for (`Item.awaits`,
-turned into edges by the `waits` evidence source), and cuts the waiting time out of the node: a blocking period
-keeps a zero-length node where it began and gets a RESUME node for what it did after the wait was over; an idle
-gap explained by a handoff from another thread disappears. What no evidence explains stays as a DELAY node.
+turned into edges by the evidence sources `sync`, `event_wait`, `stream_wait`, `thread_wait` and `handoff` in
+etweave.deps.sources), and cuts the waiting time out of the node: a blocking CUDA call keeps a zero-length node
+where it began and gets a RESUME node for what it did after the wait was over; a thread that waited for another
+thread keeps a zero-length node where the wait began and ends in a WAKEUP node, from the awaited end to its
+resuming (the measured latency); an idle gap explained by a handoff from another thread disappears (or becomes
+the worker's WAKEUP). Waits between threads are found from structure (which thread handed which thread work),
+whatever the wake-up latency up to MAX_WAKEUP. What no evidence explains stays a fixed duration: UNTRACED between
+a thread's ops, an `[idle]` DELAY before its first op or on a GPU stream.
 """
 
 from __future__ import annotations
@@ -323,13 +328,18 @@ def _await_last_periods(g: Graph, chains: _Chains) -> None:
 
 
 def _name_untraced(g: Graph, chains: _Chains) -> None:
-    """Idle time on a thread that no evidence says was waiting is code the profiler did not record (Python between
-    ops, data loading): it stays a fixed duration, named for what it is."""
+    """Idle time on a thread between its ops that no evidence says was waiting is code the profiler did not record
+    (Python between ops, data loading): it stays a fixed duration, named for what it is. Idle time before a
+    thread's first op that no hand-over explains stays an `[idle]` delay: the thread had not started working."""
     for order in chains.ids.values():
+        started = False
         for i in order:
             it = g.by_id[i]
-            if it.kind == DELAY and i not in chains.removed:
+            if i in chains.removed or it.kind == THREAD_ROOT:
+                continue
+            if it.kind == DELAY and started:
                 it.kind, it.name = UNTRACED, "[untraced]"
+            started = True
 
 
 def _handoffs(g: Graph, chains: _Chains, apply: bool) -> tuple[dict[int | str, set[int | str]],
