@@ -168,8 +168,11 @@ def check_sequences(seqs: dict[int, list[CollSig]]) -> tuple[list[dict[str, Any]
 
 
 def _adjust(seqs: dict[int, list[CollSig]], matched: int, nodes_by_id: dict[int, dict[int, pb.Node]],
-            stats: Counter[str], biggest: list[int]) -> None:
-    """Collective durations without the wait for the slowest peer (see the module docstring)."""
+            stats: Counter[str], biggest: list[int], parts: dict[int, dict[int, list[pb.Node]]] | None = None) -> None:
+    """Collective durations without the wait for the slowest peer (see the module docstring). On the gloo path
+    the op's later periods (`parts`: comm node id -> its `[self]` nodes in order) hold the rest of that wait:
+    they lose what the node itself could not, so a thread that waits for the collective's end (a wake-up edge)
+    does not wait for the slowest peer twice, once in the replay's rendezvous and once in the stored time."""
     for i in range(matched):
         sigs = {r: s[i] for r, s in seqs.items()}
         if any(s.start <= 0 for s in sigs.values()):
@@ -196,6 +199,13 @@ def _adjust(seqs: dict[int, list[CollSig]], matched: int, nodes_by_id: dict[int,
                 biggest[0] = max(biggest[0], node.duration_micros - new)
             if measured > node.duration_micros + 1:  # +1: rounding the ends vs rounding the length
                 stats["split_ops"] += 1
+            left = max(0, latest - sig.start) - (node.duration_micros - new)  # the wait not cut from the node
+            for part in (parts or {}).get(r, {}).get(node.id, ()):
+                cut = min(part.duration_micros, left)
+                if cut > 0:
+                    part.duration_micros -= cut
+                    left -= cut
+                    stats["parts_adjusted"] += 1
             node.duration_micros = new
             a = _attr(node, "transfer_duration_micros")
             if a is None:
@@ -258,6 +268,12 @@ def assemble_run(outputs: Sequence[dict[str, Any]], allow_mismatch: bool = False
             seqs.setdefault(gid, {}).setdefault(rank, []).append(_signature(node))
 
     nodes_by_id = {r: {n.id: n for n in nodes if n.type == pb.COMM_COLL_NODE} for r, (_, nodes) in ranks.items()}
+    parts: dict[int, dict[int, list[pb.Node]]] = {}  # rank -> comm node id -> its later periods, in order
+    for r, (_, nodes) in ranks.items():
+        for n in nodes:
+            owner = _int_attr(n, "part_of") if n.type == pb.COMP_NODE else None
+            if owner is not None and owner in nodes_by_id[r]:
+                parts.setdefault(r, {}).setdefault(owner, []).append(n)
     stats: Counter[str] = Counter()
     biggest = [0]
     groups_report: list[dict[str, Any]] = []
@@ -276,7 +292,7 @@ def assemble_run(outputs: Sequence[dict[str, Any]], allow_mismatch: bool = False
             continue
         member_seqs = {r: seqs.get(gid, {}).get(r, []) for r in here}
         divergences, matched = check_sequences(member_seqs)
-        _adjust(member_seqs, matched, nodes_by_id, stats, biggest)
+        _adjust(member_seqs, matched, nodes_by_id, stats, biggest, parts)
         entry: dict[str, Any] = {
             "group": gid, "members": len(members), "present": _range_text(here), "absent": absent,
             "collectives_per_rank": {str(r): len(s) for r, s in member_seqs.items()},
