@@ -283,8 +283,6 @@ def test_straggler_replays_each_side_as_measured(pairs: Path) -> None:
         assert times["steps"] and abs(times["span"]["error_pct"]) < 2.0
 
 
-@pytest.mark.xfail(strict=True, reason="issue 17 items 1-3: a rank's wait for a collective is baked into [self] "
-                                       "time, so nothing on the issuing thread depends on the collective")
 def test_straggler_reaches_every_ranks_resumed_node(pairs: Path) -> None:
     """In B, the straggle op of step k (on rank k % 2) delays every rank in step k: each rank's `frame_after` of
     step k (what its main thread does once the all_reduce returned) is reachable from it."""
