@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: example test bench lint
+.PHONY: example test bench bench-whatif lint
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,3 +23,7 @@ test: $(BIN)/python
 bench: $(BIN)/python
 	$(BIN)/pip install -q -e .
 	$(BIN)/python -m bench.run
+
+bench-whatif: $(BIN)/python
+	$(BIN)/pip install -q -e '.[collect]'
+	$(BIN)/python -m bench.whatif

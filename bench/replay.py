@@ -2,7 +2,11 @@
 
 For each real pair and for dlrm-8rank as a whole run: convert it, then report the replay's nodes per second
 (`etweave simulate`'s engine alone, best of 3, the .et already loaded), and the fidelity figures of the
-dependency model (critical path with unlimited resources against the measured span, GPU op start errors)."""
+dependency model (critical path with unlimited resources against the measured span, GPU op start errors), and the
+delay share of the critical path (`etweave.fidelity.delay_share`, as the report shows it: nodes that stand for no
+measured op). Then, for dlrm-8rank: how much halving every GPU duration shrinks each rank, converted alone (critical
+path) and by convert-run (all 8 ranks replayed together by the engine), against the share of its span it spent
+blocked in GPU syncs (in all, and while the GPU ran)."""
 
 from __future__ import annotations
 
@@ -17,7 +21,8 @@ import orjson
 from bench.run import traces_dir
 from etweave.chakra.io import write_et
 from etweave.convert import run_pipeline
-from etweave.fidelity import measure
+from etweave.fidelity import blocked_in_gpu_syncs, critical_path, delay_share, measure, path_nodes
+from etweave.model import GPU_KINDS
 from etweave.read.host_et import read_host_et
 from etweave.read.kineto import read_kineto
 from etweave.run import convert_run
@@ -41,19 +46,23 @@ def _replay_rate(ranks: list[RankGraph], groups: dict[str, list[int]]) -> float:
 
 def main() -> int:
     root = traces_dir()
-    print(f"{'trace':38s} {'nodes':>7s} {'span us':>9s} {'crit.path':>9s} {'gpu p50%':>8s} {'gpu p95%':>8s} "
-          f"{'gpu max%':>8s} {'coll max%':>9s} {'replay nodes/s':>14s}")
+    print(f"{'trace':38s} {'nodes':>7s} {'span us':>9s} {'crit.path':>9s} {'delay%':>7s} {'gpu p50%':>8s} "
+          f"{'gpu p95%':>8s} {'gpu max%':>8s} {'coll max%':>9s} {'replay nodes/s':>14s}")
+    halving: list[str] = []
     with tempfile.TemporaryDirectory(prefix="etweave-replay-") as tmp:
         for rel in PAIRS:
             d = root / rel
             result = run_pipeline(read_host_et(d / "host.json.gz"), read_kineto(d / "kineto.json.gz"))
             f = measure(result.nodes)
+            share = delay_share(path_nodes(result.nodes)).share
             path = Path(tmp) / "trace.0.et"
             write_et(path, result.metadata, result.nodes)
             rate = _replay_rate([load_rank(path)], {})
-            print(f"{rel:38s} {len(result.nodes):7d} {f.span:9.0f} {f.critical_path_error:+8.2f}% "
+            print(f"{rel:38s} {len(result.nodes):7d} {f.span:9.0f} {f.critical_path_error:+8.2f}% {share:6.1f}% "
                   f"{f.start_error_p50:8.2f} {f.start_error_p95:8.2f} {f.start_error_max:8.2f} "
                   f"{f.collective_error_max:9.2f} {rate:14,.0f}")
+            if "dlrm" in rel:
+                halving.append(_halved_alone(rel, result.nodes, result.graph, f.span))
         # the orphan case of the dependency issue: dlrm rank 0 without `## forward ##` and `## sparse_data_dist ##`
         src = root / "gpu/dlrm-8rank/rank0"
         doc = orjson.loads(gzip.decompress((src / "host.json.gz").read_bytes()))
@@ -62,8 +71,9 @@ def main() -> int:
         orphan_host.write_bytes(orjson.dumps(doc))
         result = run_pipeline(read_host_et(orphan_host), read_kineto(src / "kineto.json.gz"))
         f = measure(result.nodes)
+        share = delay_share(path_nodes(result.nodes)).share
         print(f"{'dlrm rank0, 2 parents deleted (orphans)':38s} {len(result.nodes):7d} {f.span:9.0f} "
-              f"{f.critical_path_error:+8.2f}% {f.start_error_p50:8.2f} {f.start_error_p95:8.2f} "
+              f"{f.critical_path_error:+8.2f}% {share:6.1f}% {f.start_error_p50:8.2f} {f.start_error_p95:8.2f} "
               f"{f.start_error_max:8.2f} {f.collective_error_max:9.2f}")
         out = Path(tmp) / "dlrm"
         convert_run(root / "gpu/dlrm-8rank", out, jobs=1)
@@ -72,8 +82,34 @@ def main() -> int:
         cg = find_comm_group(files)
         rate = _replay_rate(ranks, load_comm_group(cg) if cg else {})
         print(f"{'gpu/dlrm-8rank (8 ranks together)':38s} {sum(len(r.nodes) for r in ranks):7d} "
-              f"{'':9s} {'':9s} {'':8s} {'':8s} {'':8s} {'':9s} {rate:14,.0f}")
+              f"{'':9s} {'':9s} {'':7s} {'':8s} {'':8s} {'':8s} {'':9s} {rate:14,.0f}")
+        together = _halved_together(ranks, load_comm_group(cg) if cg else {})
+    print("\nhalving every GPU duration, gpu/dlrm-8rank: shrink of the critical path (alone) and of the rank's")
+    print("replayed end (convert-run, 8 ranks together), against the share of the span blocked in GPU syncs")
+    print(f"{'rank':38s} {'alone':>8s} {'together':>9s} {'blocked':>8s} {'blocked, GPU running':>21s}")
+    for line, shrink in zip(halving, together, strict=True):
+        name, rest = line.split("|")
+        print(f"{name:38s} {rest.split()[0]:>8s} {shrink:8.2f}% {rest.split()[1]:>8s} {rest.split()[2]:>21s}")
     return 0
+
+
+def _halved_alone(rel: str, nodes: list, g: object, span: float) -> str:
+    pn = path_nodes(nodes)
+    cp, _ = critical_path(pn)
+    halved, _ = critical_path(pn, {n.id: n.duration / 2 for n in pn if n.kind in GPU_KINDS})
+    blocked, while_busy = blocked_in_gpu_syncs(g)  # type: ignore[arg-type]
+    return f"{rel}|{100 * (cp - halved) / cp:.2f}% {100 * blocked / span:.1f}% {100 * while_busy / span:.1f}%"
+
+
+def _halved_together(ranks: list[RankGraph], groups: dict[str, list[int]]) -> list[float]:
+    """Per rank: how much earlier its last node ends when every GPU node (collectives included) takes half as long."""
+    base = replay(ranks, groups)
+    for r in ranks:
+        for n in r.nodes:
+            if n.resource is not None and n.resource.startswith("gpu") and n.name != "[gpu idle]":
+                n.duration //= 2
+    half = replay(ranks, groups)
+    return [100.0 * (max(b) - max(h)) / max(b) for b, h in zip(base.end, half.end, strict=True)]
 
 
 if __name__ == "__main__":

@@ -1,33 +1,47 @@
-"""Checks that a Chakra trace will load and run in ASTRA-sim (FORMATS.md section 3).
+"""Checks that a Chakra trace will load and run in ASTRA-sim (FORMATS.md sections 3 and 3b; 3b wins).
 
 Pure functions over protobuf nodes, so the converter can run them on in-memory nodes before writing and
 `etweave check` can run them on files. Everything is linear in nodes + edges (the p2p matching sorts only the
-send/recv nodes), and nothing is logged per node: callers get a list of `Violation`s.
+send/recv nodes), and nothing is logged per node: callers get a list of `Violation`s, and warnings (what runs,
+but not as measured) in a separate list when they pass one.
 
 Rules, by the name a `Violation` carries:
 
 per file (`check_metadata`)
-  metadata-version      GlobalMetadata.version is empty (it encodes to 0 bytes, which readers take as end of file)
+  metadata-empty        GlobalMetadata has neither a version nor attrs: it encodes to 0 bytes, which readers take
+                        as end of file (a message with attrs and no version, as Chakra's converter writes, is fine)
 
 per rank (`check_nodes`)
   duplicate-id          two nodes share an id
   dangling-data-dep     a data_deps entry names no node in the file
-  dangling-ctrl-dep     a ctrl_deps entry names no node in the file
+  dangling-ctrl-dep     a ctrl_deps entry names no node in the file (ASTRA-sim gates issue on both sets, 3b.6)
   self-edge             a node depends on itself
   cycle                 the union of data_deps and ctrl_deps has a cycle (the simulator would wait forever)
-  node-type             INVALID_NODE or a value outside NodeType
+  node-type             METADATA_NODE (ASTRA-sim aborts at tick 0, 3b.1), INVALID_NODE (skipped: its work is
+                        lost), or a value outside NodeType
   attr-type             an attr in the wrong oneof (the simulator reads it as 0) or with no value
-  is-cpu-op             is_cpu_op true on a comm node or on GPU work
+  is-cpu-op             is_cpu_op true on a comm node (ASTRA-sim throws) or on GPU work
+  roofline-attr         a COMP_NODE without num_ops or tensor_size (roofline mode throws, 3b.3)
   comm-missing-attr     a collective without comm_type/comm_size, a send/recv without comm_src/dst/tag/size
   unsupported-collective a comm_type the simulator throws on (or no CollectiveCommType at all)
+  pg-id                 a pg_name that is neither "" nor a decimal id >= 1 (CommunicatorGroup asserts id > 0, 3b.5)
+  pg-init-values        a `## process_group:init ##` node whose inputs.values, cut as the feeder does
+                        (`substr(2, size-4)`), is not a JSON list of {"pg_name": decimal, "ranks": [ints]}; empty is
+                        fine (3b.1)
 
 across ranks (`check_run`)
+  pg-id                 a comm-group map key that is not a decimal id >= 1
   pg-name               a non-empty pg_name that is not a key of the comm-group map (or no map was given)
   pg-member             a rank uses a group it is not a member of
   coll-mismatch         member ranks of a group issue different numbers of collectives of some type
-  p2p-rank              a send whose comm_src, or a recv whose comm_dst, is not the rank of its file
+  p2p-rank              a send whose comm_src, or a recv whose comm_dst, is not the rank of its file (3b.6)
   p2p-match             a send without its recv (or the reverse), or a pair whose sizes differ
   p2p-unchecked         (a note, not a violation) sends/recvs whose peer rank is not among the inputs
+
+Warnings (the file runs, but not as measured), by rule:
+  comm-size-zero        a collective the network model times from comm_size alone has comm_size 0: it is free (3b.4)
+  mem-node              MEM_LOAD_NODE / MEM_STORE_NODE: timed by ASTRA-sim's remote-memory model from tensor_size
+  single-rank           one rank: the analytical network refuses 1 NPU; run it as 2 NPUs (3b.7)
 """
 
 from __future__ import annotations
@@ -37,7 +51,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from etweave.chakra import et_def_pb2 as pb
+from etweave.read.host_et import PG_INIT_NAME
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +84,7 @@ ATTR_TYPES: dict[str, str] = {
     "comm_priority": "int32_val",
     "involved_dim": "bool_list",
     "tensor_size": "uint64_val",
+    "pg_config": "string_val",
     # etweave's replay resources (OUTPUT.md)
     "tid": "int64_val",
     "device": "int64_val",
@@ -84,7 +102,12 @@ ATTR_TYPES: dict[str, str] = {
 }
 
 COMM_NODE_TYPES = frozenset({pb.COMM_SEND_NODE, pb.COMM_RECV_NODE, pb.COMM_COLL_NODE})
-VALID_NODE_TYPES = frozenset(v for v in pb.NodeType.values() if v != pb.INVALID_NODE)
+# Types ASTRA-sim issues (3b.1: METADATA_NODE aborts it; INVALID_NODE is skipped, so its work would be lost)
+VALID_NODE_TYPES = frozenset({pb.COMP_NODE, pb.MEM_LOAD_NODE, pb.MEM_STORE_NODE, *COMM_NODE_TYPES})
+MEM_NODE_TYPES = frozenset({pb.MEM_LOAD_NODE, pb.MEM_STORE_NODE})
+# Collectives the network model times from comm_size alone (BROADCAST replays duration_micros), 3b.4
+SIZE_TIMED_COLLECTIVES = frozenset({pb.ALL_REDUCE, pb.ALL_GATHER, pb.REDUCE_SCATTER, pb.ALL_TO_ALL})
+ROOFLINE_ATTRS = ("num_ops", "tensor_size")
 GPU_KINDS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 
 # Collectives the simulator runs (BROADCAST is replayed from duration_micros), and what etweave writes instead
@@ -128,18 +151,70 @@ def _typed_attrs(node: pb.Node, where: str, out: list[Violation] | None) -> dict
     return values
 
 
-def _check_node_semantics(node: pb.Node, where: str, out: list[Violation]) -> None:
+def is_group_id(name: str) -> bool:
+    """A comm-group id ASTRA-sim accepts: decimal digits, value >= 1 (CommunicatorGroup asserts id > 0)."""
+    return name.isascii() and name.isdecimal() and int(name) >= 1
+
+
+def pg_init_problem(values: str) -> str | None:
+    """Why the feeder cannot read a `## process_group:init ##` node's inputs.values, or None when it can (or it
+    is empty). Workload::issue_pytorch_pg_metadata cuts `values.substr(2, size-4)` and parses a JSON list of
+    {"pg_name": "<int>", "ranks": [ints]}; a value shorter than 2 characters makes substr throw uncaught."""
+    if not values:
+        return None
+    if len(values) < 4:
+        return f"inputs.values {values!r} is shorter than the 4 characters the feeder cuts off"
+    try:
+        groups = orjson.loads(values[2:len(values) - 2])
+    except orjson.JSONDecodeError:
+        return (f"inputs.values cut as the feeder does ({values[2:42]!r}...) is not JSON; write the JSON list "
+                "between two 2-character brackets, or leave it empty")
+    if not isinstance(groups, list):
+        return "inputs.values cut as the feeder does is not a JSON list"
+    for grp in groups:
+        if not isinstance(grp, dict) or not isinstance(grp.get("pg_name"), str) or not _is_int_text(grp["pg_name"]) \
+                or not isinstance(grp.get("ranks"), list) \
+                or not all(isinstance(r, int) and not isinstance(r, bool) for r in grp["ranks"]):
+            return f"group {str(grp)[:60]} lacks a decimal string pg_name or an integer list ranks"
+    return None
+
+
+def _is_int_text(text: str) -> bool:
+    return text.isascii() and text.lstrip("-").isdecimal()
+
+
+def _check_node_semantics(node: pb.Node, where: str, out: list[Violation],
+                          warnings: list[Violation] | None = None) -> None:
     attrs = _typed_attrs(node, where, out)
     ntype = node.type
     if ntype not in VALID_NODE_TYPES:
-        label = "INVALID_NODE" if ntype == pb.INVALID_NODE else f"unknown type {ntype}"
+        label = {pb.INVALID_NODE: "INVALID_NODE: ASTRA-sim skips it, so its work is lost",
+                 pb.METADATA_NODE: "METADATA_NODE: ASTRA-sim aborts at tick 0 (write COMP_NODE with duration 0)"
+                 }.get(ntype, f"unknown type {ntype}")
         out.append(Violation("node-type", where, f"node type is {label}", node.id))
+    elif ntype in MEM_NODE_TYPES and warnings is not None:
+        warnings.append(Violation("mem-node", where, f"{pb.NodeType.Name(ntype)} is timed by ASTRA-sim's "
+                                  "remote-memory model from tensor_size, not from duration_micros", node.id))
+    if ntype == pb.COMP_NODE:
+        present = {a.name for a in node.attr}
+        missing = [name for name in ROOFLINE_ATTRS if name not in present]
+        if missing:
+            out.append(Violation("roofline-attr", where, f"COMP_NODE lacks {', '.join(missing)}: ASTRA-sim's "
+                                 "roofline mode throws", node.id))
+    if node.name == PG_INIT_NAME:
+        problem = pg_init_problem(node.inputs.values)
+        if problem is not None:
+            out.append(Violation("pg-init-values", where, problem, node.id))
     is_comm = ntype in COMM_NODE_TYPES
     if attrs.get("is_cpu_op") is True and (is_comm or attrs.get("kind") in GPU_KINDS):
         what = "a comm node" if is_comm else f"GPU work ({attrs['kind']})"
         out.append(Violation("is-cpu-op", where, f"is_cpu_op is true on {what}; it must be false", node.id))
     if not is_comm:
         return
+    group = attrs.get("pg_name", "")
+    if group and not is_group_id(group):
+        out.append(Violation("pg-id", where, f"pg_name {group!r} is not a decimal group id >= 1 (\"\" = all ranks)",
+                             node.id))
     # "Missing" means absent altogether; an attr present in the wrong oneof is already an attr-type violation.
     present = {a.name for a in node.attr}
     required = _COLL_REQUIRED if ntype == pb.COMM_COLL_NODE else _P2P_REQUIRED
@@ -157,13 +232,17 @@ def _check_node_semantics(node: pb.Node, where: str, out: list[Violation]) -> No
         elif ctype not in SUPPORTED_COLLECTIVES:
             out.append(Violation("unsupported-collective", where,
                                  f"comm_type {ctype} is not a CollectiveCommType", node.id))
+        elif ctype in SIZE_TIMED_COLLECTIVES and attrs.get("comm_size") == 0 and warnings is not None:
+            warnings.append(Violation("comm-size-zero", where, f"{comm_type_name(ctype)} with comm_size 0: the "
+                                      "network model times it from comm_size alone, so it takes no time", node.id))
 
 
 def check_metadata(metadata: pb.GlobalMetadata, where: str) -> list[Violation]:
-    """Violations in a file's GlobalMetadata."""
-    if not metadata.version:
-        return [Violation("metadata-version", where, "GlobalMetadata.version is empty: the message encodes to "
-                          "0 bytes, which the feeder reads as end of file, so it would see no nodes")]
+    """Violations in a file's GlobalMetadata. Only an empty message is wrong: with attrs (Chakra's converter
+    writes schema, pid, time, ... and no version) it encodes to more than 0 bytes."""
+    if metadata.ByteSize() == 0:
+        return [Violation("metadata-empty", where, "GlobalMetadata has no version and no attrs: the message "
+                          "encodes to 0 bytes, which the feeder reads as end of file, so it would see no nodes")]
     return []
 
 
@@ -209,21 +288,25 @@ class NodeChecker:
     def __init__(self, where: str) -> None:
         self.where = where
         self.out: list[Violation] = []
+        self.warnings: list[Violation] = []  # what runs, but not as measured (module docstring)
         self.shapes: list[NodeShape] = []
 
     def add(self, node: pb.Node) -> None:
-        _check_node_semantics(node, self.where, self.out)
+        _check_node_semantics(node, self.where, self.out, self.warnings)
         self.shapes.append(NodeShape(node.id, node.name, tuple(node.data_deps), tuple(node.ctrl_deps)))
 
     def violations(self) -> list[Violation]:
         return self.out + _graph_violations(self.shapes, self.where)
 
 
-def check_nodes(nodes: Sequence[pb.Node], where: str) -> list[Violation]:
-    """Violations within one rank's nodes: ids, edges, cycles, attr types, comm node requirements."""
+def check_nodes(nodes: Sequence[pb.Node], where: str, warnings: list[Violation] | None = None) -> list[Violation]:
+    """Violations within one rank's nodes: ids, edges, cycles, attr types, comm node requirements. Warnings go
+    to `warnings` when given."""
     checker = NodeChecker(where)
     for node in nodes:
         checker.add(node)
+    if warnings is not None:
+        warnings.extend(checker.warnings)
     return checker.violations()
 
 
@@ -283,16 +366,24 @@ def _graph_violations(nodes: Sequence[NodeShape], where: str) -> list[Violation]
 
 
 def check_run(ranks: Mapping[int, Sequence[pb.Node]], comm_group: Mapping[str, Sequence[int]] | None,
-              notes: list[Violation] | None = None) -> list[Violation]:
+              notes: list[Violation] | None = None, warnings: list[Violation] | None = None) -> list[Violation]:
     """Violations across the ranks of one run: process groups, collective counts, send/recv pairing.
 
     `ranks` maps global rank to its nodes (only the ranks at hand); `comm_group` is the comm_group.json map.
     A send or recv whose peer rank is not in `ranks` cannot be checked: it goes to `notes` (when given) as a
     Violation-shaped note, never into the returned list, so `if check_run(...)` means "broken".
-    Run `check_nodes` per rank as well; this function does not repeat those checks.
+    Run `check_nodes` per rank as well; this function does not repeat those checks. A single rank is a warning
+    (to `warnings` when given).
     """
     out: list[Violation] = []
     present = set(ranks)
+    for key in comm_group or {}:
+        if not is_group_id(key):
+            out.append(Violation("pg-id", "comm group map", f"group id {key!r} is not a decimal id >= 1 "
+                                 "(ASTRA-sim's CommunicatorGroup asserts id > 0)"))
+    if len(present) == 1 and warnings is not None:
+        warnings.append(Violation("single-rank", f"rank {min(present)}", "one rank: ASTRA-sim's analytical "
+                                  "network refuses 1 NPU; run it as 2 NPUs (FORMATS.md 3b.7)"))
     # (src, dst, tag) -> [(node id, size, file rank)], one list for sends and one for recvs
     sends: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {}
     recvs: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {}

@@ -30,6 +30,14 @@ from typing import Any
 
 HOST_NAME = "host.json.gz"
 KINETO_NAME = "kineto.json.gz"
+# The annotation `collect` wraps each process-group call in: gloo records no group for a collective anywhere
+# else (no record_param_comms), and subgroup collectives need it (etweave.collectives reads it).
+PG_ANNOTATION = "## etweave:process_group {} ##"
+_PG_METHODS = ("allreduce", "allreduce_coalesced", "allgather", "allgather_coalesced", "all_gather_single",
+               "all_gather_single_coalesced", "_allgather_base", "allgather_into_tensor_coalesced",
+               "reduce_scatter", "reduce_scatter_single", "reduce_scatter_single_coalesced", "_reduce_scatter_base",
+               "reduce_scatter_tensor_coalesced", "alltoall", "alltoall_base", "all_to_all_single", "broadcast",
+               "reduce", "gather", "scatter", "barrier", "send", "recv", "recv_anysource")
 _INSTALL_HINT = "etweave.collect needs PyTorch: pip install etweave[collect]"
 
 
@@ -95,6 +103,39 @@ class Collector:
         self.profiler.step()
 
 
+@contextlib.contextmanager
+def _annotate_process_groups(torch: Any) -> Iterator[None]:
+    """Every call of a ProcessGroup collective method from Python (torch.distributed's functions, DeviceMesh)
+    runs inside a `## etweave:process_group <group name> ##` record_function, so both traces say which group it
+    used. Calls made from C++ (DDP's reducer) are not annotated; their group comes from the other evidence."""
+    dist = torch.distributed
+    group_class = getattr(dist, "ProcessGroup", None) if dist.is_available() else None
+    if group_class is None:
+        yield
+        return
+    record_function = torch.profiler.record_function
+    originals = {name: getattr(group_class, name) for name in _PG_METHODS if hasattr(group_class, name)}
+    # restored from the class's own dict: pybind methods read back with getattr no longer bind `self`
+    own = {name: vars(group_class).get(name) for name in originals}
+
+    def wrap(method: Any) -> Any:
+        def annotated(self: Any, *args: Any, **kwargs: Any) -> Any:
+            with record_function(PG_ANNOTATION.format(getattr(self, "group_name", ""))):
+                return method(self, *args, **kwargs)
+        return annotated
+
+    for name, method in originals.items():
+        setattr(group_class, name, wrap(method))
+    try:
+        yield
+    finally:
+        for name, raw in own.items():
+            if raw is None:
+                delattr(group_class, name)  # it was inherited
+            else:
+                setattr(group_class, name, raw)
+
+
 def _tmp(path: Path, suffix: str = ".json.gz") -> Path:
     # Written beside the final file, renamed into place when complete: a crashed run leaves no half trace
     # under the names convert-run reads. torch gzips the Kineto export because the name ends in .gz.
@@ -119,7 +160,9 @@ def collect(run_dir: str | os.PathLike[str], rank: int | None = None, *, steps: 
 
     The rank is `torch.distributed.get_rank()` when a process group is initialized, else `rank`, else 0. Leaving
     the block inside the window writes the steps recorded so far; leaving it before the window raises
-    RuntimeError; an exception raised in the block propagates and nothing is written.
+    RuntimeError; an exception raised in the block propagates and nothing is written. Inside the block, every
+    torch.distributed collective called from Python runs inside a `## etweave:process_group <name> ##`
+    record_function, which tells the converter its process group (gloo records it nowhere else).
     """
     if steps < 1 or wait < 0 or warmup < 0:
         raise ValueError(f"need steps >= 1, wait >= 0, warmup >= 0 (got steps={steps}, wait={wait}, warmup={warmup})")
@@ -168,7 +211,8 @@ def collect(run_dir: str | os.PathLike[str], rank: int | None = None, *, steps: 
     collector.profiler, collector.observer = prof, observer
     prof.start()
     try:
-        yield collector
+        with _annotate_process_groups(torch):
+            yield collector
     except BaseException:
         collector.aborted = True  # a step that raised is no step boundary: write nothing
         raise

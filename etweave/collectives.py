@@ -202,7 +202,7 @@ def _make_comm(g: Graph, it: Item, call: Item | None, groups: dict[str, str], st
     if size is None:
         stats.size_unknown += 1
         size = 0
-    pg = _pg_name(call, rpc, it, groups)
+    pg = _pg_name(call, rpc, it, groups, g)
     seq = _seq(rpc, it)
     short = _short_name(name)
     if kind in (SEND, RECV):
@@ -291,8 +291,10 @@ def _size(call: Item | None, rpc: Item | None, it: Item, annotation: Item | None
     return None
 
 
-def _pg_name(call: Item | None, rpc: Item | None, it: Item, groups: dict[str, str]) -> str:
+def _pg_name(call: Item | None, rpc: Item | None, it: Item, groups: dict[str, str], g: Graph | None = None) -> str:
     names: list[Any] = []
+    if g is not None and call is not None:  # etweave.collect's annotation around the call (gloo has no other)
+        names.append(_annotated_group(g, call))
     if rpc is not None and rpc.host is not None:
         names.append(rpc.host.extra.get("pg_name"))
         v = rpc.host.inputs.values
@@ -305,6 +307,21 @@ def _pg_name(call: Item | None, rpc: Item | None, it: Item, groups: dict[str, st
         if isinstance(name, str) and name in groups:
             return groups[name]
     return ""
+
+
+_PG_PREFIX, _PG_SUFFIX = "## etweave:process_group ", " ##"
+
+
+def _annotated_group(g: Graph, call: Item) -> str | None:
+    """The group name of the nearest `## etweave:process_group <name> ##` op above `call` in the host ET tree."""
+    cur: Item | None = call
+    for _ in range(64):  # the annotation is the call's parent; a bound keeps a damaged tree from looping
+        if cur is None:
+            break
+        if cur.name.startswith(_PG_PREFIX) and cur.name.endswith(_PG_SUFFIX):
+            return cur.name[len(_PG_PREFIX):-len(_PG_SUFFIX)]
+        cur = g.by_id.get(cur.parent) if cur.parent is not None else None
+    return None
 
 
 def _seq(rpc: Item | None, it: Item) -> int | None:

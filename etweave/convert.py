@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from etweave import __version__
+from etweave import __version__, roofline
 from etweave.assemble import assemble
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import SCHEMA_VERSION, stage_et
-from etweave.check import NodeChecker
+from etweave.check import NodeChecker, is_group_id
 from etweave.collectives import find_collectives
 from etweave.deps import Dependencies, infer
 from etweave.errors import BadInput, CheckFailed
@@ -46,6 +46,13 @@ class Result:
             self._nodes = list(self.checked_nodes())
         return self._nodes
 
+    def __repr__(self) -> str:  # the default would print every node and the whole report
+        r = self.report
+        counts = ", ".join(f"{k} {r[k]['output']}/{r[k]['input']}" for k in
+                           ("host_ops", "cpu_ops", "device_ops", "runtime_calls", "collectives") if k in r)
+        return (f"Result(rank {r.get('rank')}: {r.get('nodes')} nodes, {r.get('edges', {}).get('total')} edges, "
+                f"{counts} (output/input), linked by {r.get('link', {}).get('method')})")
+
     def checked_nodes(self) -> Iterator[pb.Node]:
         """The nodes one at a time; after the last, the whole graph is checked. A violation is an etweave bug:
         raising there leaves no output, since the writer renames its temporary file only once this ends."""
@@ -60,7 +67,7 @@ class Result:
 
 
 def process_groups(host: HostTrace | None, kineto: KinetoTrace | None) -> dict[str, str]:
-    """Trace process-group name -> comm-group id: "" for a group of all ranks, else a decimal id."""
+    """Trace process-group name -> comm-group id: "" for a group of all ranks, else a decimal id >= 1."""
     groups: list[dict[str, Any]] = []
     if host is not None:
         groups = host.process_groups() or []
@@ -69,14 +76,36 @@ def process_groups(host: HostTrace | None, kineto: KinetoTrace | None) -> dict[s
         groups = cfg if isinstance(cfg, list) else []
     world = kineto.distributed.get("world_size") if kineto is not None else None
     out: dict[str, str] = {}
+    subgroups: list[str] = []
     for n, grp in enumerate(g for g in groups if isinstance(g, dict)):
         name = str(grp.get("pg_name", n))
         ranks = grp.get("ranks") or []
         if ranks in ([], "all") or (isinstance(world, int) and len(ranks) == world):
             out[name] = ""
         else:
-            out[name] = name if name.isdecimal() else str(n)
+            subgroups.append(name)
+    out.update(assign_group_ids(subgroups))
     return out
+
+
+def assign_group_ids(names: Sequence[str]) -> dict[str, str]:
+    """Comm-group ids for subgroup names, in the order given: a name that is already an id ASTRA-sim accepts
+    (decimal, >= 1, no leading zero) keeps it, the others get the smallest free ids from 1 up (FORMATS.md 3b.5:
+    CommunicatorGroup asserts id > 0; PyTorch names its default group "0")."""
+    ids: dict[str, str] = {}
+    for name in names:
+        if is_group_id(name) and str(int(name)) == name:
+            ids.setdefault(name, name)
+    taken = set(ids.values())
+    next_id = 1
+    for name in names:
+        if name in ids:
+            continue
+        while str(next_id) in taken:
+            next_id += 1
+        ids[name] = str(next_id)
+        taken.add(ids[name])
+    return ids
 
 
 def run_pipeline(host: HostTrace | None, kineto: KinetoTrace | None, rank: int | None = None,
@@ -118,6 +147,7 @@ def run_pipeline(host: HostTrace | None, kineto: KinetoTrace | None, rank: int |
     stats = find_collectives(g, process_groups(host, kineto))
     resolve_waits(g)
     deps = infer(g)
+    g.extra["roofline"] = roofline.assign(g)  # read by the report and by build_nodes
     report = build_report(host, kineto, link, device, rep, g, deps, stats)
     if mismatch:  # converted because allowed: say so where the link is described
         report["warnings"]["inputs_mismatched"] = 1

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import node_attrs
+from etweave.model import GPU_KINDS, Graph
 
 
 @dataclass(slots=True)
@@ -89,3 +91,119 @@ def measure(nodes: Sequence[pb.Node]) -> Fidelity:
             firsts.add(key)
     return Fidelity(span, cp, _pct(gpu_err, 0.5), _pct(gpu_err, 0.95), max(gpu_err, default=0.0),
                     max(comm_err, default=0.0), no_pred)
+
+
+# Node kinds that stand for no measured op: time the graph keeps as a fixed duration because no evidence says
+# what it waited for (`delay`: an idle stream, or a thread before anything was handed to it), the measured latency of
+# a thread waking up after what it waited for (`wakeup`), and time a thread spent in code no profiler recorded
+# (`untraced`).
+NO_OP_KINDS = frozenset({"delay", "wakeup", "untraced"})
+RANK_START_OFFSET = "[rank start offset]"  # an initial condition of a whole run, reported beside the share
+
+
+class PathNode(NamedTuple):
+    """What the critical path needs of a node (built from protobuf nodes or from a graph before nodes exist)."""
+
+    id: int
+    name: str
+    kind: str
+    duration: float
+    preds: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class DelayShare:
+    critical_path: float  # µs, unlimited resources
+    share: float  # % of the critical path (less the rank start offset) in nodes of NO_OP_KINDS
+    rank_start_offset: float  # µs of the critical path in the `[rank start offset]` node, not in `share`
+    by_kind: dict[str, float]  # µs of the critical path per kind of NO_OP_KINDS
+    on_path: list[int]  # ids of the critical path, first to last
+
+
+def path_nodes(nodes: Sequence[pb.Node]) -> list[PathNode]:
+    out = []
+    for n in nodes:
+        kind = next((a.string_val for a in n.attr if a.name == "kind"), "")
+        out.append(PathNode(n.id, n.name, kind, float(n.duration_micros), tuple({*n.data_deps, *n.ctrl_deps})))
+    return out
+
+
+def critical_path(nodes: Sequence[PathNode], durations: dict[int, float] | None = None) -> tuple[float, list[int]]:
+    """Length of the longest path with unlimited resources, and its node ids (first to last)."""
+    if not nodes:
+        return 0.0, []
+    index = {n.id: k for k, n in enumerate(nodes)}
+    dur = [n.duration for n in nodes]
+    if durations:
+        for i, d in durations.items():
+            dur[index[i]] = d
+    succ: list[list[int]] = [[] for _ in nodes]
+    indeg = [0] * len(nodes)
+    for k, n in enumerate(nodes):
+        indeg[k] = len(n.preds)
+        for p in n.preds:
+            succ[index[p]].append(k)
+    start = [0.0] * len(nodes)
+    decided = [-1] * len(nodes)  # the predecessor whose end decided a node's start
+    ready = [k for k, d in enumerate(indeg) if d == 0]
+    while ready:
+        k = ready.pop()
+        end = start[k] + dur[k]
+        for j in succ[k]:
+            if end > start[j] or (decided[j] < 0 and end == start[j]):
+                start[j], decided[j] = end, k
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                ready.append(j)
+    last = max(range(len(nodes)), key=lambda k: (start[k] + dur[k], -nodes[k].id))
+    path = [last]
+    while decided[path[-1]] >= 0:
+        path.append(decided[path[-1]])
+    path.reverse()
+    return start[last] + dur[last], [nodes[k].id for k in path]
+
+
+def delay_share(nodes: Sequence[PathNode]) -> DelayShare:
+    """The share of the critical path (unlimited resources) in nodes that stand for no measured op: idle and
+    GPU-idle delays, wake-up latency, untraced work. The rank start offset is an initial condition, kept apart.
+    The report (etweave.report) and bench/replay.py both use this one function."""
+    cp, path = critical_path(nodes)
+    by_id = {n.id: n for n in nodes}
+    by_kind: dict[str, float] = {}
+    offset = 0.0
+    for i in path:
+        n = by_id[i]
+        if n.name == RANK_START_OFFSET:
+            offset += n.duration
+        elif n.kind in NO_OP_KINDS:
+            by_kind[n.kind] = by_kind.get(n.kind, 0.0) + n.duration
+    base = cp - offset
+    share = 100.0 * sum(by_kind.values()) / base if base > 0 else 0.0
+    return DelayShare(cp, share, offset, dict(sorted(by_kind.items())), path)
+
+
+def blocked_in_gpu_syncs(g: Graph) -> tuple[float, float]:
+    """µs CPU threads spent blocked in GPU syncs (from each blocking call's start to the end of the GPU op it
+    waited for), and the part of it during which the device ran GPU ops (what faster GPU ops could shorten; a
+    pageable copy's staging, with the GPU idle, is not)."""
+    busy: dict[int | None, list[tuple[float, float]]] = {}
+    for it in g.items:
+        if it.kind in GPU_KINDS:
+            busy.setdefault(it.device, []).append((it.start, it.start + it.dur))
+    for spans in busy.values():
+        spans.sort()
+    blocked = while_busy = 0.0
+    for it in g.items:
+        for src, how, _ in it.awaits:
+            if how != "sync" or it.part_of is None:
+                continue
+            awaited, call = g.by_id[src], g.by_id[it.part_of]
+            lo, hi = call.start, min(awaited.start + awaited.dur, call.start + call.dur)
+            blocked += max(0.0, hi - lo)
+            cur = lo
+            for s0, e0 in busy.get(awaited.device, []):
+                s1, e1 = max(s0, cur), min(e0, hi)
+                if e1 > s1:
+                    while_busy += e1 - s1
+                    cur = e1
+    return blocked, while_busy

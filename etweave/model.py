@@ -13,6 +13,9 @@ PROCESS_ROOT, THREAD_ROOT, HOST_OP, RUNTIME = "process_root", "thread_root", "ho
 KERNEL, MEMCPY, MEMSET, DELAY = "kernel", "gpu_memcpy", "gpu_memset", "delay"
 # Later self time of an op (after a child returned), and what a blocking call did once its wait was over.
 SELF_PART, RESUME = "self_part", "resume"
+# The measured latency of a thread waking up after what it waited for ended (it follows the wait edge), and time a
+# thread spent with no op open that no evidence says it waited in: code the profiler did not record.
+WAKEUP, UNTRACED = "wakeup", "untraced"
 GPU_KINDS = frozenset({KERNEL, MEMCPY, MEMSET})
 
 
@@ -53,7 +56,7 @@ class Item:
     launcher: int | None = None  # GPU items: the runtime call item that launched it
     comm: Comm | None = None
     pos: int = 0  # place in its thread's or stream's chain: breaks ties between equal start times
-    part_of: int | None = None  # SELF_PART / RESUME / DELAY: the op (or thread) this period belongs to
+    part_of: int | None = None  # SELF_PART / RESUME / WAKEUP / DELAY: the op (or thread) this period belongs to
     awaits: list[tuple[int, str, bool]] = field(default_factory=list)  # (item waited for, evidence, inferred)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,6 +13,9 @@ from etweave.deps import Dependencies
 from etweave.model import GPU_KINDS, HOST_OP, PROCESS_ROOT, RUNTIME, THREAD_ROOT, Graph, Item
 from etweave.read.host_et import IO, PG_INIT_NAME
 from etweave.read.kineto import as_int
+from etweave.roofline import Roofline
+
+DEP_EVIDENCE = "dep_evidence"
 
 
 def _attr(name: str, **value: Any) -> pb.AttributeProto:
@@ -36,43 +40,81 @@ def _tid(tid: int | str | None) -> int:
     return h
 
 
+# The `kind` attr of the `## process_group:init ##` node: its item is a host op, but it stands for no work.
+PG_INIT_KIND = "process_group_init"
+# The `kind` attr values of nodes that stand for no work: zero-length COMP_NODEs (METADATA_NODE in older outputs).
+MARKER_KINDS = frozenset({PROCESS_ROOT, THREAD_ROOT, PG_INIT_KIND})
+
+
+def is_marker_node(node_type: int, kind: str) -> bool:
+    """A written node that stands for no work, by its type and `kind` attr: replays give it no time, what-if
+    edits and timelines leave it out."""
+    return node_type == pb.METADATA_NODE or kind in MARKER_KINDS
+
+
+def is_marker(it: Item) -> bool:
+    """Roots and `## process_group:init ##`: nodes that stand for no work (Chakra calls them metadata)."""
+    return it.kind in (PROCESS_ROOT, THREAD_ROOT) or (it.kind == HOST_OP and it.name == PG_INIT_NAME)
+
+
 def node_type(it: Item) -> int:
+    # Markers are COMP_NODEs of zero duration, as Chakra's converter writes roots: ASTRA-sim aborts on a
+    # METADATA_NODE (FORMATS.md 3b.1). Their role stays in the `kind` attr.
     if it.comm is not None:
         return it.comm.node_type
-    if it.kind in (PROCESS_ROOT, THREAD_ROOT) or (it.kind == HOST_OP and it.name == PG_INIT_NAME):
-        return pb.METADATA_NODE
     return pb.COMP_NODE
 
 
 def duration(it: Item) -> int:
     """µs of the node's own period. Rounding both ends (not the length) keeps a thread's chain of periods summing
     to its measured span instead of drifting by half a µs per node."""
-    if it.kind in (PROCESS_ROOT, THREAD_ROOT):
+    if is_marker(it):
         return 0
     return max(0, round(it.seg_end) - round(it.start))
 
 
 def build_nodes(g: Graph, deps: Dependencies) -> Iterator[pb.Node]:
     """Nodes in ascending id, built lazily so the writer can stream them."""
+    roofline: Roofline | None = g.extra.get("roofline")
+    work = roofline.values if roofline is not None else {}
     for it in g.items:
+        preds = deps.preds.get(it.id, ())
         node = pb.Node(
             id=it.id,
             name=it.name,
             type=node_type(it),
-            data_deps=[e.src for e in deps.preds.get(it.id, ())],
+            data_deps=[e.src for e in preds],
             start_time_micros=max(0, round(it.start)) if it.measured or it.start > 0 else 0,
             duration_micros=duration(it),
         )
         if it.host is not None:
             node.inputs.CopyFrom(_io(it.host.inputs))
             node.outputs.CopyFrom(_io(it.host.outputs))
+            if it.kind == HOST_OP and it.name == PG_INIT_NAME:
+                # ASTRA-sim parses this node's inputs.values as `substr(2, size-4)` JSON whose group names would
+                # replace comm_group.json's ids (FORMATS.md 3b.1): leave it empty, keep the host ET's list in an attr.
+                node.inputs.values = ""
         node.attr.extend(_attrs(it))
+        if node.type == pb.COMP_NODE:
+            # ASTRA-sim's roofline mode throws on a COMP_NODE without both (FORMATS.md 3b.3); 0 = not known
+            num_ops, tensor_size = work.get(it.id, (0, 0))
+            node.attr.append(_attr("num_ops", int64_val=num_ops))
+            node.attr.append(_attr("tensor_size", uint64_val=tensor_size))
+        if preds:  # why each data_dep is there: its evidence source, in data_deps order (docs/OUTPUT.md)
+            node.attr.append(_evidence_attr(tuple(e.source for e in preds)))
         yield node
+
+
+@functools.lru_cache(maxsize=4096)
+def _evidence_attr(sources: tuple[str, ...]) -> pb.AttributeProto:
+    # few distinct combinations occur: build each once (append copies it into the node)
+    return _attr(DEP_EVIDENCE, string_list=pb.StringList(values=sources))
 
 
 def _attrs(it: Item) -> list[pb.AttributeProto]:
     on_gpu = it.kind in GPU_KINDS or it.stream is not None  # GPU events, and idle time on a stream
-    attrs = [_attr("kind", string_val=it.kind), _attr("is_cpu_op", bool_val=it.comm is None and not on_gpu)]
+    kind = PG_INIT_KIND if it.kind == HOST_OP and it.name == PG_INIT_NAME else it.kind
+    attrs = [_attr("kind", string_val=kind), _attr("is_cpu_op", bool_val=it.comm is None and not on_gpu)]
     if it.tid is not None and not on_gpu:
         attrs.append(_attr("tid", int64_val=_tid(it.tid)))
     if on_gpu:
@@ -87,6 +129,8 @@ def _attrs(it: Item) -> list[pb.AttributeProto]:
         attrs.append(_attr("linked", bool_val=it.measured))
         if h.op_schema:
             attrs.append(_attr("op_schema", string_val=h.op_schema))
+        if kind == PG_INIT_KIND:
+            attrs.append(_attr("pg_config", string_val=_io(h.inputs).values))
     if it.kind == HOST_OP and it.measured:
         attrs.append(_attr("exclusive_micros", int64_val=round(it.excl)))
     if it.part_of is not None:

@@ -6,11 +6,17 @@ from typing import Any
 
 from etweave.collectives import CollectiveStats
 from etweave.deps import Dependencies
+from etweave.fidelity import PathNode, delay_share
 from etweave.link import DeviceSelection, HostLink, LeftOut
-from etweave.model import GPU_KINDS, HOST_OP, RUNTIME, THREAD_ROOT, Graph
+from etweave.model import GPU_KINDS, HOST_OP, RUNTIME, THREAD_ROOT, WAKEUP, Graph
+from etweave.nodes import duration
 from etweave.read.host_et import PG_INIT_NAME, HostTrace
 from etweave.read.kineto import KinetoTrace
 from etweave.repair import Repair
+from etweave.roofline import Roofline
+from etweave.waits import NoWaitEvidence
+
+LONG_DELAY = 100.0  # µs: delays on the critical path at least this long are listed with their evidence
 
 
 def build_report(host: HostTrace | None, kineto: KinetoTrace | None, link: HostLink, device: DeviceSelection | None,
@@ -75,6 +81,9 @@ def build_report(host: HostTrace | None, kineto: KinetoTrace | None, link: HostL
         "edges": {"total": sum(deps.per_source.values()), "per_source": dict(sorted(deps.per_source.items())),
                   "inferred": dict(sorted(deps.inferred.items()))},
         "nodes": len(g.items),
+        "roofline": _roofline(g),
+        "delays": delays(g, deps),
+        "collectives_without_dependents": collectives_without_dependents(g, deps),
     }
     if kineto is not None:
         cpu_in, cpu_left = _kineto_cpu_ops(kineto, link)
@@ -90,6 +99,72 @@ def build_report(host: HostTrace | None, kineto: KinetoTrace | None, link: HostL
         report["link"]["note"] = (f"the host ET comes from another iteration than the Kineto trace (sequence numbers "
                                   f"differ by {link.seq_offset}); linked to the structurally identical iteration")
     return report
+
+
+def _roofline(g: Graph) -> dict[str, Any]:
+    """COMP nodes with real num_ops/tensor_size (from their launching op's shapes) and with zeros."""
+    rf: Roofline | None = g.extra.get("roofline")
+    comp = sum(1 for it in g.items if it.comm is None)
+    real = sum(1 for _ops, size in rf.values.values() if size > 0) if rf is not None else 0
+    gpu, covered = (rf.gpu_time_us, rf.gpu_time_covered_us) if rf is not None else (0.0, 0.0)
+    return {"comp_nodes": comp, "real_values": real, "zero_values": comp - real,
+            "gpu_time_covered_pct": round(100.0 * covered / gpu, 2) if gpu > 0 else None,
+            "ops_per_family": rf.ops if rf is not None else {}}
+
+
+def delays(g: Graph, deps: Dependencies) -> dict[str, Any]:
+    """The delay share of the critical path (fidelity.delay_share), every delay on it of LONG_DELAY µs or more with
+    the evidence that nothing was awaited, and the distribution of wake-up latencies."""
+    preds = deps.preds
+    nodes = [PathNode(it.id, it.name, it.kind, float(duration(it)),
+                      tuple(e.src for e in preds[it.id]) if it.id in preds else ()) for it in g.items]
+    ds = delay_share(nodes)
+    long = []
+    evidence: NoWaitEvidence | None = None
+    for i in ds.on_path:
+        it = g.by_id[i]
+        d = duration(it)
+        if it.kind in ("delay", "untraced") and d >= LONG_DELAY:
+            evidence = evidence or NoWaitEvidence(g)
+            where = {"stream": it.stream} if it.stream is not None else {"tid": str(it.tid)}
+            long.append({"node": i, "name": it.name, "kind": it.kind, **where, "start_micros": round(it.start),
+                         "micros": d, "evidence": evidence.of(it)})
+    wakeups = sorted(duration(it) for it in g.items if it.kind == WAKEUP)
+    return {
+        "critical_path_micros": round(ds.critical_path),
+        "share_percent": round(ds.share, 2),
+        "by_kind_micros": {k: round(v) for k, v in ds.by_kind.items()},
+        "rank_start_offset_micros": round(ds.rank_start_offset),
+        "long_delays_on_critical_path": long,
+        "wakeup_micros": _distribution(wakeups),
+    }
+
+
+def _distribution(values: list[int]) -> dict[str, int]:
+    if not values:
+        return {"count": 0}
+    pick = lambda q: values[min(len(values) - 1, int(q * len(values)))]  # noqa: E731
+    return {"count": len(values), "total": sum(values), "p50": pick(0.5), "p90": pick(0.9), "max": values[-1]}
+
+
+def collectives_without_dependents(g: Graph, deps: Dependencies) -> list[dict[str, Any]]:
+    """Collectives whose completion gates nothing on another thread or stream (program and collective order aside):
+    no thread resumed after one and no other thread or stream consumed its output. A collective's own later
+    periods (`part_of`) stand for it."""
+    gates: set[int] = set()
+    for target, edges in deps.preds.items():
+        dst = g.by_id[target]
+        for e in edges:
+            if e.source in ("thread_order", "collective_order"):
+                continue
+            src = g.by_id[e.src]
+            if (src.tid, src.device, src.stream) != (dst.tid, dst.device, dst.stream):
+                gates.add(src.part_of if src.part_of is not None and src.comm is None else src.id)
+    out = []
+    for it in g.items:
+        if it.comm is not None and it.id not in gates:
+            out.append({"node": it.id, "name": it.name, "collective": it.comm.collective_name})
+    return out
 
 
 def _kineto_cpu_ops(kineto: KinetoTrace, link: HostLink) -> tuple[int, LeftOut]:
@@ -133,6 +208,11 @@ def summary(report: dict[str, Any]) -> str:
     if orphans["count"]:
         out.append(f"  orphans: {orphans['count']} kept under their thread roots, below "
                    f"{len(orphans['missing_parents'])} missing parent(s)")
+    rf = report.get("roofline")
+    if rf and rf["comp_nodes"]:
+        covered = f" ({rf['gpu_time_covered_pct']}% of GPU time)" if rf["gpu_time_covered_pct"] is not None else ""
+        out.append(f"  roofline: {rf['real_values']} of {rf['comp_nodes']} COMP nodes with num_ops/tensor_size from "
+                   f"their op's shapes{covered}, {rf['zero_values']} with zeros")
     nonzero = {k: v for k, v in report["warnings"].items() if v}
     out.append("  warnings: " + (", ".join(f"{k}={v}" for k, v in nonzero.items()) if nonzero else "none"))
     if report["collective_type_mapping"]:

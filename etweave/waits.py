@@ -1,9 +1,14 @@
 """Stage 5a, waits: time a thread or stream spent waiting becomes an edge, never a duration.
 
 Each finder looks at the measured timeline, records on the waiting item what it waited for (`Item.awaits`,
-turned into edges by the `waits` evidence source), and cuts the waiting time out of the node: a blocking period
-keeps a zero-length node where it began and gets a RESUME node for what it did after the wait was over; an idle
-gap explained by a handoff from another thread disappears. What no evidence explains stays as a DELAY node.
+turned into edges by the evidence sources `sync`, `event_wait`, `stream_wait`, `thread_wait` and `handoff` in
+etweave.deps.sources), and cuts the waiting time out of the node: a blocking CUDA call keeps a zero-length node
+where it began and gets a RESUME node for what it did after the wait was over; a thread that waited for another
+thread keeps a zero-length node where the wait began and ends in a WAKEUP node, from the awaited end to its
+resuming (the measured latency); an idle gap explained by a handoff from another thread disappears (or becomes
+the worker's WAKEUP). Waits between threads are found from structure (which thread handed which thread work),
+whatever the wake-up latency up to MAX_WAKEUP. What no evidence explains stays a fixed duration: UNTRACED between
+a thread's ops, an `[idle]` DELAY before its first op or on a GPU stream.
 """
 
 from __future__ import annotations
@@ -12,13 +17,30 @@ import bisect
 import math
 from collections import defaultdict
 
-from etweave.model import DELAY, GPU_KINDS, HOST_OP, MEMCPY, RESUME, RUNTIME, SELF_PART, THREAD_ROOT, Graph, Item
+from etweave.model import (
+    DELAY,
+    GPU_KINDS,
+    HOST_OP,
+    MEMCPY,
+    RESUME,
+    RUNTIME,
+    SELF_PART,
+    THREAD_ROOT,
+    UNTRACED,
+    WAKEUP,
+    Graph,
+    Item,
+)
 from etweave.read.kineto import Event, as_int
 
 # A waiter resumes within this long after what it waited for ended (µs), as FORMATS.md's traces show.
 TOLERANCE = 5.0
 # Only periods at least this long are examined for a hidden wait on another thread (µs).
 MIN_WAIT = 20.0
+# A thread waiting for work it handed to another thread (a gloo worker, the autograd engine, a helper thread)
+# resumes up to this long after that work ended (µs): 78-283 µs on CPU gloo runs (FORMATS.md, "Waiting on CPU
+# threads"); the bound keeps a period that merely overlapped the other thread's work from being taken as a wait.
+MAX_WAKEUP = 1000.0
 _SYNC_WORDS = ("Synchronize",)
 _COPY_PREFIXES = ("cudaMemcpy", "hipMemcpy", "cuMemcpy")
 
@@ -27,9 +49,13 @@ def resolve_waits(g: Graph) -> None:
     chains = _Chains(g)
     records = _SyncRecords(g)
     _event_waits(g, records)
+    _unrecorded_event_waits(g, records)
     _blocking_calls(g, chains, records)
-    _cross_thread_waits(g, chains)
-    _handoffs(g, chains)
+    handed, moments = _handoffs(g, chains, apply=False)  # who hands work to whom, when: evidence for the waits
+    _cross_thread_waits(g, chains, handed, moments)
+    _handoffs(g, chains, apply=True)  # after the waits, so a thread's waiting time is not taken for handing work
+    _await_last_periods(g, chains)
+    _name_untraced(g, chains)
     chains.store()
     _stream_waits(g)
 
@@ -51,14 +77,23 @@ class _Chains:
             s = self._starts[tid] = [self.g.by_id[i].start for i in self.ids[tid]]
         return s
 
+    def reset_starts(self) -> None:
+        """Forget the period starts after periods were moved: rebuilt from the items on next use."""
+        self._starts.clear()
+
     def split(self, it: Item, at: float, kind: str) -> Item:
         """Cut `it`'s period at `at`: `it` keeps [start, at], a new item of `kind` takes [at, end]."""
-        owner = it.part_of if it.part_of is not None else it.id
+        owner: int | None = it.part_of if it.part_of is not None else it.id
         name = self.g.by_id[owner].name if owner in self.g.by_id else it.name
-        tail = Item(id=0, kind=kind, name=f"{name} [{'resumed' if kind == RESUME else 'self'}]", part_of=owner,
+        if it.kind == DELAY:  # an idle period belongs to no op
+            owner, name = None, ""
+        suffix = {RESUME: "[resumed]", WAKEUP: "[wake-up]"}.get(kind, "[self]")
+        tail = Item(id=0, kind=kind, name=f"{name} {suffix}".strip(), part_of=owner,
                     start=at, seg_end=max(at, it.seg_end), measured=True, tid=it.tid)
         tail.dur = tail.excl = tail.seg_end - at
         it.seg_end = max(it.start, min(it.seg_end, at))
+        if it.kind == DELAY:  # an idle period is nothing but its period
+            it.dur = it.excl = it.seg_end - it.start
         self.g.add(tail)
         order = self.ids[it.tid]  # type: ignore[index]
         starts = self._starts.get(it.tid)  # type: ignore[arg-type]
@@ -160,6 +195,41 @@ def _event_waits(g: Graph, records: _SyncRecords) -> None:
             waiter.awaits.append((awaited.id, "event_wait", False))
 
 
+def _unrecorded_event_waits(g: Graph, records: _SyncRecords) -> None:
+    """cudaStreamWaitEvent with no `Stream Wait Event` record (most traces): the stream of the next GPU op the
+    calling thread launches waits for the event, which was recorded after the last op enqueued on another stream
+    before the call (`work.wait()` after a NCCL collective: the compute stream waits for the collective's kernel;
+    before one: the NCCL stream waits for its input). Inferred, and kept only where the timeline agrees (the awaited
+    op ended before the waiting op started)."""
+    calls = sorted((it for it in g.items if it.kind == RUNTIME and it.name.endswith("StreamWaitEvent")
+                    and records.of(it) is None), key=lambda it: (it.start, it.id))
+    if not calls:
+        return
+    launches: dict[int | str, list[tuple[float, Item]]] = defaultdict(list)  # thread -> (launch time, GPU op)
+    for it in g.items:
+        if it.kind in GPU_KINDS and it.launcher is not None:
+            call = g.by_id[it.launcher]
+            if call.tid is not None:
+                launches[call.tid].append((call.start, it))
+    for seq in launches.values():
+        seq.sort(key=lambda p: (p[0], p[1].id))
+    times = {tid: [t for t, _ in seq] for tid, seq in launches.items()}
+    done: set[tuple[int, int]] = set()
+    for call in calls:
+        seq = launches.get(call.tid, [])  # type: ignore[call-overload]
+        k = bisect.bisect_right(times.get(call.tid, []), call.start)  # type: ignore[call-overload]
+        if k >= len(seq):
+            continue
+        waiter = seq[k][1]
+        awaited = next((op for _, op in reversed(seq[:k]) if op.stream != waiter.stream
+                        and op.device == waiter.device), None)
+        if awaited is None or (awaited.id, waiter.id) in done:
+            continue
+        if awaited.start + awaited.dur <= waiter.start + TOLERANCE and awaited.start < waiter.start:
+            waiter.awaits.append((awaited.id, "event_wait", True))
+            done.add((awaited.id, waiter.id))
+
+
 def _blocking_calls(g: Graph, chains: _Chains, records: _SyncRecords) -> None:
     """cudaStreamSynchronize & co., and copies that ran inside their call, waited for GPU work (recorded). A
     `cuda_sync` record names the stream or event waited on; without one, the GPU op that ended last during the
@@ -197,59 +267,168 @@ def _blocking_calls(g: Graph, chains: _Chains, records: _SyncRecords) -> None:
         resume.awaits.append((awaited.id, "sync", False))
 
 
-def _cross_thread_waits(g: Graph, chains: _Chains) -> None:
-    """A long period of a host op that ends right after another thread finished a top-level op was waiting for
-    it (e.g. `## backward ##` on the main thread while the autograd thread runs): inferred from timing."""
+def _cross_thread_waits(g: Graph, chains: _Chains, served: dict[int | str, set[int | str]],
+                        moments: dict[int | str, list[float]]) -> None:
+    """A long period of a thread (an op's own time, its later self time, or idle) inside which an op of another
+    thread ended was waiting for that op, when either the thread resumed within TOLERANCE of its end (any thread),
+    or the op ran on a thread this one handed work to (`handoff`: the gloo worker running the collective it issued,
+    the autograd engine running its backward, a helper thread it joins) and it resumed within MAX_WAKEUP. Inferred
+    from that structure and the timing. The waiting time becomes the edge; the time from the awaited end to the
+    period's end is a WAKEUP node on the waiting thread, as long as the measured latency. A period in which the
+    thread also handed work over (the collective it then waited for) runs until the first such moment."""
     tops = sorted((it for it in g.items if it.kind == HOST_OP and it.measured and it.enclosing is None
-                   and it.tid is not None), key=lambda it: (it.start + it.dur, it.id))
+                   and it.tid is not None and it.dur > 0), key=lambda it: (it.start + it.dur, it.id))
     ends = [it.start + it.dur for it in tops]
-    for it in [x for x in g.items if x.kind in (HOST_OP, SELF_PART) and x.measured and x.comm is None]:
+    periods = [x for x in g.items if x.kind in (HOST_OP, SELF_PART, DELAY) and x.measured and x.comm is None
+               and x.tid is not None and x.stream is None and x.id not in chains.removed]
+    for it in periods:
         if it.seg_end - it.start < MIN_WAIT:
             continue
         x = _latest_before(ends, tops, it.start + TOLERANCE, it.seg_end, lambda o, t=it.tid: o.tid != t)
         if x is None or it.seg_end - (x.start + x.dur) > TOLERANCE:
-            continue
-        resume = chains.split(it, it.start, RESUME)
-        resume.start = min(x.start + x.dur, resume.seg_end)
-        resume.awaits.append((x.id, "thread_wait", True))
+            handed = served.get(it.tid, set())  # type: ignore[arg-type]
+            x = _latest_before(ends, tops, it.start + TOLERANCE, it.seg_end, lambda o, h=handed: o.tid in h)
+            if x is None or it.seg_end - (x.start + x.dur) > MAX_WAKEUP:
+                continue
+        x_end = x.start + x.dur
+        times = moments.get(it.tid, [])  # type: ignore[call-overload]
+        k = bisect.bisect_right(times, it.start)
+        wait_from = times[k] if k < len(times) and times[k] < x_end else it.start
+        wake = chains.split(it, wait_from, WAKEUP)
+        wake.start = min(x_end, wake.seg_end)
+        wake.dur = wake.excl = wake.seg_end - wake.start
+        wake.awaits.append((x.id, "thread_wait", True))
+        # Collectives of the threads it handed work to that ended while it waited were waited for too (DDP's
+        # buckets, all waited for at the end of backward): each gates the wake-up, whichever ends last.
+        handed = served.get(it.tid, set())  # type: ignore[arg-type]
+        lo = bisect.bisect_left(ends, wait_from)
+        for o in tops[lo:bisect.bisect_left(ends, x_end)]:
+            if o.comm is not None and o.tid in handed and o is not x:
+                wake.awaits.append((o.id, "thread_wait", True))
+        if it.kind == DELAY and wait_from == it.start:  # the idle period was all waiting: only its wake-up is left
+            chains.removed.add(it.id)
+    chains.reset_starts()
 
 
-def _handoffs(g: Graph, chains: _Chains) -> None:
-    """An idle gap on a worker thread ends when another thread hands it work: the gap is an edge from what that
-    thread was doing at that moment (inferred). The main thread's gaps stay delays (Python work, data loading)."""
+def _await_last_periods(g: Graph, chains: _Chains) -> None:
+    """A thread waited for an op of another thread to end: the edge comes from the op's last period on its thread
+    (the op may have been cut into periods after the wait was found)."""
+    chains.reset_starts()
+    for it in g.items:
+        for n, (src, how, inferred) in enumerate(it.awaits):
+            x = g.by_id[src]
+            if how != "thread_wait" or x.tid is None:
+                continue
+            order, end = chains.ids[x.tid], x.start + x.dur
+            k = bisect.bisect_left(chains.starts(x.tid), end) - 1
+            while k >= 0 and order[k] in chains.removed:
+                k -= 1
+            if k >= 0 and order[k] != src and g.by_id[order[k]].start >= x.start:
+                it.awaits[n] = (order[k], how, inferred)
+
+
+def _name_untraced(g: Graph, chains: _Chains) -> None:
+    """Idle time on a thread between its ops that no evidence says was waiting is code the profiler did not record
+    (Python between ops, data loading): it stays a fixed duration, named for what it is. Idle time before a
+    thread's first op that no hand-over explains stays an `[idle]` delay: the thread had not started working."""
+    for order in chains.ids.values():
+        started = False
+        for i in order:
+            it = g.by_id[i]
+            if i in chains.removed or it.kind == THREAD_ROOT:
+                continue
+            if it.kind == DELAY and started:
+                it.kind, it.name = UNTRACED, "[untraced]"
+            started = True
+
+
+def _handoffs(g: Graph, chains: _Chains, apply: bool) -> tuple[dict[int | str, set[int | str]],
+                                                                dict[int | str, list[float]]]:
+    """An idle gap on a worker thread ends when another thread hands it work (inferred). If that thread was running
+    an op at that moment, the op is cut there and the gap becomes an edge from its first part; if it had just
+    entered a wait (a zero-length blocking node while the gap was open, e.g. `backward()` handing the engine its
+    first task), the gap becomes a WAKEUP node from that moment, after an edge from it. The main thread's gaps are
+    not handoffs (Python work, data loading). Returns thread -> the threads it handed work to, and thread -> the
+    moments it did (sorted); with `apply` False only those are computed, nothing is changed."""
+    handed: dict[int | str, set[int | str]] = defaultdict(set)
+    moments: dict[int | str, list[float]] = defaultdict(list)
     firsts = {tid: next((g.by_id[i].start for i in order if g.by_id[i].kind not in (THREAD_ROOT, DELAY)), None)
               for tid, order in chains.ids.items()}
     timed = {t: s for t, s in firsts.items() if s is not None}
     if len(timed) < 2:
-        return
+        return handed, moments
     main = min(timed, key=lambda t: (timed[t], -len(chains.ids[t]), str(t)))
     for tid, order in sorted(chains.ids.items(), key=lambda kv: str(kv[0])):
         if tid == main:
             continue
         for pos, i in enumerate(list(order)):
             gap = g.by_id[i]
-            if gap.kind != DELAY or pos + 1 >= len(order):
+            if gap.kind != DELAY or pos + 1 >= len(order) or i in chains.removed:
                 continue
             nxt = g.by_id[order[pos + 1]]
-            src = _executing(g, chains, main, nxt.start) or next(
+            found = _handing(g, chains, main, gap, nxt.start, idle_hands=True) or next(
                 (s for t in sorted(chains.ids, key=str) if t not in (tid, main)
-                 for s in [_executing(g, chains, t, nxt.start)] if s is not None), None)
-            if src is None:
+                 for s in [_handing(g, chains, t, gap, nxt.start)] if s is not None), None)
+            if found is None:
                 continue
-            if nxt.start - src.start >= 0.5:
-                chains.split(src, nxt.start, SELF_PART if src.kind != RESUME else RESUME)
-            nxt.awaits.append((src.id, "handoff", True))
-            chains.removed.add(gap.id)
+            src, running = found
+            if src.tid is not None:
+                handed[src.tid].add(tid)
+                moments[src.tid].append(nxt.start)
+            if not apply:
+                continue
+            if running:
+                if src.seg_end - nxt.start >= 0.5 and nxt.start - src.start >= 0.5:
+                    chains.split(src, nxt.start, SELF_PART if src.kind != RESUME else RESUME)
+                nxt.awaits.append((src.id, "handoff", True))
+                chains.removed.add(gap.id)
+            else:  # the worker woke up after the handing thread began to wait: that latency is a wake-up
+                gap.kind, gap.name = WAKEUP, "[wake-up]"
+                gap.start = src.seg_end if src.seg_end > src.start else math.nextafter(src.start, math.inf)
+                gap.dur = gap.excl = gap.seg_end - gap.start
+                gap.awaits.append((src.id, "handoff", True))
+                chains.reset_starts()
+    for times in moments.values():
+        times.sort()
+    return handed, moments
 
 
-def _executing(g: Graph, chains: _Chains, tid: int | str, t: float) -> Item | None:
-    """The period running on thread `tid` at time t (not an idle gap), if any."""
+def _handing(g: Graph, chains: _Chains, tid: int | str, gap: Item, t: float,
+             idle_hands: bool = False) -> tuple[Item, bool] | None:
+    """The period of thread `tid` that handed work to a thread whose idle `gap` ended at t: the op it was running
+    then (True), or the blocking node it had entered while the gap was open, within MAX_WAKEUP (False). With
+    `idle_hands` (the main thread), its untraced code (Python calling `backward()`, starting a thread) hands work
+    over too; a worker's idle time is only waiting."""
+    running = _executing(g, chains, tid, t, idle_hands)
+    if running is not None:
+        return running, True
+    order = chains.ids[tid]
+    k = bisect.bisect_right(chains.starts(tid), t) - 1
+    while k >= 0 and order[k] in chains.removed:
+        k -= 1
+    if k < 0:
+        return None
+    last = g.by_id[order[k]]
+    if (last.kind != THREAD_ROOT and (idle_hands or last.kind != DELAY) and last.seg_end > last.start
+            and t - last.seg_end < 0.5):
+        return last, True  # it ended as the gap did (a period cut where it handed the work over)
+    if (last.kind in (HOST_OP, RUNTIME, SELF_PART, RESUME) and last.seg_end == last.start
+            and gap.start <= last.start and t - last.start <= MAX_WAKEUP):
+        return last, False
+    return None
+
+
+def _executing(g: Graph, chains: _Chains, tid: int | str, t: float, idle: bool) -> Item | None:
+    """The period running on thread `tid` at time t, if any (an idle period only with `idle`)."""
     order = chains.ids[tid]
     starts = chains.starts(tid)  # periods are in start order
     k = bisect.bisect_right(starts, t) - 1
     while k >= 0:
         it = g.by_id[order[k]]
-        if it.kind not in (DELAY, THREAD_ROOT) and it.start <= t < max(it.seg_end, it.start + 1e-9):
+        if order[k] in chains.removed:
+            k -= 1
+            continue
+        if it.kind != THREAD_ROOT and (idle or it.kind != DELAY) and it.start <= t < max(it.seg_end, it.start + 1e-9):
             return it
         if it.seg_end <= t:
             return None
@@ -309,3 +488,46 @@ def _stream_waits(g: Graph) -> None:
             new_order.append(i)
             prev = it
         g.streams[key] = new_order
+
+
+class NoWaitEvidence:
+    """Why delay periods that stayed fixed durations were not taken for waits: what ended elsewhere while they ran
+    (indexed once, so the report can ask for every long delay of a large trace)."""
+
+    def __init__(self, g: Graph) -> None:
+        tops = sorted((o for o in g.items if o.kind == HOST_OP and o.measured and o.enclosing is None
+                       and o.tid is not None), key=lambda o: (o.start + o.dur, o.id))
+        self.tops = (tops, [o.start + o.dur for o in tops])
+        gpu: dict[int | None, list[Item]] = defaultdict(list)
+        for o in g.items:
+            if o.kind in GPU_KINDS:
+                gpu[o.device].append(o)
+        self.gpu = {}
+        for dev, ops in gpu.items():
+            ops.sort(key=lambda o: (o.start + o.dur, o.id))
+            self.gpu[dev] = (ops, [o.start + o.dur for o in ops])
+
+    def of(self, it: Item) -> str:
+        end = it.seg_end
+        if it.stream is not None:  # idle on a GPU stream
+            ops, ends = self.gpu.get(it.device, ([], []))
+            last = _latest_before(ends, ops, it.start, end + TOLERANCE, lambda o: o.stream != it.stream)
+            if last is None:
+                return "no op on another stream of its device ended while the stream was idle"
+            return (f"the last op on another stream to end ({last.name}, stream {last.stream}) ended "
+                    f"{end - last.start - last.dur:.0f} us before the idle time did (> {TOLERANCE:.0f} us)")
+        tops, ends = self.tops
+        last = _latest_before(ends, tops, math.nextafter(it.start, math.inf), end, lambda o: o.tid != it.tid)
+        if last is None:
+            return "no op of another thread ended during it: nothing it could have waited for"
+        gap = end - last.start - last.dur
+        if gap > MAX_WAKEUP:
+            return (f"the last op of another thread to end during it ({last.name}, thread {last.tid}) ended "
+                    f"{gap:.0f} us before it did (> {MAX_WAKEUP:.0f} us)")
+        return (f"the last op of another thread to end during it ({last.name}, thread {last.tid}) ended {gap:.0f} us "
+                f"before it did, but this thread handed that thread no work (> {TOLERANCE:.0f} us)")
+
+
+def no_wait_evidence(g: Graph, it: Item) -> str:
+    """NoWaitEvidence for one delay period."""
+    return NoWaitEvidence(g).of(it)

@@ -14,6 +14,7 @@ import importlib.util
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -25,7 +26,10 @@ from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import node_attrs, read_et
 from etweave.cli import main as etweave_main
 from etweave.commands import COMMANDS
+from etweave.convert import run_pipeline
 from etweave.fidelity import measure
+from etweave.read.host_et import read_host_et
+from etweave.read.kineto import read_kineto
 from etweave.report import reconciles
 
 REPO = Path(__file__).resolve().parents[1]
@@ -198,11 +202,42 @@ def test_gloo_run_passes_check(gloo_run: tuple[Path, Path, dict[int, dict[str, A
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_gloo_run_replays_as_measured(gloo_run: tuple[Path, Path, dict[int, dict[str, Any]]], rank: int) -> None:
-    _, out, _ = gloo_run
-    f = measure(nodes_of(out, rank))
+    # One rank converted alone: convert-run's files leave the wait for the slowest peer to the replay's
+    # rendezvous (threads wait for their collectives), so alone they would replay each rank without its peers.
+    run_dir, _, _ = gloo_run
+    d = run_dir / f"rank{rank}"
+    f = measure(run_pipeline(read_host_et(d / "host.json.gz"), read_kineto(d / "kineto.json.gz")).nodes)
     assert abs(f.critical_path_error) <= 2.0, f"critical path {f.critical_path} us vs span {f.span} us"
     assert f.collective_error_max <= 5.0, f"a collective replays {f.collective_error_max:.2f}% of the span off"
     assert f.no_predecessor == []
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_gloo_run_threads_wait_for_their_collectives(gloo_run: tuple[Path, Path, dict[int, dict[str, Any]]],
+                                                      rank: int) -> None:
+    """Every collective a gloo worker ran for the issuing thread gates a wake-up of that thread through a wait
+    edge (`thread_wait`), so a slower collective delays the thread that waited for it; only send/recv, which
+    gloo runs on the issuing thread itself, have none, and the report lists exactly those."""
+    _, out, reports = gloo_run
+    nodes = nodes_of(out, rank)
+    attrs = {n.id: node_attrs(n) for n in nodes}
+    by_id = {n.id: n for n in nodes}
+    owner = {n.id: attrs[n.id].get("part_of", n.id) for n in nodes}  # a period stands for its op
+    woken: dict[int, set[int]] = {}  # comm node -> threads whose wake-up depends on it
+    for n in nodes:
+        if attrs[n.id]["kind"] == "wakeup":
+            for d in n.data_deps:
+                woken.setdefault(owner[d], set()).add(attrs[n.id]["tid"])
+    comm = comm_nodes(nodes)
+    inline = []
+    for n in comm:
+        issuer = attrs[attrs[n.id]["et_parent"]]["tid"] if attrs[n.id]["et_parent"] in attrs else None
+        if issuer == attrs[n.id]["tid"]:
+            inline.append(n.id)
+            continue
+        assert issuer is not None and issuer in woken.get(n.id, set()), f"nothing waits for {n.id} {n.name}"
+    assert {by_id[i].name for i in inline} <= {"gloo:send", "gloo:recv"}
+    assert sorted(c["node"] for c in reports[rank]["collectives_without_dependents"]) == sorted(inline)
 
 
 # ---------------------------------------------------------------------------------------------- orphans
@@ -268,6 +303,31 @@ def test_orphans_on_a_second_thread(tmp_path: Path) -> None:
     assert len(steps) == 2 and len(main_threads) == 1
     missing = report["orphans"]["missing_parents"]
     assert len(missing) == 1 and missing[0]["thread"] not in main_threads, "one missing parent: `bg_loop`"
+
+
+def test_main_thread_waits_for_the_helper_it_joins(tmp_path: Path) -> None:
+    """Each step hands work to a new helper thread, does shorter work of its own, then joins the helper: the
+    helper's work is gated by an edge from the main thread, and the main thread resumes after the helper's work
+    (a wake-up after a wait edge), so a slower helper would delay it and a faster one would not be hidden."""
+    scenario("helper_join", tmp_path / "run")
+    d = tmp_path / "run" / "rank0"
+    result = run_pipeline(read_host_et(d / "host.json.gz"), read_kineto(d / "kineto.json.gz"))
+    g = result.graph
+    helpers = [it for it in g.items if it.name == "helper_work" and it.measured]
+    (main,) = {it.tid for it in g.items if it.name == "main_work" and it.measured}
+    assert len(helpers) == 2 and all(h.tid != main for h in helpers)
+    preds = result.deps.preds
+    for h in helpers:
+        chain = [g.by_id[i] for i in g.threads[h.tid]]
+        upto = chain[:chain.index(h) + 1]
+        handed = [g.by_id[e.src] for it in upto for e in preds.get(it.id, ()) if e.source == "handoff"]
+        assert any(src.tid == main for src in handed), "the helper's work follows the main thread's hand-over"
+        end = h.start + h.dur
+        woken = [it for it in g.items if it.kind == "wakeup" and it.tid == main
+                 and any(e.source == "thread_wait" and g.by_id[e.src].tid == h.tid and g.by_id[e.src].start >= h.start
+                         and g.by_id[e.src].seg_end >= end - 1 for e in preds.get(it.id, ()))]
+        assert len(woken) == 1, "the main thread's join ends in a wake-up after the helper's work"
+    assert abs(measure(result.nodes).critical_path_error) <= 2.0
 
 
 # ---------------------------------------------------------------------------------------------- scenarios
@@ -346,6 +406,30 @@ def _scenario_second_thread(run_dir: Path) -> None:
     dist.destroy_process_group()
 
 
+def _scenario_helper_join(run_dir: Path) -> None:
+    """Each recorded step: start a helper thread (5 ms of work), do 1 ms of work, join the helper."""
+    import torch
+    from torch.profiler import record_function
+
+    from etweave.collect import collect
+
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+
+    def work(name: str, seconds: float) -> None:
+        with record_function(name):
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                (a @ b).tanh()
+
+    with collect(run_dir, rank=0, steps=2) as c:
+        for _ in range(c.total_steps):
+            helper = threading.Thread(target=work, args=("helper_work", 0.005))
+            helper.start()
+            work("main_work", 0.001)
+            helper.join()
+            c.step()
+
+
 def _scenario_api(run_dir: Path) -> None:
     import torch
 
@@ -384,4 +468,4 @@ def _scenario_api(run_dir: Path) -> None:
 
 if __name__ == "__main__":
     {"open_record_function": _scenario_open_record_function, "second_thread": _scenario_second_thread,
-     "api": _scenario_api}[sys.argv[1]](Path(sys.argv[2]))
+     "api": _scenario_api, "helper_join": _scenario_helper_join}[sys.argv[1]](Path(sys.argv[2]))

@@ -287,13 +287,18 @@ def test_comm_group_ids_are_run_wide() -> None:
     world = {"name": "0", "ranks": [], "size": 4, "source": "host"}
     outputs = [out_with_groups(0, [world, g_a, g_b]), out_with_groups(3, [world, g_b, g_a])]
     comm_group, ids, notes = build_comm_group(outputs, 4)
-    assert ids == {"0": "", "9f2c": "0", "77aa": "1"}
-    assert comm_group == {"0": [0, 1], "1": [2, 3]}
+    assert ids == {"0": "", "9f2c": "1", "77aa": "2"}  # ids from 1: ASTRA-sim asserts a group id > 0
+    assert comm_group == {"1": [0, 1], "2": [2, 3]}
     assert notes == []
     numbered = [out_with_groups(0, [{"name": "5", "ranks": [1, 2], "size": 2, "source": "kineto_pg_config"},
                                     {"name": "x", "ranks": [0, 3], "size": 2, "source": "kineto_args"}])]
     comm_group, ids, _ = build_comm_group(numbered, 4)
-    assert ids == {"5": "5", "x": "0"} and comm_group == {"0": [0, 3], "5": [1, 2]}
+    assert ids == {"5": "5", "x": "1"} and comm_group == {"1": [0, 3], "5": [1, 2]}
+    # a subgroup the trace calls "0" (not the world group) cannot keep that name
+    zero = [out_with_groups(0, [{"name": "0", "ranks": [1, 2], "size": 2, "source": "kineto_pg_config"},
+                                {"name": "1", "ranks": [0, 3], "size": 2, "source": "kineto_pg_config"}])]
+    comm_group, ids, _ = build_comm_group(zero, 4)
+    assert ids == {"1": "1", "0": "2"} and comm_group == {"1": [0, 3], "2": [1, 2]}
 
 
 def comm_node(nid: int, pg: str, start: int, measured: int, name: str = "allreduce") -> pb.Node:
@@ -311,7 +316,10 @@ def comm_node(nid: int, pg: str, start: int, measured: int, name: str = "allredu
 
 def fake_rank(rank: int, local_sub: str, start: int, measured: int) -> dict[str, Any]:
     """A converted rank as convert_rank returns it: one collective in a hash-named subgroup, numbered locally."""
-    root = pb.Node(id=1, name="root", type=pb.METADATA_NODE)
+    root = pb.Node(id=1, name="root", type=pb.COMP_NODE)
+    root.attr.extend([pb.AttributeProto(name="kind", string_val="process_root"),
+                      pb.AttributeProto(name="num_ops", int64_val=0),
+                      pb.AttributeProto(name="tensor_size", uint64_val=0)])
     nodes = [root, comm_node(2, local_sub, start, measured)]
     metadata = pb.GlobalMetadata(version="0.0.4")
     groups = [{"name": "w", "ranks": [], "size": 4, "source": "host"},
@@ -322,9 +330,9 @@ def fake_rank(rank: int, local_sub: str, start: int, measured: int) -> dict[str,
 
 
 def test_pg_name_is_one_id_on_every_rank() -> None:
-    # the per-rank converter numbered the same group 1 on rank 0 and 0 on rank 1; the run gives it one id
-    result = assemble_run([fake_rank(0, "1", start=100, measured=50), fake_rank(1, "0", start=130, measured=22)])
-    assert result.comm_group == {"0": [0, 1]}
+    # the per-rank converter numbered the same group 2 on rank 0 and 1 on rank 1; the run gives it one id
+    result = assemble_run([fake_rank(0, "2", start=100, measured=50), fake_rank(1, "1", start=130, measured=22)])
+    assert result.comm_group == {"1": [0, 1]}
     assert result.report["pg_name_rewritten"] == 1
     assert result.consistent
     got = {}
@@ -332,9 +340,9 @@ def test_pg_name_is_one_id_on_every_rank() -> None:
         a = node_attrs(nodes[1])
         got[rank] = (a["pg_name"], nodes[1].duration_micros, a["transfer_duration_micros"])
     # ends 150 and 152, latest start 130: what is left of each is the transfer
-    assert got == {0: ("0", 20, 20), 1: ("0", 22, 22)}
+    assert got == {0: ("1", 20, 20), 1: ("1", 22, 22)}
     [group] = result.report["cross_rank"]["groups"]
-    assert (group["group"], group["members"], group["absent"]) == ("0", 2, 0)
+    assert (group["group"], group["members"], group["absent"]) == ("1", 2, 0)
 
 
 def test_convert_run_same_bytes_whatever_the_hash_seed(traces: Path, tmp_path: Path) -> None:
@@ -353,7 +361,8 @@ def test_example_command_converts_the_bundled_run(tmp_path: Path, capsys: pytest
     from etweave.cli import main
     assert main(["example", "-o", str(tmp_path / "ex")]) == 0
     out = capsys.readouterr().out
-    assert out.count("host_ops") == 2 and "warnings: none" in out and "consistent" in out
+    assert out.count("  host_ops ") == 2 and "warnings: none" in out and "consistent" in out
+    assert "linked by rf_id:" in out and "cpu_ops:" in out  # the words of the summary, explained
     assert sorted(p.name for p in (tmp_path / "ex").iterdir()) == ["comm_group.json", "report.json", "trace.0.et",
                                                                     "trace.1.et"]
     assert main(["check", str(tmp_path / "ex")]) == 0

@@ -240,14 +240,14 @@ def test_timeline_has_measured_and_simulated_tracks(tmp_path: Path, capsys: pyte
     names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
     assert set(names.values()) == {"measured rank 0", "simulated rank 0", "measured rank 1", "simulated rank 1"}
     pid = {v: k for k, v in names.items()}
-    slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["tid"] != 0]  # tid 0: the critical path
     sim0 = {e["args"]["id"]: e for e in slices if e["pid"] == pid["simulated rank 0"]}
     meas0 = {e["args"]["id"]: e for e in slices if e["pid"] == pid["measured rank 0"]}
     # simulated slices sit in the measured frame: origin (100) + issue; the collective shows its wait
     assert (sim0[2]["ts"], sim0[2]["dur"], sim0[2]["args"]["wait_us"]) == (110, 25, 20)
     assert (meas0[2]["ts"], meas0[2]["dur"]) == (110, 25)
     threads = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
-    assert threads == {"gpu0:stream7"}
+    assert threads == {"gpu0:stream7", "critical path"}
     assert not list(out_json.parent.glob(".*tmp*"))  # the temporary file was renamed away
 
 

@@ -1,25 +1,57 @@
-"""Read and write Chakra `.et` streams: GlobalMetadata, then Node after Node, each length-prefixed."""
+"""Read and write Chakra `.et` streams: GlobalMetadata, then Node after Node, each length-prefixed.
+
+A file is read as gzip when it starts with gzip's magic bytes (Chakra's tools write `.et.gz`), whatever its
+name; it is written as gzip only when its name ends in `.gz` (ASTRA-sim's feeder reads no gzip).
+"""
 
 from __future__ import annotations
 
+import gzip
+import inspect
+import io
+import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import IO, Any
 
-from google.protobuf.internal.decoder import _DecodeVarint32  # type: ignore[attr-defined]
-from google.protobuf.internal.encoder import _VarintBytes  # type: ignore[attr-defined]
-from google.protobuf.json_format import MessageToDict
+from google.protobuf.json_format import MessageToDict, MessageToJson
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.errors import BadInput
 from etweave.output import stage, write_atomic
-from etweave.read.source import read_plain
+from etweave.read.source import input_limit, open_binary
 
 SCHEMA_VERSION = "0.0.4"
+GZIP_MAGIC = b"\x1f\x8b"
+_CHUNK = 1 << 20  # bytes read at a time: memory stays bounded by the largest message, not the file
+_MAX_VARINT = 10  # bytes of a 64-bit varint
+
+
+def varint_bytes(value: int) -> bytes:
+    """Protobuf's base-128 varint (a few lines of our own: protobuf's helper is internal)."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def decode_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """(value, position after it). IndexError when `buf` ends inside the varint, ValueError when it is overlong."""
+    result = shift = 0
+    for i in range(pos, pos + _MAX_VARINT):
+        b = buf[i]
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, i + 1
+        shift += 7
+    raise ValueError(f"length prefix at byte {pos} is longer than {_MAX_VARINT} bytes")
 
 
 def _delimited(msg: pb.GlobalMetadata | pb.Node) -> Iterator[bytes]:
     data = msg.SerializeToString(deterministic=True)  # deterministic: the same input gives the same bytes
-    yield _VarintBytes(len(data))
+    yield varint_bytes(len(data))
     yield data
 
 
@@ -31,27 +63,44 @@ def _stream(metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node]) -> Iterator[b
         yield from _delimited(node)
 
 
+def gzipped(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """gzip of the chunks, streamed. zlib's gzip header has no name and mtime 0: the same input, the same bytes."""
+    comp = zlib.compressobj(6, zlib.DEFLATED, 31)  # wbits 31: gzip container
+    for chunk in chunks:
+        out = comp.compress(chunk)
+        if out:
+            yield out
+    yield comp.flush()
+
+
 def serialize(metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node]) -> bytes:
     """The .et stream in memory (a whole-run conversion ships ranks between processes this way)."""
     return b"".join(_stream(metadata, nodes))
 
 
+def is_gz_name(path: Path | str) -> bool:
+    return str(path).endswith(".gz")
+
+
 def write_et(path: Path, metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node]) -> None:
-    """Stream to a temporary file beside `path`, renamed only once complete."""
-    write_atomic(path, _stream(metadata, nodes))
+    """Stream to a temporary file beside `path`, renamed only once complete; gzip when `path` ends in `.gz`."""
+    chunks = _stream(metadata, nodes)
+    write_atomic(path, gzipped(chunks) if is_gz_name(path) else chunks)
 
 
 def stage_et(path: Path, metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node], clean: bool = True) -> Path:
-    """Stream to a temporary file beside `path` and return it; `etweave.output.commit` renames it into place."""
-    return stage(path, _stream(metadata, nodes), clean)
+    """Stream to a temporary file beside `path` (gzip when it ends in `.gz`) and return it;
+    `etweave.output.commit` renames it into place."""
+    chunks = _stream(metadata, nodes)
+    return stage(path, gzipped(chunks) if is_gz_name(path) else chunks, clean)
 
 
 def et_files(paths: Iterable[Path]) -> list[Path]:
-    """The .et files named: a file as it is, a folder as every `*.et` in it (sorted)."""
+    """The .et files named: a file as it is, a folder as every `*.et` and `*.et.gz` in it (sorted)."""
     files: list[Path] = []
     for path in paths:
         if path.is_dir():
-            found = sorted(p for p in path.glob("*.et") if p.is_file())
+            found = sorted(p for p in [*path.glob("*.et"), *path.glob("*.et.gz")] if p.is_file())
             if not found:
                 raise BadInput(path, "no .et files in this folder")
             files.extend(found)
@@ -62,43 +111,105 @@ def et_files(paths: Iterable[Path]) -> list[Path]:
     return files
 
 
-def _messages(data: bytes, path: Path | str) -> Iterator[bytes]:
-    pos, end = 0, len(data)
-    while pos < end:
+def _raw_messages(stream: IO[bytes], path: Path | str) -> Iterator[bytes]:
+    """Each length-prefixed message's bytes, reading `stream` a chunk at a time."""
+    buf, pos, base, eof = b"", 0, 0, False  # base: file offset of buf[0], for messages
+    limit = input_limit()
+    while True:
         try:
-            size, pos = _DecodeVarint32(data, pos)
-        except Exception as exc:  # the decoder raises IndexError or its own DecodeError
-            raise BadInput(path, f"truncated length prefix at byte {pos}") from exc
-        if pos + size > end:
-            raise BadInput(path, f"truncated message at byte {pos}: needs {size} bytes, {end - pos} left")
-        yield data[pos : pos + size]
-        pos += size
+            size, start = decode_varint(buf, pos)
+        except IndexError:
+            size, start = -1, -1
+        except ValueError as exc:
+            raise BadInput(path, f"not a Chakra .et stream: {exc}") from exc
+        if start >= 0 and size > limit:  # a (gzip) bomb or garbage: refuse before buffering it
+            raise BadInput(path, f"message at byte {base + start} claims {size} bytes, more than the {limit} byte "
+                                 "input limit")
+        if start >= 0 and start + size <= len(buf):
+            yield buf[start : start + size]
+            pos = start + size
+            continue
+        if eof:
+            if pos == len(buf):
+                return
+            if start < 0:
+                raise BadInput(path, f"truncated length prefix at byte {base + pos}")
+            raise BadInput(path, f"truncated message at byte {base + start}: needs {size} bytes, "
+                                 f"{len(buf) - start} left")
+        want = _CHUNK if start < 0 else max(_CHUNK, min(start + size - len(buf), 64 * _CHUNK))
+        chunk = _read(stream, want, path)
+        eof = not chunk
+        base += pos
+        buf, pos = buf[pos:] + chunk, 0
 
 
-def read_et(path: Path) -> tuple[pb.GlobalMetadata, list[pb.Node]]:
-    """Read a whole `.et` file (metadata and nodes)."""
-    return parse(read_plain(Path(path)), Path(path))  # a pipe or a device: read_plain decides
+def _read(stream: IO[bytes], size: int, path: Path | str) -> bytes:
+    try:
+        return stream.read(size)
+    except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
+        raise BadInput(path, f"corrupt gzip data: {exc}") from exc
 
 
-def parse(data: bytes, path: Path | str = "<memory>") -> tuple[pb.GlobalMetadata, list[pb.Node]]:
-    """The inverse of `serialize`: a GlobalMetadata, then the nodes."""
-    messages = _messages(data, path)
-    metadata = pb.GlobalMetadata()
-    nodes: list[pb.Node] = []
+def _open(path: Path) -> tuple[IO[bytes], IO[bytes]]:
+    """(the file, what to read from it): the file itself, or a gunzipping view of it."""
+    raw = open_binary(path)  # a pipe is read whole first; a device or a folder is refused
+    try:
+        gz = raw.read(2) == GZIP_MAGIC
+        raw.seek(0)
+    except OSError as exc:
+        raw.close()
+        raise BadInput(path, f"cannot read: {exc.strerror or exc}") from exc
+    return raw, (gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw)  # type: ignore[return-value]
+
+
+def _parse_stream(messages: Iterator[bytes], path: Path | str) -> Iterator[pb.GlobalMetadata | pb.Node]:
+    """The GlobalMetadata first, then every Node."""
     try:
         first = next(messages, None)
         if first is None:
             raise BadInput(path, "empty file: no GlobalMetadata")
+        metadata = pb.GlobalMetadata()
         metadata.ParseFromString(first)
+        yield metadata
         for raw in messages:
             node = pb.Node()
             node.ParseFromString(raw)
-            nodes.append(node)
+            yield node
     except BadInput:
         raise
     except Exception as exc:  # protobuf's DecodeError
         raise BadInput(path, f"not a Chakra .et stream: {exc}") from exc
-    return metadata, nodes
+
+
+def iter_et(path: Path) -> tuple[pb.GlobalMetadata, Iterator[pb.Node]]:
+    """The metadata, and the nodes one at a time (plain or gzip): memory independent of the file's size."""
+    path = Path(path)
+    raw, stream = _open(path)
+
+    def messages() -> Iterator[pb.GlobalMetadata | pb.Node]:
+        with raw, stream:
+            yield from _parse_stream(_raw_messages(stream, path), path)
+
+    it = messages()
+    try:
+        metadata = next(it)
+    except BaseException:
+        it.close()
+        raise
+    return metadata, it  # type: ignore[return-value]
+
+
+def read_et(path: Path) -> tuple[pb.GlobalMetadata, list[pb.Node]]:
+    """Read a whole `.et` (or `.et.gz`) file: metadata and nodes."""
+    metadata, nodes = iter_et(path)
+    return metadata, list(nodes)
+
+
+def parse(data: bytes, path: Path | str = "<memory>") -> tuple[pb.GlobalMetadata, list[pb.Node]]:
+    """The inverse of `serialize`: a GlobalMetadata, then the nodes."""
+    it = _parse_stream(_raw_messages(io.BytesIO(data), path), path)
+    metadata = next(it)
+    return metadata, list(it)  # type: ignore[return-value, arg-type]
 
 
 def attr_value(attr: pb.AttributeProto) -> object:
@@ -114,8 +225,25 @@ def node_attrs(node: pb.Node) -> dict[str, object]:
     return {a.name: attr_value(a) for a in node.attr}
 
 
+# protobuf renamed MessageToDict's "print fields left at their default" option in 5.26 (the old name is gone in
+# 6.x); etweave supports both sides of that (README: protobuf floor).
+_ALL_FIELDS: dict[str, Any] = (
+    {"always_print_fields_with_no_presence": True}
+    if "always_print_fields_with_no_presence" in inspect.signature(MessageToDict).parameters
+    else {"including_default_value_fields": True})
+
+
+def message_dict(msg: pb.GlobalMetadata | pb.Node) -> dict[str, object]:
+    """One message as `etweave jsonize` prints it: proto field names, fields at their default included."""
+    return MessageToDict(msg, preserving_proto_field_name=True, **_ALL_FIELDS)  # type: ignore[arg-type]
+
+
 def to_json(metadata: pb.GlobalMetadata, nodes: list[pb.Node]) -> dict[str, object]:
     """A JSON-able view of a trace, as `etweave jsonize` prints it."""
-    def as_dict(msg: object) -> dict[str, object]:
-        return MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)  # type: ignore[arg-type]
-    return {"metadata": as_dict(metadata), "nodes": [as_dict(n) for n in nodes]}
+    return {"metadata": message_dict(metadata), "nodes": [message_dict(n) for n in nodes]}
+
+
+def chakra_json(msg: pb.GlobalMetadata | pb.Node) -> str:
+    """One message exactly as Chakra's `chakra_jsonizer` writes it: `MessageToJson` with its defaults (JSON
+    camelCase names, fields at their default left out, 64-bit integers as strings, indent 2)."""
+    return MessageToJson(msg)  # type: ignore[arg-type]

@@ -16,21 +16,26 @@ from pathlib import Path
 import orjson
 
 from etweave.chakra import et_def_pb2 as pb
-from etweave.chakra.io import attr_value, et_files, read_et
+from etweave.chakra.io import GZIP_MAGIC, attr_value, et_files, read_et
 from etweave.check import COMM_NODE_TYPES, Violation, check_metadata, check_nodes, check_run
 from etweave.errors import BadInput
 from etweave.read.source import read_plain
 
 EXIT_OK, EXIT_CHECK = 0, 3
-_RANK_NAME = re.compile(r"^.+\.(\d+)\.et$")  # <prefix>.<rank>.et
+_RANK_NAME = re.compile(r"^.+\.(\d+)\.et(?:\.gz)?$")  # <prefix>.<rank>.et, also gzipped
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("check", help="check .et files against what ASTRA-sim requires",
-                       description="Check Chakra .et files: ids, edges, cycles, attr types, collectives, process "
-                                   "groups and send/recv pairing. Exit 0 clean, 3 on violations, 2 on bad input.")
+                       description="Check Chakra .et files against what ASTRA-sim does with them (FORMATS.md 3b): "
+                                   "ids, both edge sets, cycles, node types (no METADATA_NODE), attr types, "
+                                   "num_ops/tensor_size on every COMP_NODE, collectives, process-group ids >= 1, "
+                                   "send/recv pairing. Warnings (comm_size 0, a single rank, MEM nodes) are "
+                                   "listed with counts and do not fail. Exit 0 clean, 3 on violations, 2 on bad "
+                                   "input.")
     p.add_argument("paths", type=Path, nargs="+", metavar="OUT_DIR_or_FILE",
-                   help="a folder (every *.et in it, plus its comm_group.json) or .et files named <prefix>.<rank>.et")
+                   help="a folder (every *.et and *.et.gz in it, plus its comm_group.json) or .et files named "
+                        "<prefix>.<rank>.et (a gzipped .et is read, with a warning: ASTRA-sim reads no gzip)")
     p.add_argument("--comm-group", type=Path, metavar="FILE",
                    help="the comm-group JSON map (overrides a comm_group.json found in the folder)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
@@ -83,11 +88,13 @@ def run(args: argparse.Namespace) -> int:
 
     violations: list[Violation] = []
     notes: list[Violation] = []
+    warnings: list[Violation] = []  # runs in ASTRA-sim, but not as measured: listed, never a failure
     # Only comm nodes go on to the cross-rank checks, so each file's other nodes can be freed once checked.
     comm_nodes: dict[int, list[pb.Node]] = {}
     rank_files: dict[int, Path] = {}
     total_nodes = 0
     for path in files:
+        _warn_if_gzip(path)
         metadata, nodes = read_et(path)
         rank = _rank_of(path, metadata, len(files) == 1)
         if rank in rank_files:
@@ -95,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         rank_files[rank] = path
         total_nodes += len(nodes)
         violations.extend(check_metadata(metadata, str(path)))
-        violations.extend(check_nodes(nodes, str(path)))
+        violations.extend(check_nodes(nodes, str(path), warnings))
         comm_nodes[rank] = [n for n in nodes if n.type in COMM_NODE_TYPES]
         del nodes
 
@@ -106,8 +113,10 @@ def run(args: argparse.Namespace) -> int:
             return replace(v, where=str(rank_files[int(rank)]))
         return v
 
-    violations.extend(located(v) for v in check_run(comm_nodes, comm_group, notes))
+    violations.extend(located(v) for v in check_run(comm_nodes, comm_group, notes, warnings))
     notes = [located(v) for v in notes]
+    warnings = [located(v) for v in warnings]
+    warning_counts = Counter(v.rule for v in warnings)
 
     counts = Counter(v.rule for v in violations)
     limit = args.max_per_rule if args.max_per_rule > 0 else None
@@ -121,6 +130,8 @@ def run(args: argparse.Namespace) -> int:
             "counts": dict(sorted(counts.items())),
             "violations": [_as_dict(v) for v in shown],
             "notes": [_as_dict(v) for v in notes],
+            "warning_counts": dict(sorted(warning_counts.items())),
+            "warnings": [_as_dict(v) for v in _capped(warnings, limit)],
         }
         sys.stdout.buffer.write(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
     else:
@@ -131,8 +142,27 @@ def run(args: argparse.Namespace) -> int:
                 print(f"... {count - limit} more {rule} violation(s) not shown (--max-per-rule 0 shows all)")
         for v in notes:
             print(f"note: {v}")
-        print(_summary(len(files), total_nodes, counts, len(notes)))
+        for v in _capped(warnings, limit):
+            print(f"warning: {v}")
+        for rule, count in sorted(warning_counts.items()):
+            print(f"warnings: {rule} {count}" + (f" ({count - limit} not shown)" if limit is not None
+                                                  and count > limit else ""))
+        print(_summary(len(files), total_nodes, counts, len(notes), sum(warning_counts.values())))
     return EXIT_CHECK if violations else EXIT_OK
+
+
+def _warn_if_gzip(path: Path) -> None:
+    """etweave and Chakra's tools read gzip, ASTRA-sim's feeder does not: say so, but check the content."""
+    if not path.is_file():  # a pipe (its bytes are read_et's) or a device (refused there): no peeking
+        return
+    try:
+        with open(path, "rb") as f:
+            gz = f.read(2) == GZIP_MAGIC
+    except OSError:
+        return  # read_et says why, as bad input
+    if gz:
+        print(f"etweave: warning: {path} is gzip-compressed: ASTRA-sim's feeder reads no gzip, gunzip it "
+              "before simulating with ASTRA-sim", file=sys.stderr)
 
 
 def _capped(violations: list[Violation], limit: int | None) -> list[Violation]:
@@ -151,9 +181,9 @@ def _as_dict(v: Violation) -> dict[str, object]:
     return {"rule": v.rule, "where": v.where, "node": v.node, "message": v.message}
 
 
-def _summary(files: int, nodes: int, counts: Counter[str], notes: int) -> str:
+def _summary(files: int, nodes: int, counts: Counter[str], notes: int, warnings: int) -> str:
     head = f"etweave check: {files} file(s), {nodes} node(s): "
-    tail = f"; {notes} note(s)" if notes else ""
+    tail = (f"; {warnings} warning(s)" if warnings else "") + (f"; {notes} note(s)" if notes else "")
     if not counts:
         return head + "clean" + tail
     rules = ", ".join(f"{rule} {n}" for rule, n in sorted(counts.items()))

@@ -17,7 +17,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                        "With only --device, the Kineto cpu ops stand in for the host ET's ops.")
     p.add_argument("--host", type=Path, help="host execution trace (.json or .json.gz; a file or a pipe)")
     p.add_argument("--device", type=Path, help="Kineto trace (.json or .json.gz; a file or a pipe)")
-    p.add_argument("-o", "--output", type=Path, required=True, help="output .et file")
+    p.add_argument("-o", "--output", type=Path, required=True,
+                   help="output .et file (a name ending in .gz writes it gzip-compressed, as Chakra's tools read "
+                   "it; ASTRA-sim's feeder reads only plain .et)")
     p.add_argument("--report", type=Path, help="write the audit report (JSON) here")
     p.add_argument("--rank", type=int, help="this rank's global rank (default: from the Kineto trace, else 0)")
     p.add_argument("--explain", type=int, metavar="NODE_ID", action="append", default=[],

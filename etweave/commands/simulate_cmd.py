@@ -1,6 +1,7 @@
 """`etweave simulate TRACE.et [more ranks...]`: replay .et files event by event and compare with the measured run.
 
-Exit 0 when the replay finishes, 3 on a deadlock (nodes that can never start), 2 on bad input.
+Exit 0 when the replay finishes, 3 on a deadlock (nodes that can never start), 2 on bad input (what-if edits
+included: etweave/simulate/whatif.py).
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ from pathlib import Path
 import orjson
 
 from etweave.chakra.io import et_files
+from etweave.commands import simulate_astra
 from etweave.errors import BadInput, CheckFailed
 from etweave.output import check_outputs
 from etweave.simulate.engine import GraphError, RankGraph, UnknownGroup, replay
 from etweave.simulate.load import COMM_GROUP_FILE, find_comm_group, load_comm_group, load_rank
 from etweave.simulate.metrics import deadlock_report, format_deadlock, format_text, summarize
+from etweave.simulate.steps import format_steps, step_times
+from etweave.simulate.whatif import apply, describe, parse_edit
 
 RULES = """\
 Replay rules: a node starts when all its data_deps and ctrl_deps are done and its resource is free. Resource:
@@ -25,27 +29,69 @@ resource: the one ready first goes first, ties by lowest id. A collective holds 
 on all members given when the last one issues it, and lasts transfer_duration_micros (else duration_micros);
 the k-th collective of a pg on each rank (ascending id) match. The k-th send S->D with tag T matches the k-th
 recv on D from S with tag T; sends never wait; a recv ends at max(own start + duration, send start + send
-duration). Ranks come from the GlobalMetadata attr rank, else the file name <prefix>.<rank>.et."""
+duration). Ranks come from the GlobalMetadata attr rank, else the file name <prefix>.<rank>.et.
+
+What-if edits (--scale, --set-duration, --comm-bandwidth; repeatable, applied in the order given) change
+durations after loading and before the replay; measured times stay those of the run the files came from.
+SELECTOR is key=value terms joined by ',' that must all hold:
+  name=GLOB   an op whose name matches (fnmatch), with its [self]/[resumed] parts
+  kind=K      cpu (host ops, runtime calls; never delays), gpu (kernels, GPU copies/memsets), comm,
+              or a value of the node attr kind (host_op, delay, ...)
+  rank=LIST   global ranks, e.g. 0,2-3
+  step=LIST   nodes whose measured start lies inside ProfilerStep#N of their rank
+An edit that selects no node is bad input (exit 2). Examples:
+  --scale 'name=aten::mm*:2'                           every aten::mm* op twice as long
+  --scale 'kind=gpu,rank=3:0.5'                        rank 3's GPU work twice as fast
+  --set-duration 'name=straggle,rank=0,step=2:25000'   that op lasts 25 ms in all
+  --comm-bandwidth 2                                   transfer times / 2 (also '[SELECTOR:]FACTOR')
+Printed beside the measured ones: each ProfilerStep's simulated time (else the whole span's), and per edit
+the ops and nodes it changed and the us it added."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("simulate", help="replay .et files event by event and compare with the measured timeline",
                        description="Replay Chakra .et files (one per rank) and compare the simulated timeline with "
                                    "the measured one. Exit 0 ok, 3 on a deadlock, 2 on bad input.",
-                       epilog=RULES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=RULES + "\n\n" + simulate_astra.HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("traces", type=Path, nargs="+", metavar="TRACE.et",
-                   help="one .et file per rank (or a folder: every *.et in it)")
+                   help="one .et (or .et.gz) file per rank, or a folder: every *.et and *.et.gz in it")
     p.add_argument("--comm-group", type=Path, metavar="FILE",
                    help=f"process-group map (default: {COMM_GROUP_FILE} beside the traces)")
     p.add_argument("--timeline", type=Path, metavar="OUT.json",
-                   help="write a Chrome/Perfetto trace with the measured and simulated timelines")
+                   help="write a Chrome/Perfetto trace with the measured and simulated timelines: a track per thread "
+                        "and stream, one slice per op nested as the call stack, the critical path marked and "
+                        "drawn as flow arrows (docs/OUTPUT.md)")
     p.add_argument("--plot", type=Path, metavar="OUT.png",
                    help="write a PNG of measured vs simulated per resource (needs matplotlib)")
+    p.add_argument("--csv", type=Path, metavar="OUT.csv",
+                   help="write one row per node: measured and simulated times, start error, critical-path order "
+                        "and contribution (the whole path)")
+    p.add_argument("--steps-csv", type=Path, metavar="OUT.csv",
+                   help="write one row per rank and ProfilerStep#N: measured and simulated span (a rank without "
+                        "profiler steps: one row for the whole rank)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    p.set_defaults(run=run)
+    simulate_astra.add_arguments(p)
+    what_if = p.add_argument_group("what-if edits (see below)")
+    what_if.add_argument("--scale", action=_EditAction, metavar="SELECTOR:FACTOR",
+                         help="multiply the selected nodes' durations by FACTOR")
+    what_if.add_argument("--set-duration", action=_EditAction, metavar="SELECTOR:MICROS",
+                         help="each selected op lasts MICROS us in all (spread over its node and parts)")
+    what_if.add_argument("--comm-bandwidth", action=_EditAction, metavar="[SELECTOR:]FACTOR",
+                         help="communication FACTOR times as fast: transfer durations divided by FACTOR")
+    p.set_defaults(run=run, edits=[])
+
+
+class _EditAction(argparse.Action):
+    """Collect every what-if option, of any kind, in one list in command-line order."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        namespace.edits = [*namespace.edits, (self.dest.replace("_", "-"), str(values))]
 
 
 def run(args: argparse.Namespace) -> int:
+    simulate_astra.check_arguments(args)
     if args.plot is not None:
         from etweave.simulate.plot import require_matplotlib
 
@@ -54,10 +100,22 @@ def run(args: argparse.Namespace) -> int:
     # every output path checked before the replay (etweave.output.check_outputs: writable, not an input, distinct)
     check_outputs([(flag, path) for flag, path in (("--timeline", args.timeline), ("--plot", args.plot))
                    if path is not None], files)
-    ranks: list[RankGraph] = [load_rank(f, default_rank=0 if len(files) == 1 else None) for f in files]
+    edits = [parse_edit(action, text) for action, text in args.edits]  # bad syntax fails before loading
+    if edits and args.model == "astra-sim":
+        raise BadInput("simulate", "what-if edits (--scale, --set-duration, --comm-bandwidth) apply to the default "
+                                   "model only; --model astra-sim replays the files as written")
     group_file = args.comm_group or find_comm_group(files)
     groups = load_comm_group(group_file) if group_file is not None else {}
+    if args.model == "astra-sim":
+        astra = simulate_astra.run_astra(args, files, groups, _print_json)
+        if args.json:
+            _print_json(astra)
+        else:
+            print(simulate_astra.format_astra(astra))
+        return 0
 
+    ranks: list[RankGraph] = [load_rank(f, default_rank=0 if len(files) == 1 else None) for f in files]
+    applied = apply(ranks, edits)
     try:
         result = replay(ranks, groups)
     except GraphError as exc:
@@ -74,11 +132,28 @@ def run(args: argparse.Namespace) -> int:
         raise CheckFailed(format_deadlock(result))
 
     summary = summarize(result)
+    summary["step_times"] = step_times(result)
+    if applied:
+        summary["whatif"] = describe(applied)
+    details = None
+    if args.timeline is not None or args.csv is not None or args.steps_csv is not None:
+        from etweave.simulate.timeline import load_details
+
+        details = load_details(result)  # kind, parts, call stack, evidence: read again from the files
     if args.timeline is not None:
         from etweave.simulate.timeline import write_timeline
 
-        write_timeline(args.timeline, result)
+        write_timeline(args.timeline, result, details)
         summary["timeline"] = str(args.timeline)
+    if args.csv is not None or args.steps_csv is not None:
+        from etweave.simulate import tables
+
+        if args.csv is not None:
+            tables.write_csv(args.csv, tables.node_records(result, details), tables.NODE_COLUMNS)
+            summary["csv"] = str(args.csv)
+        if args.steps_csv is not None:
+            tables.write_csv(args.steps_csv, tables.step_records(result, details or []), tables.STEP_COLUMNS)
+            summary["steps_csv"] = str(args.steps_csv)
     if args.plot is not None:
         from etweave.simulate.plot import write_plot
 
@@ -88,7 +163,12 @@ def run(args: argparse.Namespace) -> int:
         _print_json(summary)
     else:
         text = format_text(summary)
-        for key in ("timeline", "plot"):
+        if applied:
+            text += "\nwhat-if (simulated: the edited graph; measured: the run the files came from):"
+            text += "".join(f"\n  {e['edit']}: {e['ops']} op(s), {e['nodes']} node(s), {e['before_us']} -> "
+                            f"{e['after_us']} us ({e['added_us']:+d} us)" for e in summary["whatif"])
+        text += "\n" + "\n".join(format_steps(summary["step_times"]))
+        for key in ("timeline", "plot", "csv", "steps_csv"):
             if key in summary:
                 text += f"\nwrote {key} {summary[key]}"
         print(text)

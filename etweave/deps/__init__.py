@@ -11,18 +11,23 @@ from dataclasses import dataclass, field
 from etweave.deps.sources import (
     autograd,
     collective_order,
+    event_wait,
+    handoff,
     launch,
     stream_order,
+    stream_wait,
+    sync,
     tensor_flow,
     thread_order,
-    waits,
+    thread_wait,
 )
 from etweave.model import PROCESS_ROOT, THREAD_ROOT, Edge, Graph, Item
 from etweave.waits import TOLERANCE as WAIT_TOLERANCE
 
 Source = Callable[[Graph], list[Edge]]
 
-SOURCES: list[Source] = [thread_order, launch, stream_order, waits, autograd, tensor_flow, collective_order]
+SOURCES: list[Source] = [thread_order, launch, stream_order, sync, event_wait, stream_wait, thread_wait, handoff,
+                         autograd, tensor_flow, collective_order]
 
 
 @dataclass(slots=True)

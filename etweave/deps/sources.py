@@ -23,8 +23,9 @@ def thread_order(g: Graph) -> list[Edge]:
 
 
 def launch(g: Graph) -> list[Edge]:
-    """A runtime launch call -> the GPU event it launched (Kineto correlation)."""
-    return [Edge(it.launcher, it.id, "launch") for it in g.items if it.launcher is not None]
+    """A runtime launch call -> the GPU event it launched (Kineto correlation), and -> the idle time on the stream
+    before that event (it began once the launch was done)."""
+    return [Edge(it.launcher, it.id, "launch") for it in g.items if it.launcher is not None] + _awaited(g, "launch")
 
 
 def stream_order(g: Graph) -> list[Edge]:
@@ -35,9 +36,36 @@ def stream_order(g: Graph) -> list[Edge]:
     return edges
 
 
-def waits(g: Graph) -> list[Edge]:
-    """What a blocking call, a waiting period or a resumed thread or stream waited for (see etweave.waits)."""
-    return [Edge(src, it.id, source, inferred) for it in g.items for src, source, inferred in it.awaits]
+def _awaited(g: Graph, evidence: str) -> list[Edge]:
+    """The waits of one kind of evidence that etweave.waits found and recorded on the waiting items."""
+    return [Edge(src, it.id, how, inferred) for it in g.items for src, how, inferred in it.awaits if how == evidence]
+
+
+def sync(g: Graph) -> list[Edge]:
+    """A blocking CUDA call (stream/device/event sync, synchronous copy) resumed after the GPU op it waited for."""
+    return _awaited(g, "sync")
+
+
+def event_wait(g: Graph) -> list[Edge]:
+    """cudaStreamWaitEvent: the first op on the waiting stream after the op the event was recorded after (recorded
+    by a `Stream Wait Event` record; inferred from the launch order where there is none)."""
+    return _awaited(g, "event_wait")
+
+
+def stream_wait(g: Graph) -> list[Edge]:
+    """A GPU op that started later than its stream and launch allowed, after another stream's op (inferred)."""
+    return _awaited(g, "stream_wait")
+
+
+def thread_wait(g: Graph) -> list[Edge]:
+    """A thread's wake-up after the op of another thread it waited for: a collective its gloo worker ran, the
+    backward pass on the autograd engine thread, a helper thread it joined (inferred)."""
+    return _awaited(g, "thread_wait")
+
+
+def handoff(g: Graph) -> list[Edge]:
+    """A worker thread's first op (or wake-up) after the op of the thread that handed it work (inferred)."""
+    return _awaited(g, "handoff")
 
 
 def autograd(g: Graph) -> list[Edge]:

@@ -92,6 +92,17 @@ def read_plain(path: Path, limit: int | None = None) -> bytes:
         raise BadInput(path, f"cannot read: {exc.strerror or exc}") from exc
 
 
+def open_binary(path: Path) -> Any:
+    """A binary stream to read the file from (a reader that streams, like the .et reader): the file itself, or
+    a pipe's bytes read whole first (under the input limit); a device or a folder is bad input."""
+    try:
+        if _kind(path) == "pipe":
+            return io.BytesIO(_read_pipe(path, input_limit()))
+        return open(path, "rb")  # the caller closes it
+    except OSError as exc:
+        raise BadInput(path, f"cannot read: {exc.strerror or exc}") from exc
+
+
 def _kind(path: Path) -> str:
     """"file" or "pipe"; a folder or a device is bad input (/dev/zero would be read until memory runs out)."""
     mode = os.stat(path).st_mode

@@ -13,7 +13,10 @@ from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import attr_value, parse
 from etweave.check import Violation, check_nodes, check_run, comm_type_name
 from etweave.collectives import classify
+from etweave.convert import assign_group_ids
 from etweave.errors import BadInput, CheckFailed
+from etweave.model import PROCESS_ROOT
+from etweave.nodes import DEP_EVIDENCE, MARKER_KINDS
 from etweave.run.discover import Discovery
 
 # Kinds whose members must all pass the same byte count (all_to_all(v), gather and scatter legitimately differ).
@@ -48,6 +51,12 @@ class RunResult:
     report: dict[str, Any]
     consistent: bool
     messages: list[str]  # divergences and failing checks, one line each (what the CLI prints on failure)
+
+    def __repr__(self) -> str:  # the default would print every node of every rank
+        nodes = sum(len(n) for _, n in self.ranks.values())
+        state = "consistent" if self.consistent else "NOT consistent"
+        return (f"RunResult({len(self.ranks)} rank(s) {sorted(self.ranks)}, {nodes} nodes, "
+                f"{len(self.comm_group)} listed process group(s), {state})")
 
 
 def _range_text(ranks: Iterable[int]) -> str:
@@ -90,21 +99,8 @@ def build_comm_group(outputs: Sequence[dict[str, Any]], world: int | None
             ids[name] = ""
         else:
             subgroups.append((ranks, name))
-    taken: set[str] = set()
-    # Decimal trace names keep their number; the others get the next free ids in a rank-list order that is the
-    # same on every run, so an id never depends on which rank was read first.
-    for _ranks, name in sorted(subgroups):
-        if name.isdecimal() and name not in taken:
-            ids[name] = name
-            taken.add(name)
-    next_id = 0
-    for _ranks, name in sorted(subgroups):
-        if name in ids:
-            continue
-        while str(next_id) in taken:
-            next_id += 1
-        ids[name] = str(next_id)
-        taken.add(str(next_id))
+    # Ids in a rank-list order that is the same on every run, so an id never depends on which rank was read first.
+    ids.update(assign_group_ids([name for _ranks, name in sorted(subgroups)]))
     comm_group = {ids[name]: ranks for ranks, name in subgroups}
     return dict(sorted(comm_group.items(), key=lambda kv: int(kv[0]))), ids, notes
 
@@ -172,8 +168,11 @@ def check_sequences(seqs: dict[int, list[CollSig]]) -> tuple[list[dict[str, Any]
 
 
 def _adjust(seqs: dict[int, list[CollSig]], matched: int, nodes_by_id: dict[int, dict[int, pb.Node]],
-            stats: Counter[str], biggest: list[int]) -> None:
-    """Collective durations without the wait for the slowest peer (see the module docstring)."""
+            stats: Counter[str], biggest: list[int], parts: dict[int, dict[int, list[pb.Node]]] | None = None) -> None:
+    """Collective durations without the wait for the slowest peer (see the module docstring). On the gloo path
+    the op's later periods (`parts`: comm node id -> its `[self]` nodes in order) hold the rest of that wait:
+    they lose what the node itself could not, so a thread that waits for the collective's end (a wake-up edge)
+    does not wait for the slowest peer twice, once in the replay's rendezvous and once in the stored time."""
     for i in range(matched):
         sigs = {r: s[i] for r, s in seqs.items()}
         if any(s.start <= 0 for s in sigs.values()):
@@ -200,6 +199,13 @@ def _adjust(seqs: dict[int, list[CollSig]], matched: int, nodes_by_id: dict[int,
                 biggest[0] = max(biggest[0], node.duration_micros - new)
             if measured > node.duration_micros + 1:  # +1: rounding the ends vs rounding the length
                 stats["split_ops"] += 1
+            left = max(0, latest - sig.start) - (node.duration_micros - new)  # the wait not cut from the node
+            for part in (parts or {}).get(r, {}).get(node.id, ()):
+                cut = min(part.duration_micros, left)
+                if cut > 0:
+                    part.duration_micros -= cut
+                    left -= cut
+                    stats["parts_adjusted"] += 1
             node.duration_micros = new
             a = _attr(node, "transfer_duration_micros")
             if a is None:
@@ -262,6 +268,12 @@ def assemble_run(outputs: Sequence[dict[str, Any]], allow_mismatch: bool = False
             seqs.setdefault(gid, {}).setdefault(rank, []).append(_signature(node))
 
     nodes_by_id = {r: {n.id: n for n in nodes if n.type == pb.COMM_COLL_NODE} for r, (_, nodes) in ranks.items()}
+    parts: dict[int, dict[int, list[pb.Node]]] = {}  # rank -> comm node id -> its later periods, in order
+    for r, (_, nodes) in ranks.items():
+        for n in nodes:
+            owner = _int_attr(n, "part_of") if n.type == pb.COMP_NODE else None
+            if owner is not None and owner in nodes_by_id[r]:
+                parts.setdefault(r, {}).setdefault(owner, []).append(n)
     stats: Counter[str] = Counter()
     biggest = [0]
     groups_report: list[dict[str, Any]] = []
@@ -280,7 +292,7 @@ def assemble_run(outputs: Sequence[dict[str, Any]], allow_mismatch: bool = False
             continue
         member_seqs = {r: seqs.get(gid, {}).get(r, []) for r in here}
         divergences, matched = check_sequences(member_seqs)
-        _adjust(member_seqs, matched, nodes_by_id, stats, biggest)
+        _adjust(member_seqs, matched, nodes_by_id, stats, biggest, parts)
         entry: dict[str, Any] = {
             "group": gid, "members": len(members), "present": _range_text(here), "absent": absent,
             "collectives_per_rank": {str(r): len(s) for r, s in member_seqs.items()},
@@ -297,10 +309,11 @@ def assemble_run(outputs: Sequence[dict[str, Any]], allow_mismatch: bool = False
                             f"rank(s) {_range_text(d['expected_on'])} have {d['expected']}")
 
     violations: list[Violation] = []
+    check_warnings: list[Violation] = []  # runs in ASTRA-sim, but not as measured (etweave.check)
     for rank, (_, nodes) in ranks.items():
-        violations += check_nodes(nodes, f"rank {rank}")
+        violations += check_nodes(nodes, f"rank {rank}", check_warnings)
     run_notes: list[Violation] = []
-    across = check_run({r: nodes for r, (_, nodes) in ranks.items()}, comm_group, run_notes)
+    across = check_run({r: nodes for r, (_, nodes) in ranks.items()}, comm_group, run_notes, check_warnings)
     # Ranks that disagree are the user's input, not a broken conversion: the caller fails on them unless told
     # to allow them; every other violation fails the run.
     mismatches = [v for v in across if v.rule in _MISMATCH_RULES]
@@ -327,6 +340,7 @@ def assemble_run(outputs: Sequence[dict[str, Any]], allow_mismatch: bool = False
             "violations": [_as_dict(v) for v in violations],
             "mismatches": [_as_dict(v) for v in mismatches],
             "notes": [_as_dict(v) for v in run_notes],
+            "check_warnings": dict(sorted(Counter(v.rule for v in check_warnings).items())),
         },
         "durations": {
             "comm_nodes_matched": stats["collectives"],
@@ -347,6 +361,13 @@ def assemble_run(outputs: Sequence[dict[str, Any]], allow_mismatch: bool = False
     return RunResult(ranks, comm_group, report, consistent, messages)
 
 
+
+
+def _kind(node: pb.Node) -> str | None:
+    a = _attr(node, "kind")
+    return a.string_val if a is not None else None
+
+
 def _align_rank_starts(ranks: dict[int, tuple[pb.GlobalMetadata, list[pb.Node]]]) -> dict[int, int]:
     """Ranks start their recorded work at different times (dlrm's up to 7 ms apart). A rank that started later
     than the run's first measured instant gets a `[rank start offset]` delay node that its sources (the nodes
@@ -364,19 +385,34 @@ def _align_rank_starts(ranks: dict[int, tuple[pb.GlobalMetadata, list[pb.Node]]]
         offsets[rank] = offset
         if offset <= 0:
             continue
-        roots = {n.id for n in nodes if n.type == pb.METADATA_NODE and not n.data_deps and not n.ctrl_deps
-                 and any(a.name == "kind" and a.string_val == "process_root" for a in n.attr)}
+        # Roots are zero-duration COMP_NODEs told apart by their `kind` attr (METADATA_NODE in older outputs)
+        markers = {n.id for n in nodes if n.type == pb.METADATA_NODE or _kind(n) in MARKER_KINDS}
+        roots = {n.id for n in nodes if n.id in markers and not n.data_deps and not n.ctrl_deps
+                 and _kind(n) == PROCESS_ROOT}
         delay = pb.Node(id=max(n.id for n in nodes) + 1, name="[rank start offset]", type=pb.COMP_NODE,
                         data_deps=sorted(roots), start_time_micros=run_t0, duration_micros=offset)
         delay.attr.add(name="kind", string_val="delay")
         delay.attr.add(name="is_cpu_op", bool_val=True)
+        delay.attr.add(name="num_ops", int64_val=0)  # every COMP_NODE has both (FORMATS.md 3b.3)
+        delay.attr.add(name="tensor_size", uint64_val=0)
+        delay.attr.add(name=DEP_EVIDENCE).string_list.values.extend(["rank_start_offset"] * len(delay.data_deps))
         for n in nodes:
-            if n.type != pb.METADATA_NODE and set(n.data_deps) <= roots and not n.ctrl_deps:
+            # sources of the rank, and its thread roots (everything on a thread follows its root)
+            if (n.id not in markers and set(n.data_deps) <= roots and not n.ctrl_deps) or (
+                    n.id in markers and n.id not in roots and set(n.data_deps) <= roots):
                 n.data_deps.append(delay.id)
-            elif n.type == pb.METADATA_NODE and n.id not in roots and set(n.data_deps) <= roots:
-                n.data_deps.append(delay.id)  # thread roots: everything on the thread follows them
+                _add_evidence(n, "rank_start_offset")
         nodes.append(delay)
     return offsets
+
+
+def _add_evidence(node: pb.Node, source: str) -> None:
+    """Keep attr dep_evidence aligned with data_deps after appending one."""
+    for a in node.attr:
+        if a.name == DEP_EVIDENCE:
+            a.string_list.values.append(source)
+            return
+    node.attr.add(name=DEP_EVIDENCE).string_list.values.extend(["unknown"] * (len(node.data_deps) - 1) + [source])
 
 
 def _as_dict(v: Violation) -> dict[str, Any]:

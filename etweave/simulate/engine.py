@@ -55,6 +55,8 @@ class SimNode:
     comm_src: int | None = None
     comm_dst: int | None = None
     comm_tag: int | None = None
+    kind: str = ""  # attr `kind` (host_op, self_part, kernel, delay, ...): what-if selection and step bounds
+    part_of: int = 0  # attr `part_of`: the op a self_part/resume node belongs to, 0 = none
 
 
 @dataclass(slots=True)
@@ -96,6 +98,11 @@ class Replay:
     stuck_count: int = 0
     stuck: list[Stuck] = field(default_factory=list)  # at most MAX_STUCK, root causes first
     notes: list[str] = field(default_factory=list)
+
+    def __repr__(self) -> str:  # the default would print every node's times
+        stuck = f", {self.stuck_count} stuck" if self.stuck_count else ""
+        return (f"Replay({len(self.ranks)} rank(s), {sum(len(rg.nodes) for rg in self.ranks)} nodes, makespan "
+                f"{self.makespan} us, critical path {len(self.critical_path)} nodes{stuck})")
 
 
 class GraphError(ValueError):

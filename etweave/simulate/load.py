@@ -14,10 +14,10 @@ from etweave.read.source import read_plain
 from etweave.simulate.engine import RankGraph, SimNode
 
 COMM_GROUP_FILE = "comm_group.json"
-_RANK_IN_NAME = re.compile(r"\.(\d+)\.et$")
+_RANK_IN_NAME = re.compile(r"\.(\d+)\.et(?:\.gz)?$")
 _COMM_TYPES = (pb.COMM_COLL_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE)
 _WANTED = frozenset({"device", "stream", "tid", "pg_name", "comm_src", "comm_dst", "comm_tag",
-                     "transfer_duration_micros", "measured_duration_micros"})
+                     "transfer_duration_micros", "measured_duration_micros", "kind", "part_of"})
 
 
 def resource_of(attrs: dict[str, object]) -> str | None:
@@ -59,6 +59,11 @@ def to_sim_node(node: pb.Node, path: Path) -> SimNode:
         measured_duration=_int(attrs.get("measured_duration_micros", node.duration_micros), path, node.id,
                                "measured_duration_micros"),
     )
+    # what `etweave simulate --scale/--set-duration` select by and step times are bounded by (whatif.py, steps.py)
+    kind = attrs.get("kind", "")
+    sim.kind = kind if isinstance(kind, str) else str(kind)
+    if "part_of" in attrs:
+        sim.part_of = _int(attrs["part_of"], path, node.id, "part_of")
     if node.type == pb.COMM_COLL_NODE:
         pg = attrs.get("pg_name", "")
         sim.pg = pg if isinstance(pg, str) else str(pg)
@@ -77,6 +82,12 @@ def rank_from_name(path: Path) -> int | None:
 def load_rank(path: Path, default_rank: int | None = None) -> RankGraph:
     """One `.et` file. Rank: GlobalMetadata attr `rank`, else `<prefix>.<rank>.et`, else `default_rank`."""
     metadata, nodes = read_et(path)
+    rank = trace_rank(metadata, path, default_rank)
+    return RankGraph(rank=rank, nodes=[to_sim_node(nd, path) for nd in nodes], source=str(path))
+
+
+def trace_rank(metadata: pb.GlobalMetadata, path: Path, default_rank: int | None = None) -> int:
+    """GlobalMetadata attr `rank`, else `<prefix>.<rank>.et`, else `default_rank`."""
     rank: int | None = None
     for a in metadata.attr:
         if a.name == "rank":
@@ -90,7 +101,7 @@ def load_rank(path: Path, default_rank: int | None = None) -> RankGraph:
         rank = default_rank
     if rank is None:
         raise BadInput(path, "no rank: neither a GlobalMetadata attr `rank` nor a name like <prefix>.<rank>.et")
-    return RankGraph(rank=rank, nodes=[to_sim_node(nd, path) for nd in nodes], source=str(path))
+    return rank
 
 
 def find_comm_group(traces: Sequence[Path]) -> Path | None:

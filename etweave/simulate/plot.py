@@ -7,8 +7,8 @@ import io
 from collections import defaultdict
 from pathlib import Path
 
-from etweave.chakra import et_def_pb2 as pb
 from etweave.errors import BadInput
+from etweave.nodes import is_marker_node
 from etweave.output import write_atomic
 from etweave.simulate.engine import Replay
 from etweave.simulate.metrics import measured_window
@@ -41,7 +41,7 @@ def write_plot(path: Path, replay: Replay) -> None:
             key = (rg.rank, nd.resource or NO_RESOURCE)
             if nd.measured_start:
                 measured[key].append((nd.measured_start - origin, nd.measured_duration))
-            if nd.type != pb.METADATA_NODE and end[i] >= 0:
+            if not is_marker_node(nd.type, nd.kind) and end[i] >= 0:
                 simulated[key].append((issue[i], end[i] - issue[i]))
     keys = set(measured) | set(simulated)
     busy = {k: sum(d for _, d in measured.get(k, ())) + sum(d for _, d in simulated.get(k, ())) for k in keys}

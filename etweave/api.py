@@ -1,0 +1,152 @@
+"""The Python API, re-exported at top level: `etweave.convert_pair`, `etweave.convert_run`,
+`etweave.simulate_files` (names that do not shadow the modules `etweave.convert`, `etweave.run` and
+`etweave.simulate`). Errors are raised as in the CLI: `BadInput` (unusable input), `CheckFailed` (a check or
+consistency violation, a deadlocked replay)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from etweave.chakra.io import et_files
+from etweave.errors import BadInput, CheckFailed
+from etweave.simulate.engine import GraphError, Replay, UnknownGroup, replay
+from etweave.simulate.timeline import NodeDetail
+
+PathLike = str | Path
+
+__all__ = ["Simulation", "convert_pair", "convert_run", "example_run_dir", "simulate_files"]
+
+
+def example_run_dir() -> Path:
+    """The real 2-rank gloo run bundled with the package (what `etweave example` converts)."""
+    from etweave.commands.example_cmd import example_dir
+
+    return example_dir()
+
+
+def convert_pair(host: PathLike | None, device: PathLike | None, out: PathLike | None = None,
+                 report: PathLike | None = None, *, rank: int | None = None, steps: str | None = None,
+                 window: str | None = None) -> Any:
+    """One rank's host ET and/or Kineto trace -> a `Result` (`.report`, `.nodes`, `.graph`). With `out`, the
+    `.et` file is written (`.gz` name: gzip) and `report` too, as `etweave convert` does; without, nothing is
+    written and the nodes are built on first use of `.nodes`. `steps` "A:B" / `window` "START:END" as the CLI."""
+    from etweave.convert import convert, no_gc, run_pipeline
+    from etweave.output import write_json
+    from etweave.read.host_et import read_host_et
+    from etweave.read.kineto import read_kineto
+    from etweave.read.kineto_host import Selection
+
+    if host is None and device is None:
+        raise BadInput("convert_pair", "give a host ET, a Kineto trace, or both")
+    select = Selection.parse(steps, window)
+    if out is not None:
+        return convert(Path(host) if host else None, Path(device) if device else None, Path(out),
+                       Path(report) if report else None, rank, select)
+    with no_gc():
+        result = run_pipeline(read_host_et(Path(host)) if host else None,
+                              read_kineto(Path(device)) if device else None, rank, select)
+    if report is not None:
+        write_json(Path(report), result.report)
+    return result
+
+
+def convert_run(run_dir: PathLike, out_dir: PathLike, *, prefix: str = "trace", allow_mismatch: bool = False,
+                jobs: int | None = None, scheduler: str | None = None) -> Any:
+    """Every rank of a run folder -> `out_dir` (`<prefix>.<rank>.et`, comm_group.json, report.json), as
+    `etweave convert-run` does; returns the `RunResult` (`.report`, `.comm_group`, `.ranks`)."""
+    from etweave.run import convert_run as run_whole
+
+    return run_whole(Path(run_dir), Path(out_dir), prefix, allow_mismatch, jobs, scheduler)
+
+
+@dataclass(repr=False)
+class Simulation:
+    """A replay of `.et` files and its comparison with the measured run. Tables are lists of flat dicts
+    (`pandas.DataFrame(sim.nodes())`); `write_csv`, `write_timeline` and `write_plot` write files."""
+
+    replay: Replay
+    summary: dict[str, Any]  # what `etweave simulate --json` prints
+    _details: list[dict[int, NodeDetail]] | None = field(default=None)
+
+    @property
+    def details(self) -> list[dict[int, NodeDetail]]:
+        """Per rank, node id -> kind, part_of, call-stack parent and dep evidence (read from the files)."""
+        if self._details is None:
+            from etweave.simulate.timeline import load_details
+
+            self._details = load_details(self.replay)
+        return self._details
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """One record per node: measured and simulated times, start error, place on the critical path."""
+        from etweave.simulate.tables import node_records
+
+        return node_records(self.replay, self.details)
+
+    def steps(self) -> list[dict[str, Any]]:
+        """One record per rank and `ProfilerStep#N`: measured and simulated span."""
+        from etweave.simulate.tables import step_records
+
+        return step_records(self.replay, self.details)
+
+    def critical_path(self) -> list[dict[str, Any]]:
+        """The whole critical path, earliest first (the summary shows only its top contributors)."""
+        from etweave.simulate.tables import critical_path_records
+
+        return critical_path_records(self.replay)
+
+    def write_csv(self, path: PathLike, table: str = "nodes") -> None:
+        """`table`: "nodes", "steps" or "critical_path"."""
+        from etweave.simulate import tables
+
+        kinds = {"nodes": (self.nodes, tables.NODE_COLUMNS), "steps": (self.steps, tables.STEP_COLUMNS),
+                 "critical_path": (self.critical_path, tables.CRITICAL_COLUMNS)}
+        if table not in kinds:
+            raise ValueError(f"table must be one of {sorted(kinds)}, not {table!r}")
+        records, columns = kinds[table]
+        tables.write_csv(Path(path), records(), columns)
+
+    def write_timeline(self, path: PathLike) -> None:
+        from etweave.simulate.timeline import write_timeline
+
+        write_timeline(Path(path), self.replay, self.details)
+
+    def write_plot(self, path: PathLike) -> None:
+        from etweave.simulate.plot import require_matplotlib, write_plot
+
+        require_matplotlib(Path(path))
+        write_plot(Path(path), self.replay)
+
+    def __repr__(self) -> str:
+        s = self.summary
+        measured = (f", measured span {s['measured_span_us']} us ({s['makespan_error_pct']:+.2f}%)"
+                    if s.get("measured") else "")
+        return (f"Simulation({len(s['ranks'])} rank(s) {s['ranks']}, {s['nodes']} nodes, simulated makespan "
+                f"{s['simulated_makespan_us']} us{measured}, critical path {s['critical_path']['nodes']} nodes)")
+
+
+def simulate_files(traces: PathLike | Iterable[PathLike], comm_group: PathLike | None = None) -> Simulation:
+    """Replay `.et`/`.et.gz` files (or folders of them) together, as `etweave simulate` does. The process-group
+    map is `comm_group`, else the comm_group.json beside the traces. Raises CheckFailed on a deadlock."""
+    from etweave.simulate.load import COMM_GROUP_FILE, find_comm_group, load_comm_group, load_rank
+    from etweave.simulate.metrics import format_deadlock, summarize
+
+    paths: Sequence[PathLike] = [traces] if isinstance(traces, str | Path) else list(traces)
+    files = et_files([Path(p) for p in paths])
+    ranks = [load_rank(f, default_rank=0 if len(files) == 1 else None) for f in files]
+    group_file = Path(comm_group) if comm_group is not None else find_comm_group(files)
+    groups = load_comm_group(group_file) if group_file is not None else {}
+    try:
+        result = replay(ranks, groups)
+    except GraphError as exc:
+        where = ranks[exc.rank_index].source if exc.rank_index is not None else ", ".join(map(str, files))
+        hint = ""
+        if isinstance(exc, UnknownGroup):
+            hint = f" ({group_file or f'no {COMM_GROUP_FILE} beside the traces: pass comm_group'})"
+        raise BadInput(where, exc.problem + hint) from exc
+    if result.stuck_count:
+        raise CheckFailed(format_deadlock(result))
+    return Simulation(result, summarize(result))

@@ -1,0 +1,131 @@
+"""`etweave simulate --model astra-sim`: run the ASTRA-sim model twice (network-timed collectives, then the
+trace's durations) and report both beside the measured span, with ASTRA-sim's `sys[R] finished` lines."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from etweave.errors import BadInput, CheckFailed
+from etweave.simulate.astra import SLOT_NAMES, AstraRun, load_for_astra, measured_span_us, simulate
+from etweave.simulate.engine import GraphError
+from etweave.simulate.network import DEFAULT_NETWORK, load_network
+
+HELP = """\
+--model astra-sim: ASTRA-sim's rules (FORMATS.md 3b). Per NPU one CPU slot (every is_cpu_op node, all threads),
+one GPU-compute slot (every other COMP node, all streams), one comm slot (collectives, sends; recvs take none);
+whenever a node finishes, the ready nodes issue in ascending id where their slot is free. Time in ns:
+duration_micros x 1000, 0 -> 1 ns; start_time_micros is not read; METADATA_NODE reads as COMP_NODE.
+ALL_REDUCE/ALL_GATHER/REDUCE_SCATTER/ALL_TO_ALL start when every member issued them and are timed from
+comm_size by the analytical network (--network, default Ring 50 GB/s 500 ns: 4 chunks one after another, each
+ring step hops x latency + bytes / bandwidth + 10 ns; no congestion, no memory-bus time); BROADCAST lasts its
+duration_micros with no cross-rank sync. A second run times collectives from duration_micros. Prints
+`sys[R] finished, T cycles` (ns) per NPU, as ASTRA-sim does. One trace is replayed as --npus NPUs (default 2)."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", choices=("default", "astra-sim"), default="default",
+                   help="default: a slot per CPU thread and per GPU stream (the rules below); astra-sim: what "
+                        "ASTRA-sim computes (see the end of this help)")
+    p.add_argument("--network", type=Path, metavar="FILE.yml",
+                   help="astra-sim: an ASTRA-sim analytical network config (1-D Ring or Switch; e.g. "
+                        "../shared/astra-sim/configs/switch_8npus.yml); default Ring, 50 GB/s, 500 ns")
+    p.add_argument("--unlimited-slots", action="store_true",
+                   help="astra-sim: no CPU/GPU/comm slots (every ready node issues at once), to see what they cost")
+    p.add_argument("--npus", type=int, metavar="N",
+                   help="astra-sim: replay a single trace as N NPUs (default 2; ASTRA-sim refuses 1)")
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Options that only one model reads, given to the other: a usage error, not silently ignored."""
+    if args.model == "astra-sim":
+        for flag, value in (("--timeline", args.timeline), ("--plot", args.plot)):
+            if value is not None:
+                raise BadInput(flag, "not available with --model astra-sim")
+        if args.npus is not None and args.npus < 2:
+            raise BadInput("--npus", "ASTRA-sim's analytical network refuses fewer than 2 NPUs")
+    else:
+        for flag, given in (("--network", args.network is not None), ("--unlimited-slots", args.unlimited_slots),
+                            ("--npus", args.npus is not None)):
+            if given:
+                raise BadInput(flag, "only read with --model astra-sim")
+
+
+def _run_summary(run: AstraRun, span_us: int | None) -> dict[str, Any]:
+    makespan_us = run.makespan_ns / 1000
+    return {
+        "collectives": run.collectives,
+        "finished_ns": {str(rg.rank): f for rg, f in zip(run.ranks, run.finished_ns, strict=True)},
+        "makespan_ns": run.makespan_ns,
+        "ratio_to_measured": round(makespan_us / span_us, 4) if span_us else None,
+        "slot_wait_us_max": {name: max(w[i] for w in run.slot_wait_ns) // 1000 for i, name in enumerate(SLOT_NAMES)}
+        if run.slots else None,
+        "stuck_nodes": run.stuck_count,
+        "stuck": run.stuck,
+        "notes": run.notes,
+    }
+
+
+def run_astra(args: argparse.Namespace, files: list[Path], groups: dict[str, list[int]],
+              print_json: Callable[[object], None]) -> dict[str, Any]:
+    """Both runs, as one JSON-able dict; raises CheckFailed when the network run leaves NPUs unfinished."""
+    network = load_network(args.network) if args.network is not None else DEFAULT_NETWORK
+    ranks = load_for_astra(files, args.npus)
+    slots = not args.unlimited_slots
+    try:
+        runs = [simulate(ranks, groups, network, timing, slots) for timing in ("network", "duration")]
+    except GraphError as exc:
+        where = ranks[exc.rank_index].source if exc.rank_index is not None else ", ".join(map(str, files))
+        raise BadInput(where, exc.problem) from exc
+    span = measured_span_us(ranks)
+    if network.npus_count is not None and network.npus_count != len(ranks):
+        for run in runs:  # the formula does not need it, but ASTRA-sim would not run this pair
+            run.notes.append(f"{network.source} says npus_count {network.npus_count}; {len(ranks)} NPUs replayed")
+    summary = {
+        "model": "astra-sim",
+        "npus": [rg.rank for rg in ranks],
+        "files": sorted({rg.source for rg in ranks}),
+        "network": network.describe(),
+        "slots": "one CPU, one GPU-compute, one comm slot per NPU" if slots else "unlimited",
+        "measured_span_us": span,
+        "runs": {run.collectives: _run_summary(run, span) for run in runs},
+    }
+    if runs[0].stuck_count:
+        if args.json:  # the stuck nodes are in the object too, as with the default model
+            print_json(summary)
+        raise CheckFailed("\n".join([*finished_lines(runs[0]),
+                                     f"astra-sim model: {runs[0].stuck_count} nodes never finish; first ones:",
+                                     *(f"  {s}" for s in runs[0].stuck)]))
+    return summary
+
+
+def finished_lines(run: AstraRun) -> list[str]:
+    """ASTRA-sim's own end-of-run line per NPU (an NPU that never finishes prints none)."""
+    return [f"sys[{rg.rank}] finished, {f} cycles" for rg, f in zip(run.ranks, run.finished_ns, strict=True)
+            if f is not None]
+
+
+def format_astra(summary: dict[str, Any]) -> str:
+    s = summary
+    net, dur = s["runs"]["network"], s["runs"]["duration"]
+    files = s["files"][0] if len(s["files"]) == 1 else f"{len(s['files'])} files"
+    lines = [f"model astra-sim: {len(s['npus'])} NPUs from {files}; network {s['network']}; slots: {s['slots']}"]
+    lines += [f"sys[{r}] finished, {f} cycles" for r, f in net["finished_ns"].items() if f is not None]
+    span = s["measured_span_us"]
+
+    def one(run: dict[str, Any]) -> str:
+        text = f"{run['makespan_ns'] / 1000:.0f} us"
+        return text + (f" = {run['ratio_to_measured']:.3f}x the measured span" if span else "")
+
+    lines.append(f"makespan: {one(net)}" + (f" ({span} us)" if span else " (no measured times to compare with)")
+                 + f"; with collectives timed from the trace's durations: {one(dur)}")
+    if net["slot_wait_us_max"] is not None:
+        waits = ", ".join(f"{k} {v} us" for k, v in net["slot_wait_us_max"].items())
+        lines.append(f"slot waits (ready to issue), largest NPU: {waits}")
+    notes = dict.fromkeys(net["notes"] + dur["notes"])
+    lines += [f"note: {n}" for n in notes]
+    if dur["stuck_nodes"]:
+        lines.append(f"note: with the trace durations, {dur['stuck_nodes']} nodes never finish")
+    return "\n".join(lines)
