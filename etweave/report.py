@@ -14,6 +14,7 @@ from etweave.read.host_et import PG_INIT_NAME, HostTrace
 from etweave.read.kineto import KinetoTrace
 from etweave.repair import Repair
 from etweave.roofline import Roofline
+from etweave.serialized import serialized
 from etweave.waits import NoWaitEvidence
 
 LONG_DELAY = 100.0  # µs: delays on the critical path at least this long are listed with their evidence
@@ -84,6 +85,7 @@ def build_report(host: HostTrace | None, kineto: KinetoTrace | None, link: HostL
         "roofline": _roofline(g),
         "delays": delays(g, deps),
         "collectives_without_dependents": collectives_without_dependents(g, deps),
+        "astra_sim_serialized": serialized(g),  # concurrent work ASTRA-sim's one slot per class runs in turn
     }
     if kineto is not None:
         cpu_in, cpu_left = _kineto_cpu_ops(kineto, link)
