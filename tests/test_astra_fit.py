@@ -108,9 +108,9 @@ def test_report_counts_what_the_single_slots_serialize(name: str, traces: Path, 
 
 
 def test_concurrent_threads_stay_concurrent(traces: Path, out_dir: Path) -> None:
-    """DDP's autograd thread and main thread, and gloo's two worker threads, really ran at once: the output keeps
-    them apart (not merged into one chain), the report counts it, and ASTRA-sim's single slots pay for it (the
-    run without slots is faster), still within 5%."""
+    """DDP's main thread (still inside a collective's call) and gloo's worker threads (running it; two bucket
+    all-reduces at once) really ran at once: the output keeps them apart (not merged into one chain), the report
+    counts it, and ASTRA-sim's single slots pay for it (the run without slots is faster)."""
     files = converted("cpu-gloo/dist_ddp_w2", traces, out_dir)
     report = orjson.loads((files[0].parent / "report.json").read_bytes())
     serialized = [r["astra_sim_serialized"] for r in report["ranks"].values()]
