@@ -9,6 +9,8 @@ serialize is counted in the report (`astra_sim_serialized`), equal to what the w
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import orjson
@@ -17,6 +19,7 @@ from conftest import PAIRS, convert_pair
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import node_attrs, read_et, write_et
+from etweave.cli import main as etweave_main
 from etweave.commands.example_cmd import example_dir
 from etweave.fidelity import NO_OP_KINDS
 from etweave.model import DELAY, GPU_KINDS
@@ -25,6 +28,7 @@ from etweave.serialized import SLOT_CLASSES, overlap_us, overlapping_count
 from etweave.simulate.astra import AstraRank, load_for_astra, measured_span_us, simulate
 from etweave.simulate.load import find_comm_group, load_comm_group
 
+REPO = Path(__file__).resolve().parents[1]
 FIT = 0.05  # issue 12 item 5
 RUNS = ["gpu/dlrm-8rank", "cpu-gloo/dist_ddp_w2", "cpu-gloo/dist_fsdp1_w2", "example"]
 CPU_KINDS = {"host_op", "runtime", "self_part", "resume", "wakeup", "untraced", "thread_root", "process_root",
@@ -122,6 +126,26 @@ def test_concurrent_threads_stay_concurrent(traces: Path, out_dir: Path) -> None
     single = simulate(ranks, groups, collectives="duration")
     unlimited = simulate(ranks, groups, collectives="duration", slots=False)
     assert unlimited.makespan_ns < single.makespan_ns
+
+
+def test_threads_that_ran_at_once_cost_what_the_report_counts(tmp_path: Path) -> None:
+    """Where a helper thread's work (5 ms) really ran beside the main thread's (test_collect.py's `helper_join`
+    scenario, a real recording), no encoding that keeps CPU work CPU ops can fit ASTRA-sim's one CPU slot: it runs
+    every CPU node in turn, so a rank takes at least its summed CPU time, the measured span plus the overlap. The
+    report counts that overlap, and it is what ASTRA-sim adds; with unlimited slots the replay is as measured."""
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "test_collect.py"), "helper_join", str(run_dir)],
+                          cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert etweave_main(["convert-run", str(run_dir), "-o", str(out), "--quiet"]) == 0
+    overlap = orjson.loads((out / "report.json").read_bytes())["ranks"]["0"]["astra_sim_serialized"]["cpu"]
+    ranks = load_for_astra(sorted(out.glob("*.et")))
+    span = measured_span_us(ranks)
+    assert span and overlap["nodes"] > 0 and overlap["overlap_micros"] > 0.05 * span  # 5 ms beside 1 ms, twice
+    single = simulate(ranks, {}, collectives="duration").makespan_ns / 1000
+    unlimited = simulate(ranks, {}, collectives="duration", slots=False).makespan_ns / 1000
+    assert abs(unlimited / span - 1) <= 0.01, (unlimited, span)
+    assert abs((single - span) - overlap["overlap_micros"]) <= 0.02 * span, (single, span, overlap)
 
 
 @pytest.mark.parametrize("name", ["cpu-gloo/dist_ddp_w2", "gpu/dlrm-8rank/rank3", "gpu/resnet", "example"])
