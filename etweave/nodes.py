@@ -111,13 +111,18 @@ def _evidence_attr(sources: tuple[str, ...]) -> pb.AttributeProto:
     return _attr(DEP_EVIDENCE, string_list=pb.StringList(values=sources))
 
 
+def on_gpu(it: Item) -> bool:
+    """GPU events, and idle time on a stream: not CPU ops (`is_cpu_op` false)."""
+    return it.kind in GPU_KINDS or it.stream is not None
+
+
 def _attrs(it: Item) -> list[pb.AttributeProto]:
-    on_gpu = it.kind in GPU_KINDS or it.stream is not None  # GPU events, and idle time on a stream
+    gpu = on_gpu(it)
     kind = PG_INIT_KIND if it.kind == HOST_OP and it.name == PG_INIT_NAME else it.kind
-    attrs = [_attr("kind", string_val=kind), _attr("is_cpu_op", bool_val=it.comm is None and not on_gpu)]
-    if it.tid is not None and not on_gpu:
+    attrs = [_attr("kind", string_val=kind), _attr("is_cpu_op", bool_val=it.comm is None and not gpu)]
+    if it.tid is not None and not gpu:
         attrs.append(_attr("tid", int64_val=_tid(it.tid)))
-    if on_gpu:
+    if gpu:
         attrs.append(_attr("device", int64_val=it.device or 0))
         attrs.append(_attr("stream", int64_val=it.stream or 0))
     h = it.host

@@ -14,6 +14,7 @@ from etweave.read.host_et import PG_INIT_NAME, HostTrace
 from etweave.read.kineto import KinetoTrace
 from etweave.repair import Repair
 from etweave.roofline import Roofline
+from etweave.serialized import serialized
 from etweave.waits import NoWaitEvidence
 
 LONG_DELAY = 100.0  # µs: delays on the critical path at least this long are listed with their evidence
@@ -84,6 +85,7 @@ def build_report(host: HostTrace | None, kineto: KinetoTrace | None, link: HostL
         "roofline": _roofline(g),
         "delays": delays(g, deps),
         "collectives_without_dependents": collectives_without_dependents(g, deps),
+        "astra_sim_serialized": serialized(g),  # concurrent work ASTRA-sim's one slot per class runs in turn
     }
     if kineto is not None:
         cpu_in, cpu_left = _kineto_cpu_ops(kineto, link)
@@ -213,6 +215,10 @@ def summary(report: dict[str, Any]) -> str:
         covered = f" ({rf['gpu_time_covered_pct']}% of GPU time)" if rf["gpu_time_covered_pct"] is not None else ""
         out.append(f"  roofline: {rf['real_values']} of {rf['comp_nodes']} COMP nodes with num_ops/tensor_size from "
                    f"their op's shapes{covered}, {rf['zero_values']} with zeros")
+    ser = {c: v for c, v in report.get("astra_sim_serialized", {}).items() if v["nodes"]}
+    if ser:
+        out.append("  ran at once, serialized by ASTRA-sim's one slot per class: " +
+                   ", ".join(f"{c} {v['nodes']} nodes, {v['overlap_micros']} us" for c, v in ser.items()))
     nonzero = {k: v for k, v in report["warnings"].items() if v}
     out.append("  warnings: " + (", ".join(f"{k}={v}" for k, v in nonzero.items()) if nonzero else "none"))
     if report["collective_type_mapping"]:

@@ -5,6 +5,7 @@ yet, so it is not looked for.)"""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -36,7 +37,10 @@ def protobuf_floor() -> str:
 
 
 def run(cmd: list[str], cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    # the fresh venv must see only what was installed into it: a PYTHONPATH naming a checkout would make pip find
+    # that checkout's etweave.egg-info "already satisfied" and install no `etweave` script
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
     assert proc.returncode == 0, f"{cmd}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
 

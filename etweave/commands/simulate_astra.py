@@ -21,7 +21,8 @@ duration_micros x 1000, 0 -> 1 ns; start_time_micros is not read; METADATA_NODE 
 ALL_REDUCE/ALL_GATHER/REDUCE_SCATTER/ALL_TO_ALL start when every member issued them and are timed from
 comm_size by the analytical network (--network, default Ring 50 GB/s 500 ns: 4 chunks one after another, each
 ring step hops x latency + bytes / bandwidth + 10 ns; no congestion, no memory-bus time); BROADCAST lasts its
-duration_micros with no cross-rank sync. A second run times collectives from duration_micros. Prints
+duration_micros with no cross-rank sync. A second run times collectives from duration_micros: the graph on the
+measured network (within 5% of the measured span on the shared traces; the first run is another network). Prints
 `sys[R] finished, T cycles` (ns) per NPU, as ASTRA-sim does. One trace is replayed as --npus NPUs (default 2)."""
 
 

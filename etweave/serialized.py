@@ -1,0 +1,72 @@
+"""What ASTRA-sim's single slots serialize: work of one rank that really ran at once (FORMATS.md 3b.2).
+
+ASTRA-sim runs at most one `is_cpu_op` node per NPU (all CPU threads share the slot), one GPU-compute node (all
+streams share it) and one comm node (collectives and sends; receives take none). Work that ran concurrently on two
+threads, two streams, or as two collectives in flight therefore runs one after the other there. etweave writes such
+work as it ran — each thread and stream its own chain, CPU work as CPU ops, communication types only on real
+communication — because every other encoding the single slot would time "right" misstates what ran (FORMATS.md 3b,
+README "What ASTRA-sim computes"). The audit report counts what is left to that serialization here, per slot
+class: how long two or more of its nodes really ran at once, and how many nodes did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from etweave.chakra import et_def_pb2 as pb
+from etweave.model import Graph, Item
+from etweave.nodes import is_marker, on_gpu
+
+SLOT_CLASSES = ("cpu", "gpu", "comm")
+
+
+def slot_class(it: Item) -> str | None:
+    """The ASTRA-sim slot the item's node takes (the rule of etweave.simulate.astra, on items): None = no slot."""
+    if is_marker(it):
+        return None  # zero-duration roots: they hold nothing
+    if it.comm is not None:  # by node type, whatever its stream
+        return None if it.comm.node_type == pb.COMM_RECV_NODE else "comm"
+    return "gpu" if on_gpu(it) else "cpu"
+
+
+def overlap_us(intervals: Iterable[tuple[float, float]]) -> float:
+    """Time during which two or more of the intervals were open at once."""
+    edges = sorted([(s, 1) for s, e in intervals if e > s] + [(e, -1) for s, e in intervals if e > s])
+    open_now, last, total = 0, 0.0, 0.0
+    for t, step in edges:
+        if open_now >= 2:
+            total += t - last
+        open_now += step
+        last = t
+    return total
+
+
+def overlapping_count(intervals: Iterable[tuple[float, float]]) -> int:
+    """How many of the intervals share time with another one."""
+    spans = sorted((s, e) for s, e in intervals if e > s)
+    count, reach = 0, float("-inf")  # reach: the latest end among the spans before this one
+    for k, (s, e) in enumerate(spans):
+        # sorted by start: a span meets an earlier one iff the earlier ends reach past its start, and a later one
+        # iff the next span starts before it ends
+        if reach > s or (k + 1 < len(spans) and spans[k + 1][0] < e):
+            count += 1
+        reach = max(reach, e)
+    return count
+
+
+def _measured_span(it: Item) -> tuple[float, float]:
+    if it.comm is not None:  # a comm node holds its slot from its start until the collective ended, waits included
+        return round(it.start), round(it.start) + round(it.dur)  # as measured_duration_micros
+    return round(it.start), round(it.seg_end)  # the node's own period, as start_time_micros/duration_micros
+
+
+def serialized(g: Graph) -> dict[str, dict[str, int]]:
+    """Per slot class: `overlap_micros` (time two or more of its nodes really ran at once) and `nodes` (how many
+    of its nodes ran while another one of the class did). Measured nodes only."""
+    spans: dict[str, list[tuple[float, float]]] = {c: [] for c in SLOT_CLASSES}
+    for it in g.items:
+        c = slot_class(it)
+        if c is not None and it.start > 0:
+            spans[c].append(_measured_span(it))
+    return {c: {"overlap_micros": round(overlap_us(spans[c])), "nodes": overlapping_count(spans[c])}
+            for c in SLOT_CLASSES}
