@@ -32,9 +32,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Options whose value may start with "-" (a window from a negative time): argparse would take "-100:200" for an
+# option, so such a value is glued to its option ("--window=-100:200") before parsing.
+_DASH_VALUES = ("--window", "--steps")
+
+
+def _glue_dash_values(argv: Sequence[str]) -> list[str]:
+    out: list[str] = []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        if args[i] in _DASH_VALUES and i + 1 < len(args) and args[i + 1].startswith("-") and args[i + 1] != "--":
+            out.append(f"{args[i]}={args[i + 1]}")
+            i += 2
+            continue
+        out.append(args[i])
+        i += 1
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_glue_dash_values(sys.argv[1:] if argv is None else argv))
     try:
         return int(args.run(args))
     except BadInput as exc:
@@ -46,6 +65,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head`: not an error of ours
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (so that the interpreter's final flush is quiet)
         return EXIT_OK
+    except MemoryError:  # a resource limit, not a bug: the input is too large for what this process may use
+        print("etweave: error: out of memory: the input is too large for the memory (or address-space limit) "
+              "available; ETWEAVE_MAX_INPUT_BYTES refuses such inputs earlier", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("etweave: interrupted", file=sys.stderr)
         return 130

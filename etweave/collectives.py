@@ -13,7 +13,9 @@ from typing import Any
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.check import SIMULATOR_MAPPING
+from etweave.errors import BadInput
 from etweave.model import HOST_OP, KERNEL, Comm, Graph, Item
+from etweave.read import widths
 from etweave.read.host_et import HostOp, tensors
 from etweave.read.kineto import as_int
 from etweave.repair import is_collective_call
@@ -192,6 +194,11 @@ def _make_comm(g: Graph, it: Item, call: Item | None, groups: dict[str, str], st
         # one kernel for a whole group (`nccl:coalesced`): its type and size are a guess, say so
         stats.coalesced_without_metadata += 1
     size = _size(call, rpc, it, annotation)
+    if size is not None and not 0 <= size <= widths.INT64_MAX:
+        # tensor sizes that multiply past what comm_size holds: the input is corrupt, say where
+        op = call or rpc or it
+        raise BadInput(_input_file(g, op), f"node {op.id} {op.name!r}: collective size {size} bytes out of range "
+                                           "(from the tensor sizes of its inputs)")
     if size is None:
         stats.size_unknown += 1
         size = 0
@@ -200,6 +207,11 @@ def _make_comm(g: Graph, it: Item, call: Item | None, groups: dict[str, str], st
     short = _short_name(name)
     if kind in (SEND, RECV):
         peer, tag = _peer_and_tag(call or rpc)
+        op = call or rpc
+        if op is not None:
+            widths.rank(_input_file(g, op), f"node {op.id} {op.name!r}: peer", peer)
+            if not widths.INT32_MIN <= tag <= widths.INT32_MAX:
+                raise BadInput(_input_file(g, op), f"node {op.id} {op.name!r}: tag {tag} out of range (int32)")
         me = g.rank
         comm = Comm(pb.COMM_SEND_NODE if kind == SEND else pb.COMM_RECV_NODE, short, 0, size, pg, seq,
                     src=me if kind == SEND else peer, dst=peer if kind == SEND else me, tag=tag, type_source=source)
@@ -211,6 +223,12 @@ def _make_comm(g: Graph, it: Item, call: Item | None, groups: dict[str, str], st
         comm = Comm(pb.COMM_COLL_NODE, short, written, size, pg, seq, type_source=source)
     it.comm = comm
     stats.comm_nodes += 1
+
+
+def _input_file(g: Graph, it: Item) -> str:
+    """The file an item's fields came from (run_pipeline records both inputs), for messages about bad input."""
+    files = g.extra.get("input_files", {})
+    return str((files.get("host") if it.host is not None else None) or files.get("device") or "input")
 
 
 def _short_name(name: str) -> str:

@@ -13,15 +13,16 @@ from typing import Any
 from etweave import __version__, roofline
 from etweave.assemble import assemble
 from etweave.chakra import et_def_pb2 as pb
-from etweave.chakra.io import SCHEMA_VERSION, write_et
+from etweave.chakra.io import SCHEMA_VERSION, stage_et
 from etweave.check import NodeChecker, is_group_id
 from etweave.collectives import find_collectives
 from etweave.deps import Dependencies, infer
-from etweave.errors import BadInput
-from etweave.link import HostLink, link_host, select_device
+from etweave.errors import BadInput, CheckFailed
+from etweave.link import HostLink, link_host, mismatch_evidence, select_device
 from etweave.model import Graph
 from etweave.nodes import build_nodes
-from etweave.output import write_json
+from etweave.output import check_outputs, commit, discard, json_bytes, stage
+from etweave.read import widths
 from etweave.read.host_et import HostTrace, read_host_et
 from etweave.read.kineto import KinetoTrace, read_kineto
 from etweave.read.kineto_host import Selection, add_unlinked_cpu_ops, kineto_host, restrict
@@ -108,12 +109,16 @@ def assign_group_ids(names: Sequence[str]) -> dict[str, str]:
 
 
 def run_pipeline(host: HostTrace | None, kineto: KinetoTrace | None, rank: int | None = None,
-                 select: Selection | None = None) -> Result:
+                 select: Selection | None = None, allow_mismatch: bool = False) -> Result:
+    """The stages in turn. A host ET and a Kineto trace that the evidence says are not of one run and rank
+    raise CheckFailed naming both files, unless `allow_mismatch` (then the report says so)."""
     if host is None and kineto is None:
         raise BadInput("convert", "give a host ET (--host), a Kineto trace (--device), or both")
     if rank is None:
         rank = (kineto.rank if kineto is not None else None) or 0
+    widths.rank("--rank", "rank", rank)
     window = None
+    mismatch: list[str] = []
     if select is not None:
         if kineto is None:
             raise BadInput("convert", "--steps and --window select part of a Kineto trace: give --device")
@@ -122,6 +127,11 @@ def run_pipeline(host: HostTrace | None, kineto: KinetoTrace | None, rank: int |
         host, link = kineto_host(kineto, window)
     else:
         link = link_host(host, kineto) if host is not None else HostLink("none", {}, {})
+        mismatch = mismatch_evidence(host, kineto, link) if host is not None and kineto is not None else []
+        if mismatch and not allow_mismatch:
+            assert host is not None and kineto is not None
+            raise CheckFailed(f"{host.path} and {kineto.path} are not of the same run and rank: "
+                              f"{'; '.join(mismatch)} (--allow-mismatch converts them anyway)")
         if window is not None:
             link.window = restrict(link.window, window)
         if host is not None and kineto is not None:
@@ -132,11 +142,17 @@ def run_pipeline(host: HostTrace | None, kineto: KinetoTrace | None, rank: int |
     if host is not None:
         rep, next_id = repair(host, next_id)
     g = assemble(host, kineto, link, device, rep, next_id, rank)
+    g.extra["input_files"] = {"host": host.path if host is not None else None,
+                              "device": kineto.path if kineto is not None else None}
     stats = find_collectives(g, process_groups(host, kineto))
     resolve_waits(g)
     deps = infer(g)
     g.extra["roofline"] = roofline.assign(g)  # read by the report and by build_nodes
     report = build_report(host, kineto, link, device, rep, g, deps, stats)
+    if mismatch:  # converted because allowed: say so where the link is described
+        report["warnings"]["inputs_mismatched"] = 1
+        report["link"]["mismatch"] = mismatch
+        report["link"].pop("note", None)  # "the structurally identical iteration" would claim too much
     metadata = pb.GlobalMetadata(version=SCHEMA_VERSION)
     metadata.attr.extend([
         pb.AttributeProto(name="etweave_version", string_val=__version__),
@@ -148,15 +164,23 @@ def run_pipeline(host: HostTrace | None, kineto: KinetoTrace | None, rank: int |
 
 
 def convert(host: Path | None, device: Path | None, out: Path, report_path: Path | None = None,
-            rank: int | None = None, select: Selection | None = None) -> Result:
+            rank: int | None = None, select: Selection | None = None, allow_mismatch: bool = False) -> Result:
     """Convert one rank's traces to `out` (and the audit report to `report_path`), both written atomically."""
+    outputs = [("-o", Path(out))] + ([("--report", Path(report_path))] if report_path is not None else [])
+    check_outputs(outputs, [host, device])  # before any work: a bad output path costs nothing
     with no_gc():
         host_trace = read_host_et(Path(host)) if host is not None else None
         kineto = read_kineto(Path(device)) if device is not None else None
-        result = run_pipeline(host_trace, kineto, rank, select)
-        write_et(Path(out), result.metadata, result.checked_nodes())  # streamed: nodes are not all kept
+        result = run_pipeline(host_trace, kineto, rank, select, allow_mismatch)
+        # both staged, then renamed together: a failure anywhere leaves neither new nor changed
+        staged = [(stage_et(Path(out), result.metadata, result.checked_nodes()), Path(out))]  # streamed
         if report_path is not None:
-            write_json(Path(report_path), result.report)
+            try:
+                staged.append((stage(Path(report_path), json_bytes(result.report)), Path(report_path)))
+            except BaseException:
+                discard([staged[0][0]])
+                raise
+        commit(staged)
     return result
 
 

@@ -279,3 +279,32 @@ def select_device(kineto: KinetoTrace, window: tuple[float, float] | None) -> De
         else:
             sel.leave_out("runtime_calls", "outside_window", events, r)
     return sel
+
+
+# Evidence that a host ET and a Kineto trace are not of one run and rank. On every pair of the shared traces
+# (and every run etweave.collect writes) both files carry the same process id, no rf_id names another op, and the
+# linked share is >= 99.8%; on each mismatched pair tried (another model, another rank) the process ids differ.
+# A low linked share counts only when the process ids cannot tell: with the same process, the files are of one
+# run and rank and a poor link (a damaged host ET) is counted in the report instead.
+MIN_LINKED_SHARE = 0.5
+MAX_RF_ID_NAME_MISMATCH = 0.1
+
+
+def mismatch_evidence(host: HostTrace, kineto: KinetoTrace, link: HostLink) -> list[str]:
+    """Why the two files are not of the same run and rank; [] when nothing says so."""
+    evidence: list[str] = []
+    pids = Counter(p for p in (kineto.events[i].pid for i in kineto.events.cpu[:10000])
+                   if isinstance(p, int) and not isinstance(p, bool))
+    kineto_pid = pids.most_common(1)[0][0] if pids else None
+    same_process = bool(host.pid) and kineto_pid == host.pid
+    if host.pid and kineto_pid is not None and not same_process:
+        evidence.append(f"the host ET is of process {host.pid}, the Kineto cpu ops of process {kineto_pid}")
+    ops = sum(1 for op in host.ops if not op.is_process_root and not op.is_thread_root)
+    if ops:
+        wrong = link.warnings.get("rf_id_name_mismatch", 0)
+        if wrong > MAX_RF_ID_NAME_MISMATCH * ops:
+            evidence.append(f"the Record function ids of {wrong} host ops name other ops in the Kineto trace")
+        linked = len(link.event_of)
+        if linked < MIN_LINKED_SHARE * ops and not same_process:
+            evidence.append(f"only {linked} of {ops} host ops link to a Kineto cpu op ({linked / ops:.0%})")
+    return evidence

@@ -32,7 +32,12 @@ def _tid(tid: int | str | None) -> int:
     # Kineto thread ids are ints except on odd synthetic tracks; a non-integer one keeps a stable small hash.
     if isinstance(tid, int):
         return tid
-    return sum(ord(c) * 31**i for i, c in enumerate(str(tid))) % (1 << 31)
+    # (the sum of ord(c) * 31**i mod 2**31, computed with the modulus at every step: linear, not quadratic)
+    h, power = 0, 1
+    for c in str(tid):
+        h = (h + ord(c) * power) % (1 << 31)
+        power = power * 31 % (1 << 31)
+    return h
 
 
 # The `kind` attr of the `## process_group:init ##` node: its item is a host op, but it stands for no work.

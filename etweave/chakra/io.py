@@ -18,7 +18,8 @@ from google.protobuf.json_format import MessageToDict, MessageToJson
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.errors import BadInput
-from etweave.output import write_atomic
+from etweave.output import stage, write_atomic
+from etweave.read.source import input_limit, open_binary
 
 SCHEMA_VERSION = "0.0.4"
 GZIP_MAGIC = b"\x1f\x8b"
@@ -87,6 +88,13 @@ def write_et(path: Path, metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node]) 
     write_atomic(path, gzipped(chunks) if is_gz_name(path) else chunks)
 
 
+def stage_et(path: Path, metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node], clean: bool = True) -> Path:
+    """Stream to a temporary file beside `path` (gzip when it ends in `.gz`) and return it;
+    `etweave.output.commit` renames it into place."""
+    chunks = _stream(metadata, nodes)
+    return stage(path, gzipped(chunks) if is_gz_name(path) else chunks, clean)
+
+
 def et_files(paths: Iterable[Path]) -> list[Path]:
     """The .et files named: a file as it is, a folder as every `*.et` and `*.et.gz` in it (sorted)."""
     files: list[Path] = []
@@ -106,6 +114,7 @@ def et_files(paths: Iterable[Path]) -> list[Path]:
 def _raw_messages(stream: IO[bytes], path: Path | str) -> Iterator[bytes]:
     """Each length-prefixed message's bytes, reading `stream` a chunk at a time."""
     buf, pos, base, eof = b"", 0, 0, False  # base: file offset of buf[0], for messages
+    limit = input_limit()
     while True:
         try:
             size, start = decode_varint(buf, pos)
@@ -113,6 +122,9 @@ def _raw_messages(stream: IO[bytes], path: Path | str) -> Iterator[bytes]:
             size, start = -1, -1
         except ValueError as exc:
             raise BadInput(path, f"not a Chakra .et stream: {exc}") from exc
+        if start >= 0 and size > limit:  # a (gzip) bomb or garbage: refuse before buffering it
+            raise BadInput(path, f"message at byte {base + start} claims {size} bytes, more than the {limit} byte "
+                                 "input limit")
         if start >= 0 and start + size <= len(buf):
             yield buf[start : start + size]
             pos = start + size
@@ -140,11 +152,12 @@ def _read(stream: IO[bytes], size: int, path: Path | str) -> bytes:
 
 def _open(path: Path) -> tuple[IO[bytes], IO[bytes]]:
     """(the file, what to read from it): the file itself, or a gunzipping view of it."""
+    raw = open_binary(path)  # a pipe is read whole first; a device or a folder is refused
     try:
-        raw = open(path, "rb")  # noqa: SIM115 (closed by the caller's generator)
         gz = raw.read(2) == GZIP_MAGIC
         raw.seek(0)
     except OSError as exc:
+        raw.close()
         raise BadInput(path, f"cannot read: {exc.strerror or exc}") from exc
     return raw, (gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw)  # type: ignore[return-value]
 

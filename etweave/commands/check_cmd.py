@@ -19,6 +19,7 @@ from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import GZIP_MAGIC, attr_value, et_files, read_et
 from etweave.check import COMM_NODE_TYPES, Violation, check_metadata, check_nodes, check_run
 from etweave.errors import BadInput
+from etweave.read.source import read_plain
 
 EXIT_OK, EXIT_CHECK = 0, 3
 _RANK_NAME = re.compile(r"^.+\.(\d+)\.et(?:\.gz)?$")  # <prefix>.<rank>.et, also gzipped
@@ -66,9 +67,7 @@ def _rank_of(path: Path, metadata: pb.GlobalMetadata, only_file: bool) -> int:
 
 def _load_comm_group(path: Path) -> dict[str, list[int]]:
     try:
-        data = orjson.loads(path.read_bytes())
-    except OSError as exc:
-        raise BadInput(path, f"cannot read: {exc.strerror}") from exc
+        data = orjson.loads(read_plain(path))
     except orjson.JSONDecodeError as exc:
         raise BadInput(path, f"not JSON: {exc}") from exc
     if not isinstance(data, dict):
@@ -154,6 +153,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _warn_if_gzip(path: Path) -> None:
     """etweave and Chakra's tools read gzip, ASTRA-sim's feeder does not: say so, but check the content."""
+    if not path.is_file():  # a pipe (its bytes are read_et's) or a device (refused there): no peeking
+        return
     try:
         with open(path, "rb") as f:
             gz = f.read(2) == GZIP_MAGIC

@@ -15,8 +15,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("convert", help="convert one rank's traces to a Chakra .et file",
                        description="Convert a PyTorch host execution trace and/or Kineto trace of one rank. "
                        "With only --device, the Kineto cpu ops stand in for the host ET's ops.")
-    p.add_argument("--host", type=Path, help="host execution trace (.json or .json.gz)")
-    p.add_argument("--device", type=Path, help="Kineto trace (.json or .json.gz)")
+    p.add_argument("--host", type=Path, help="host execution trace (.json or .json.gz; a file or a pipe)")
+    p.add_argument("--device", type=Path, help="Kineto trace (.json or .json.gz; a file or a pipe)")
     p.add_argument("-o", "--output", type=Path, required=True,
                    help="output .et file (a name ending in .gz writes it gzip-compressed, as Chakra's tools read "
                    "it; ASTRA-sim's feeder reads only plain .et)")
@@ -30,6 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--window", metavar="START:END",
                    help="convert only what starts in this time window (µs, Kineto clock; either side may be "
                    "empty). With --host: as --steps")
+    p.add_argument("--allow-mismatch", action="store_true",
+                   help="convert even when the host ET and the Kineto trace look like different runs or ranks "
+                        "(exit 3 otherwise; the evidence: process ids, Record function ids, linked share)")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
     p.set_defaults(run=run)
 
@@ -38,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     if args.host is None and args.device is None:
         raise BadInput("convert", "give --host, --device, or both")
     select = Selection.parse(args.steps, args.window)
-    result = convert(args.host, args.device, args.output, args.report, args.rank, select)
+    result = convert(args.host, args.device, args.output, args.report, args.rank, select, args.allow_mismatch)
     if not args.quiet:
         print(summary(result.report))
     for node_id in args.explain:

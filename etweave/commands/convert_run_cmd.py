@@ -26,8 +26,10 @@ Outputs (written only once every rank converted and every check ran; nothing on 
   OUT_DIR/report.json (every rank's audit, process groups, cross-rank checks, duration adjustments).
 Cross-rank: in each process group every member rank must issue the same collectives (kind, order, comm_seq,
 and size for all_reduce/all_gather/reduce_scatter/broadcast), sends and receives must pair. A mismatch exits 3
-naming the first divergence per rank, unless --allow-mismatch. Collective durations become end minus the latest
-start among the group's members (attr transfer_duration_micros; measured_duration_micros keeps the measured).
+naming the first divergence per rank, unless --allow-mismatch. A rank whose host ET and Kineto trace are not of
+one run and rank (linked share, Record function ids, process ids) exits 3 too, unless --allow-mismatch.
+Collective durations become end minus the latest start among the group's members (attr
+transfer_duration_micros; measured_duration_micros keeps the measured).
 
 Exit codes: 0 ok, 2 bad input, 3 ranks disagree or a check failed."""
 
@@ -41,7 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("-o", "--output", type=Path, required=True, metavar="OUT_DIR", help="output folder")
     p.add_argument("--prefix", default="trace", help="output file names <prefix>.<rank>.et (default: trace)")
     p.add_argument("--allow-mismatch", action="store_true",
-                   help="write the outputs (exit 0) even when ranks issue different collectives; the report says so")
+                   help="write the outputs (exit 0) even when ranks issue different collectives or a rank's host ET "
+                        "and Kineto trace look like different runs; the report says so")
     p.add_argument("--jobs", type=int, metavar="N",
                    help="ranks converted at once in a process pool (default: the CPUs available; 1 = serial)")
     p.add_argument("--scheduler", metavar="ADDRESS",

@@ -15,6 +15,7 @@ import orjson
 from etweave.chakra.io import et_files
 from etweave.commands import simulate_astra
 from etweave.errors import BadInput, CheckFailed
+from etweave.output import check_outputs
 from etweave.simulate.engine import GraphError, RankGraph, UnknownGroup, replay
 from etweave.simulate.load import COMM_GROUP_FILE, find_comm_group, load_comm_group, load_rank
 from etweave.simulate.metrics import deadlock_report, format_deadlock, format_text, summarize
@@ -96,6 +97,9 @@ def run(args: argparse.Namespace) -> int:
 
         require_matplotlib(args.plot)  # fail before a long replay, not after
     files = et_files(args.traces)
+    # every output path checked before the replay (etweave.output.check_outputs: writable, not an input, distinct)
+    check_outputs([(flag, path) for flag, path in (("--timeline", args.timeline), ("--plot", args.plot))
+                   if path is not None], files)
     edits = [parse_edit(action, text) for action, text in args.edits]  # bad syntax fails before loading
     if edits and args.model == "astra-sim":
         raise BadInput("simulate", "what-if edits (--scale, --set-duration, --comm-bandwidth) apply to the default "

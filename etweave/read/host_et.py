@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 
 from etweave.errors import BadInput
+from etweave.read import widths
 from etweave.read.source import read_bytes
 
 PROCESS_ROOT_NAMES = ("[pytorch|profiler|execution_trace|process]", "[pytorch|profiler|execution_graph|process]")
@@ -63,7 +64,8 @@ class HostTrace:
     from_kineto: int = 0  # how many of `ops` were made from Kineto cpu ops that no host ET node stands for
 
     def process_groups(self) -> list[dict[str, Any]] | None:
-        """The `## process_group:init ##` list, or None when absent or unreadable (counted as a warning)."""
+        """The `## process_group:init ##` list, or None when absent or unreadable (counted as a warning). A group
+        whose `ranks` is neither a list of ranks nor "all" is bad input."""
         for op in self.ops:
             if op.name == PG_INIT_NAME and op.inputs.values and isinstance(op.inputs.values[0], str):
                 try:
@@ -71,8 +73,29 @@ class HostTrace:
                 except orjson.JSONDecodeError:
                     self.warnings["process_group_init_truncated"] = 1
                     return None
-                return groups if isinstance(groups, list) else None
+                if not isinstance(groups, list):
+                    return None
+                check_groups(self.path, f"node {op.id} {PG_INIT_NAME!r}", groups)
+                return groups
         return None
+
+
+def check_groups(path: Path | str, where: str, groups: list[Any]) -> None:
+    """Process-group descriptions (host ET `## process_group:init ##`, Kineto `pg_config`): `ranks` is a list of
+    ranks, "all", or absent."""
+    for n, grp in enumerate(groups):
+        if not isinstance(grp, dict):
+            continue
+        for size_field in ("group_size", "pg_size"):  # a group's size can size a list of its members
+            if grp.get(size_field) is not None:
+                widths.world_size(path, f"{where}: group {n} '{size_field}'", grp[size_field])
+        ranks = grp.get("ranks")
+        if ranks is None or ranks == "all":
+            continue
+        if not isinstance(ranks, list):
+            raise BadInput(path, f"{where}: group {n} 'ranks' is {type(ranks).__name__}, not a list of ranks")
+        for r in ranks:
+            widths.rank(path, f"{where}: group {n} 'ranks' entry", r)
 
 
 def read_host_et(path: Path) -> HostTrace:
@@ -97,7 +120,8 @@ def read_host_et(path: Path) -> HostTrace:
         if a.id == b.id:
             raise BadInput(path, f"duplicate node id {a.id}")
     pid = doc.get("pid", 0)
-    return HostTrace(path=str(path), schema=schema, pid=pid if isinstance(pid, int) else 0, ops=ops)
+    pid = widths.int64(path, "'pid'", pid) if widths.is_int(pid) else 0
+    return HostTrace(path=str(path), schema=schema, pid=pid, ops=ops)
 
 
 def _op(path: Path, index: int, node: Any) -> HostOp:
@@ -114,24 +138,40 @@ def _op(path: Path, index: int, node: Any) -> HostOp:
         raise BadInput(path, f"nodes[{index}]: id {node_id} out of range")
     if "attrs" in node:  # 1.0.2-chakra and later: parent in ctrl_deps, fields in attrs
         attrs = {a.get("name"): a.get("value") for a in _attr_list(path, index, node["attrs"])}
-        parent = node.get("ctrl_deps", 0)
+        parent_field = "ctrl_deps"
         inputs, outputs = _io_nested(node.get("inputs")), _io_nested(node.get("outputs"))
     else:  # 1.0.1 flat
         attrs = node
-        parent = node.get("parent", 0)
+        parent_field = "parent"
         inputs = IO(_list(node.get("inputs")), _list(node.get("input_shapes")), _list(node.get("input_types")))
         outputs = IO(_list(node.get("outputs")), _list(node.get("output_shapes")), _list(node.get("output_types")))
+    for side, io in (("inputs", inputs), ("outputs", outputs)):
+        try:  # the .et IOInfo is JSON written by orjson: what it cannot write is refused here (C-fast check)
+            orjson.dumps((io.values, io.shapes, io.types))
+        except TypeError as exc:
+            raise BadInput(path, f"nodes[{index}] (id {node_id}): '{side}' nested more than "
+                                 f"{widths.MAX_NESTING} levels deep") from exc
     extra = {k: v for k, v in attrs.items() if k not in _CORE_ATTRS} if "attrs" in node else {}
+
+    def field(name: str, default: int = 0) -> int:
+        value = node.get(name, default) if name == parent_field else attrs.get(name, default)
+        # Missing or mistyped optional fields default rather than reject: the field is not needed to keep the op.
+        if type(value) is not int:  # bool too
+            return default
+        if not widths.INT64_MIN <= value <= widths.INT64_MAX:
+            widths.int64(path, f"nodes[{index}] (id {node_id}): '{name}'", value)
+        return value
+
     return HostOp(
         id=node_id,
         name=name,
-        parent=_int(parent),
-        et_tid=_int(attrs.get("tid", 0)),
-        rf_id=_int(attrs.get("rf_id", 0)),
-        seq_id=_int(attrs.get("seq_id", -1), -1),
-        fw_parent=_int(attrs.get("fw_parent", 0)),
-        fw_tid=_int(attrs.get("fw_tid", 0)),
-        scope=_int(attrs.get("scope", 0)),
+        parent=field(parent_field),
+        et_tid=field("tid"),
+        rf_id=field("rf_id"),
+        seq_id=field("seq_id", -1),
+        fw_parent=field("fw_parent"),
+        fw_tid=field("fw_tid"),
+        scope=field("scope"),
         op_schema=attrs.get("op_schema", "") if isinstance(attrs.get("op_schema", ""), str) else "",
         inputs=inputs,
         outputs=outputs,
@@ -142,8 +182,11 @@ def _op(path: Path, index: int, node: Any) -> HostOp:
 def _attr_list(path: Path, index: int, attrs: Any) -> Iterator[dict[str, Any]]:
     if not isinstance(attrs, list):
         raise BadInput(path, f"nodes[{index}]: 'attrs' is not a list")
-    for a in attrs:
+    for j, a in enumerate(attrs):
         if isinstance(a, dict):
+            if not isinstance(a.get("name"), str):
+                raise BadInput(path, f"nodes[{index}]: attrs[{j}] 'name' is {type(a.get('name')).__name__}, "
+                                     "not a string")
             yield a
 
 
@@ -155,13 +198,6 @@ def _io_nested(io: Any) -> IO:
 
 def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
-
-
-def _int(value: Any, default: int = 0) -> int:
-    # Missing or mistyped optional fields default rather than reject: the field is not needed to keep the op.
-    if isinstance(value, bool) or not isinstance(value, int):
-        return default
-    return value
 
 
 def tensors(values: list[Any], types: list[Any]) -> Iterator[tuple[int, int, int, int, int]]:

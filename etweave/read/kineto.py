@@ -12,6 +12,8 @@ from typing import Any
 import msgspec
 
 from etweave.errors import BadInput
+from etweave.read import widths
+from etweave.read.host_et import check_groups
 from etweave.read.source import read_bytes
 
 CPU_OP_CATS = frozenset({"cpu_op", "user_annotation"})
@@ -50,6 +52,7 @@ _NO_ARGS = Args()
 
 
 _INT64 = 1 << 63
+_MAX_TIME = widths.MAX_TIME_MICROS
 
 
 def as_int(value: Any, default: int | None = None) -> int | None:
@@ -61,7 +64,7 @@ def as_int(value: Any, default: int | None = None) -> int | None:
             return int(value)
         except ValueError:
             return default
-    if isinstance(value, float) and value.is_integer():
+    if isinstance(value, float) and value.is_integer() and -_INT64 <= value < _INT64:
         return int(value)
     return default
 
@@ -210,8 +213,40 @@ def read_kineto(path: Path) -> KinetoTrace:
     eager = len(data) <= _eager_limit()
     del data  # lazily read events keep views into it; eagerly read ones let it go
     warnings: dict[str, int] = {}
+    distributed = _distributed(path, doc.distributedInfo or {})
     events = _validated(path, doc.traceEvents, eager, warnings)
-    return KinetoTrace(path=str(path), events=events, distributed=doc.distributedInfo or {}, warnings=warnings)
+    return KinetoTrace(path=str(path), events=events, distributed=distributed, warnings=warnings)
+
+
+def _distributed(path: Path, info: dict[str, Any]) -> dict[str, Any]:
+    """`distributedInfo`, its rank, world size and process groups checked (they size lists and name ranks)."""
+    if info.get("rank") is not None:
+        widths.rank(path, "distributedInfo.rank", info["rank"])
+    if info.get("world_size") is not None:
+        widths.world_size(path, "distributedInfo.world_size", info["world_size"])
+    cfg = info.get("pg_config")
+    if isinstance(cfg, list):
+        check_groups(path, "distributedInfo.pg_config", cfg)
+    return info
+
+
+def _check_event(path: Path, n: int, ev: Event) -> None:
+    """Numbers of one event that reach the output must fit it (field named); a negative size is no size."""
+    if not widths.time_ok(ev.ts):
+        raise BadInput(path, f"traceEvents[{n}].ts {ev.ts} out of range")
+    if ev.dur >= widths.MAX_TIME_MICROS:  # NaN (missing) and negative durations are counted and set to 0
+        raise BadInput(path, f"traceEvents[{n}].dur {ev.dur} out of range")
+    for name, value in (("tid", ev.tid), ("pid", ev.pid)):
+        if isinstance(value, int) and not widths.INT64_MIN <= value <= widths.INT64_MAX:
+            raise BadInput(path, f"traceEvents[{n}].{name} {value} out of range (must fit a signed 64-bit integer)")
+    args = ev.args
+    if args is _NO_ARGS:
+        return
+    for label, value in (("In msg nelems", args.in_nelems), ("Out msg nelems", args.out_nelems)):
+        if value is not None:
+            count = as_int(value)
+            if count is not None and not 0 <= count < 1 << 48:
+                raise BadInput(path, f"traceEvents[{n}].args.'{label}' {count} is not an element count")
 
 
 def _validated(path: Path, raws: list[msgspec.Raw], eager: bool, warnings: dict[str, int]) -> EventTable:
@@ -230,10 +265,19 @@ def _validated(path: Path, raws: list[msgspec.Raw], eager: bool, warnings: dict[
             ev = _event_decoder.decode(raw)
         except msgspec.ValidationError as exc:
             raise BadInput(path, f"not a Kineto trace: {exc} (in traceEvents[{n}])") from exc
+        except msgspec.DecodeError as exc:  # the outer pass checks the structure only, not every string
+            raise BadInput(path, f"not valid JSON: {exc} (in traceEvents[{n}])") from exc
         except RecursionError as exc:
             raise BadInput(path, "JSON nested too deeply") from exc
         if ev.ph != "X":
             continue
+        # widths, inline on the common path (millions of events); _check_event names what is wrong
+        tid, pid, args = ev.tid, ev.pid, ev.args
+        if not -_MAX_TIME < ev.ts < _MAX_TIME or ev.dur >= _MAX_TIME \
+                or (type(tid) is int and not -_INT64 <= tid < _INT64) \
+                or (type(pid) is int and not -_INT64 <= pid < _INT64) \
+                or (args is not _NO_ARGS and (args.in_nelems is not None or args.out_nelems is not None)):
+            _check_event(path, n, ev)
         h = hash(bytes(raw))
         if h in seen:
             suspects.append(len(kept_raws))

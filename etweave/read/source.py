@@ -1,23 +1,63 @@
-"""Bytes of an input file, plain or gzip, with limits against hostile input."""
+"""Bytes of an input file, plain or gzip, with limits against hostile input.
+
+A regular file is read directly; a pipe (`--host /dev/stdin`, `<(zcat trace.json.gz)`, a named FIFO) is read to
+its end; anything else (a device such as /dev/zero, a socket, a folder) is refused. A named FIFO that no process
+writes to is refused after a bounded wait instead of blocking forever. What an input may decompress to is
+limited (`input_limit`) so a gzip bomb fails with a clear message instead of exhausting memory."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import io
 import os
+import resource
+import select
+import stat
+import time
 import zlib
 from pathlib import Path
 from typing import Any
 
 from etweave.errors import BadInput
 
-# A gzip bomb expands without bound; past this we stop and say so. ETWEAVE_MAX_INPUT_BYTES overrides it for a
-# larger real trace (or a smaller machine).
-MAX_DECOMPRESSED_BYTES = 32 << 30
+# The parsed trace and the pipeline's data take a few times the JSON's size (the converter peaks at about 2x its
+# input on the largest traces): an input is limited to this fraction of the memory the process may use, so a
+# bomb is refused before it exhausts memory, while a 1 GB trace still fits a 24 GB machine (limit ~6 GB).
+MEMORY_SHARE = 4
+# A named pipe must start delivering within this many seconds (ETWEAVE_PIPE_WAIT overrides it).
+PIPE_WAIT_SECONDS = 30.0
+
+
+def memory_budget() -> int | None:
+    """Bytes this process may allocate: the smaller of available memory (cgroup limit included) and the
+    address-space limit (RLIMIT_AS); None when neither is known."""
+    candidates: list[int] = []
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY and soft > 0:
+        candidates.append(soft)
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                candidates.append(int(line.split()[1]) * 1024)
+    with contextlib.suppress(OSError, ValueError):
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit.isdecimal():
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip() or 0)
+            candidates.append(max(0, int(limit) - used))
+    return min(candidates) if candidates else None
 
 
 def input_limit() -> int:
+    """How many bytes one input may hold (decompressed): ETWEAVE_MAX_INPUT_BYTES, else a share of the memory
+    budget (at least 64 MiB, so a small machine still reads ordinary traces)."""
     value = os.environ.get("ETWEAVE_MAX_INPUT_BYTES", "")
-    return int(value) if value.isdecimal() else MAX_DECOMPRESSED_BYTES
+    if value.isdecimal():
+        return int(value)
+    budget = memory_budget()
+    return max(64 << 20, budget // MEMORY_SHARE) if budget is not None else 32 << 30
+
+
 _CHUNK = 1 << 22
 
 
@@ -26,22 +66,121 @@ def read_bytes(path: Path, limit: int | None = None) -> bytes | bytearray:
     take either type)."""
     limit = input_limit() if limit is None else limit
     try:
+        if _kind(path) == "pipe":
+            raw = _read_pipe(path, limit)
+            return _gunzip(io.BytesIO(raw), len(raw), path, limit) if raw[:2] == b"\x1f\x8b" else raw
         with open(path, "rb", buffering=0) as f:  # unbuffered: one copy of a large file, not two
             head = f.read(2)
             f.seek(0)
+            size = os.fstat(f.fileno()).st_size
             if head != b"\x1f\x8b":
-                if os.fstat(f.fileno()).st_size > limit:
-                    raise BadInput(path, f"larger than the {limit} byte limit")
-                return f.read()
-            return _gunzip(f, path, limit)
+                return _read_regular(f, size, path, limit)
+            return _gunzip(f, size, path, limit)
     except OSError as exc:
         raise BadInput(path, f"cannot read: {exc.strerror or exc}") from exc
 
 
-def _gunzip(f: Any, path: Path, limit: int) -> bytearray:
+def read_plain(path: Path, limit: int | None = None) -> bytes:
+    """The file's bytes as they are (a .et file, a comm_group.json), under the same rules for special files."""
+    limit = input_limit() if limit is None else limit
+    try:
+        if _kind(path) == "pipe":
+            return _read_pipe(path, limit)
+        with open(path, "rb", buffering=0) as f:
+            return _read_regular(f, os.fstat(f.fileno()).st_size, path, limit)
+    except OSError as exc:
+        raise BadInput(path, f"cannot read: {exc.strerror or exc}") from exc
+
+
+def open_binary(path: Path) -> Any:
+    """A binary stream to read the file from (a reader that streams, like the .et reader): the file itself, or
+    a pipe's bytes read whole first (under the input limit); a device or a folder is bad input."""
+    try:
+        if _kind(path) == "pipe":
+            return io.BytesIO(_read_pipe(path, input_limit()))
+        return open(path, "rb")  # the caller closes it
+    except OSError as exc:
+        raise BadInput(path, f"cannot read: {exc.strerror or exc}") from exc
+
+
+def _kind(path: Path) -> str:
+    """"file" or "pipe"; a folder or a device is bad input (/dev/zero would be read until memory runs out)."""
+    mode = os.stat(path).st_mode
+    if stat.S_ISDIR(mode):
+        raise BadInput(path, "is a folder, not a file")
+    if stat.S_ISFIFO(mode):
+        return "pipe"
+    if not stat.S_ISREG(mode):  # /dev/zero, /dev/urandom, a terminal, a socket: no end, or not a file
+        raise BadInput(path, "is not a regular file or a pipe (a device?): cannot read from it")
+    return "file"
+
+
+def _read_regular(f: Any, size: int, path: Path, limit: int) -> bytes:
+    if size > limit:
+        raise BadInput(path, f"larger than the {limit} byte input limit (ETWEAVE_MAX_INPUT_BYTES)")
+    return f.read()
+
+
+def _pipe_wait() -> float:
+    value = os.environ.get("ETWEAVE_PIPE_WAIT", "")
+    try:
+        return float(value) if value else PIPE_WAIT_SECONDS
+    except ValueError:
+        return PIPE_WAIT_SECONDS
+
+
+def _read_pipe(path: Path, limit: int) -> bytes:
+    """A pipe's bytes to its end. Opened without blocking (a FIFO with no writer would block `open` forever);
+    until the first bytes arrive, waits at most ETWEAVE_PIPE_WAIT seconds; then reads to the end, at most
+    `limit` bytes (the compressed size is bounded too)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        chunks: list[bytes] = []
+        total = 0
+        deadline = time.monotonic() + _pipe_wait()
+        started = False
+        while True:
+            try:
+                chunk = os.read(fd, _CHUNK)
+            except BlockingIOError:  # a writer, no data yet
+                chunk = None
+            if chunk == b"":
+                # end of data, or no writer has opened the FIFO yet: only the first is an answer
+                if started or _had_writer(fd):
+                    break
+                chunk = None
+            if chunk is None:
+                left = deadline - time.monotonic()
+                if not started and left <= 0:
+                    raise BadInput(path, f"a pipe that nothing wrote to within {_pipe_wait():g} s (no writer?)")
+                if started:
+                    select.select([fd], [], [], 1.0)
+                else:  # select would answer at once on a FIFO without a writer: poll gently
+                    time.sleep(min(max(left, 0.0), 0.05))
+                continue
+            started = True
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > limit:
+                raise BadInput(path, f"larger than the {limit} byte input limit (ETWEAVE_MAX_INPUT_BYTES)")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _had_writer(fd: int) -> bool:
+    """Whether the EOF on a non-blocking FIFO read means the writer closed it (rather than none opened it yet):
+    an anonymous pipe (/dev/stdin, process substitution) always had one; a named FIFO reports POLLHUP only
+    after a writer came and went."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return any(ev & select.POLLHUP for _, ev in poller.poll(0))
+
+
+def _gunzip(f: Any, size: int, path: Path, limit: int) -> bytearray:
     """Decompress in bounded chunks (a bomb fails at the limit instead of exhausting memory) into a buffer sized
-    from the gzip trailer, so a large trace is held once, not copied on every growth or at the end."""
-    size = os.fstat(f.fileno()).st_size
+    from the gzip trailer, so a large trace is held once, not copied on every growth or at the end. Every member
+    of a multi-member file is read, each under the same limit."""
     if size < 18:  # header and trailer alone take 18 bytes
         raise BadInput(path, "truncated gzip stream")
     f.seek(-4, os.SEEK_END)
@@ -54,31 +193,38 @@ def _gunzip(f: Any, path: Path, limit: int) -> bytearray:
     def put(data: bytes) -> None:
         nonlocal pos
         end = pos + len(data)
+        if end > limit:
+            raise BadInput(path, f"decompresses to more than the {limit} byte input limit (a gzip bomb? "
+                                 "ETWEAVE_MAX_INPUT_BYTES sets the limit)")
         if end <= len(out):
             out[pos:end] = data
         else:  # the guess was short (over 4 GiB, or several members): grow
             out[pos:] = data
         pos = end
-        if pos > limit:
-            raise BadInput(path, f"decompresses to more than the {limit} byte limit (a gzip bomb?)")
 
     d = zlib.decompressobj(wbits=31)
+    pending = b""
     try:
         while True:
-            chunk = f.read(_CHUNK)
-            if not chunk:
-                break
-            while chunk:
-                put(d.decompress(chunk, _CHUNK))
-                chunk = d.unconsumed_tail
-            if d.eof and d.unused_data:
-                # concatenated gzip members: continue with a fresh decompressor
-                rest = d.unused_data
+            if not pending:
+                pending = f.read(_CHUNK)
+                if not pending:
+                    break
+            if d.eof:  # the previous member ended and bytes follow: the next member
                 d = zlib.decompressobj(wbits=31)
-                put(d.decompress(rest))
+            put(d.decompress(pending, _CHUNK))
+            pending = d.unused_data if d.eof else d.unconsumed_tail
+        while not d.eof:  # input ended: what zlib still holds, then the verdict
+            data = d.decompress(b"", _CHUNK)
+            if not data:
+                break
+            put(data)
         if not d.eof:
             raise BadInput(path, "truncated gzip stream")
     except (zlib.error, gzip.BadGzipFile, EOFError) as exc:
         raise BadInput(path, f"corrupt gzip data: {exc}") from exc
+    except MemoryError as exc:
+        raise BadInput(path, f"does not fit in memory once decompressed ({pos} bytes so far)") from exc
     del out[pos:]
     return out
+

@@ -42,15 +42,13 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from etweave.chakra.io import write_et
+from etweave.chakra.io import stage_et
 from etweave.errors import BadInput, CheckFailed
-from etweave.output import write_json
+from etweave.output import commit, discard, json_bytes, output_folder, stage
 from etweave.run.cross_rank import (
     _SHOWN,
     CollSig,
@@ -81,22 +79,21 @@ def stale_outputs(out_dir: Path, prefix: str, ranks: Iterable[int]) -> list[Path
 
 
 def write_run(out_dir: Path, prefix: str, result: RunResult) -> list[Path]:
-    """Every output into a temporary folder inside out_dir, then each renamed into place (report last)."""
+    """Every output staged beside its target, then all renamed into place together (etweave.output.commit): a
+    failure anywhere leaves no output new or changed."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=".etweave-run-", dir=out_dir))
+    staged: list[tuple[Path, Path]] = []
     try:
-        names: list[str] = []
         for rank, (metadata, nodes) in sorted(result.ranks.items()):
-            names.append(f"{prefix}.{rank}.et")
-            write_et(stage / names[-1], metadata, nodes)
-        write_json(stage / COMM_GROUP_FILE, result.comm_group)
-        write_json(stage / REPORT_FILE, result.report)
-        names += [COMM_GROUP_FILE, REPORT_FILE]
-        for name in names:
-            os.replace(stage / name, out_dir / name)
-        return [out_dir / n for n in names]
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
+            target = out_dir / f"{prefix}.{rank}.et"
+            staged.append((stage_et(target, metadata, nodes, clean=False), target))  # cleaned when locked
+        for name, obj in ((COMM_GROUP_FILE, result.comm_group), (REPORT_FILE, result.report)):
+            staged.append((stage(out_dir / name, json_bytes(obj), clean=False), out_dir / name))
+    except BaseException:
+        discard([tmp for tmp, _ in staged])
+        raise
+    commit(staged)
+    return [target for _, target in staged]
 
 
 def convert_run(run_dir: Path, out_dir: Path, prefix: str = "trace", allow_mismatch: bool = False,
@@ -106,17 +103,28 @@ def convert_run(run_dir: Path, out_dir: Path, prefix: str = "trace", allow_misma
     written or a divergence raises (the CLI prints its summary there). Raises BadInput, CheckFailed."""
     if not prefix or "/" in prefix or os.sep in prefix:
         raise BadInput("--prefix", f"{prefix!r} must be a plain file name prefix")
-    found = discover(Path(run_dir))
+    # Resolved here, once: Dask workers get absolute paths (their working folder is not ours), and the report
+    # names inputs relative to the run folder, the same however RUN_DIR was spelled.
+    run_dir = Path(run_dir).resolve()
+    found = discover(run_dir)
+    with output_folder(Path(out_dir)):  # created and locked: a second run into it is refused
+        return _convert_locked(run_dir, found, Path(out_dir), prefix, allow_mismatch, jobs, scheduler, progress,
+                               on_ranks)
+
+
+def _convert_locked(run_dir: Path, found: Discovery, out_dir: Path, prefix: str, allow_mismatch: bool, jobs: int | None,
+                    scheduler: str | None, progress: bool, on_ranks: Callable[[RunResult], None] | None) -> RunResult:
     known = [rf.rank for rf in found.ranks if rf.rank is not None]
     stale = stale_outputs(Path(out_dir), prefix, known)
     if stale and all(rf.rank is not None for rf in found.ranks):
         raise BadInput(out_dir, f"holds {len(stale)} .et file(s) of ranks not in this run ("
                                 f"{', '.join(p.name for p in stale[:5])}): remove them or choose another "
                                 "output folder or --prefix")
-    outputs = convert_ranks(found.ranks, jobs, scheduler, progress)
+    outputs = convert_ranks(found.ranks, jobs, scheduler, progress, allow_mismatch)
     for out, rf in zip(outputs, found.ranks, strict=True):
-        out["host"] = str(rf.host) if rf.host else None
-        out["kineto"] = str(rf.kineto) if rf.kineto else None
+        out["host"] = _relative(rf.host, run_dir)
+        out["kineto"] = _relative(rf.kineto, run_dir)
+    found.ignored = [str(_relative(Path(p), run_dir)) for p in found.ignored]
     result = assemble_run(outputs, allow_mismatch, found)
     if on_ranks is not None:
         on_ranks(result)
@@ -126,6 +134,15 @@ def convert_run(run_dir: Path, out_dir: Path, prefix: str = "trace", allow_misma
                           f"anyway): {shown}")
     write_run(Path(out_dir), prefix, result)
     return result
+
+
+def _relative(path: Path | None, run_dir: Path) -> str | None:
+    if path is None:
+        return None
+    try:
+        return Path(path).relative_to(run_dir).as_posix()
+    except ValueError:
+        return str(path)
 
 
 def summary(result: RunResult) -> Iterator[str]:

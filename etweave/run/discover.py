@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from etweave.errors import BadInput
+from etweave.read import widths
 
 HOST, KINETO = "host", "kineto"
 _PEEK = 4096
@@ -77,6 +78,7 @@ def discover(run_dir: Path) -> Discovery:
         if kind is None:
             ignored.append(str(path))
             return
+        widths.rank(path, "the rank in the name", rank)
         rf = found.setdefault(rank, RankFiles(rank))
         other = getattr(rf, kind)
         if other is not None:

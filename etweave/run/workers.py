@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -12,24 +13,27 @@ import orjson
 
 from etweave.chakra.io import serialize
 from etweave.convert import no_gc, process_groups, run_pipeline
-from etweave.errors import BadInput
+from etweave.errors import BadInput, CheckFailed
 from etweave.read.host_et import read_host_et
 from etweave.read.kineto import read_kineto
 from etweave.run.discover import RankFiles
 
 
-def convert_rank(rank: int | None, host: str | None, kineto: str | None) -> dict[str, Any]:
+def convert_rank(rank: int | None, host: str | None, kineto: str | None, allow_mismatch: bool = False) \
+        -> dict[str, Any]:
     """See _convert_rank; the collector is off while it runs (see etweave.convert.no_gc)."""
     with no_gc():
-        return _convert_rank(rank, host, kineto)
+        return _convert_rank(rank, host, kineto, allow_mismatch)
 
 
-def _convert_rank(rank: int | None, host: str | None, kineto: str | None) -> dict[str, Any]:
+def _convert_rank(rank: int | None, host: str | None, kineto: str | None, allow_mismatch: bool = False) \
+        -> dict[str, Any]:
     """Convert one rank; plain, picklable data back (the same whether run here, in a pool or on Dask).
 
     Returns {"rank", "et" (the .et stream bytes), "report", "local_groups" (trace pg name -> the id the
     converter wrote), "groups" (pg descriptions), "world_size", "trace_rank"}, or {"rank", "error": {"where",
-    "problem"}} on bad input (BadInput does not survive pickling: its constructor takes two arguments).
+    "problem"}} on bad input (BadInput does not survive pickling: its constructor takes two arguments), or
+    {"rank", "mismatch": message} when its host ET and Kineto trace are not of one run and rank.
     """
     try:
         host_trace = read_host_et(Path(host)) if host is not None else None
@@ -69,9 +73,11 @@ def _convert_rank(rank: int | None, host: str | None, kineto: str | None) -> dic
         world = next((g["size"] for g in groups if g["ranks"] == [] and isinstance(g["size"], int)), None)
     local = process_groups(host_trace, kineto_trace)
     try:
-        result = run_pipeline(host_trace, kineto_trace, rank)
+        result = run_pipeline(host_trace, kineto_trace, rank, allow_mismatch=allow_mismatch)
     except BadInput as exc:
         return {"rank": rank, "error": {"where": exc.where, "problem": exc.problem}}
+    except CheckFailed as exc:
+        return {"rank": rank, "mismatch": str(exc)}
     out_rank = next(int(a.int64_val) for a in result.metadata.attr if a.name == "rank")
     return {"rank": out_rank, "et": serialize(result.metadata, result.checked_nodes()), "report": result.report,
             "local_groups": local, "groups": groups, "world_size": world, "trace_rank": trace_rank}
@@ -99,10 +105,12 @@ def default_jobs() -> int:
 
 
 def convert_ranks(ranks: Sequence[RankFiles], jobs: int | None = None, scheduler: str | None = None,
-                  progress: bool = False) -> list[dict[str, Any]]:
+                  progress: bool = False, allow_mismatch: bool = False) -> list[dict[str, Any]]:
     """Run `convert_rank` for every rank: in this process (jobs 1), a process pool, or on a Dask cluster.
-    Raises BadInput for the first rank (in rank order) whose input is bad."""
-    tasks = [(rf.rank, str(rf.host) if rf.host else None, str(rf.kineto) if rf.kineto else None) for rf in ranks]
+    Raises BadInput for the first rank (in rank order) whose input is bad, CheckFailed for the first whose
+    host ET and Kineto trace are not of one run (unless allow_mismatch)."""
+    tasks = [(rf.rank, str(rf.host) if rf.host else None, str(rf.kineto) if rf.kineto else None, allow_mismatch)
+             for rf in ranks]
     bar = _progress(len(tasks), progress)
     try:
         if scheduler is not None:
@@ -112,10 +120,12 @@ def convert_ranks(ranks: Sequence[RankFiles], jobs: int | None = None, scheduler
             outputs = _local(tasks, workers, bar.update)
     finally:
         bar.close()
-    failed = [o for o in outputs if "error" in o]
-    if failed:
+    failed = [o for o in outputs if "error" in o or "mismatch" in o]
+    if failed and "error" in failed[0]:
         err = failed[0]["error"]
         raise BadInput(err["where"], err["problem"])
+    if failed:
+        raise CheckFailed(failed[0]["mismatch"])
     return outputs
 
 
@@ -135,14 +145,14 @@ def _progress(total: int, enabled: bool) -> Any:
     return tqdm(total=total, unit="rank", desc="converting", file=sys.stderr, leave=False)
 
 
-def _local(tasks: list[tuple[int | None, str | None, str | None]], workers: int,
+def _local(tasks: list[tuple[int | None, str | None, str | None, bool]], workers: int,
            done: Callable[[int], Any]) -> list[dict[str, Any]]:
     if workers <= 1:
         outputs = []
         for task in tasks:
             outputs.append(convert_rank(*task))
             done(1)
-            if "error" in outputs[-1]:
+            if "error" in outputs[-1] or "mismatch" in outputs[-1]:
                 break  # bad input: the rest would be thrown away
         return outputs
     import multiprocessing
@@ -155,7 +165,7 @@ def _local(tasks: list[tuple[int | None, str | None, str | None]], workers: int,
         futures = [pool.submit(convert_rank, *task) for task in tasks]
         for future in as_completed(futures):
             done(1)
-            if future.exception() is not None or "error" in future.result():
+            if future.exception() is not None or "error" in future.result() or "mismatch" in future.result():
                 for f in futures:  # the run has failed: do not start the ranks still queued
                     f.cancel()
                 break
@@ -165,10 +175,22 @@ def _local(tasks: list[tuple[int | None, str | None, str | None]], workers: int,
         return [f.result() for f in futures if f.done() and not f.cancelled()]
 
 
-def _on_dask(tasks: list[tuple[int | None, str | None, str | None]], address: str,
+# How long a run waits while the cluster has no worker at all (none yet, or every one lost) before giving up;
+# ETWEAVE_DASK_WAIT overrides it.
+DASK_NO_WORKER_WAIT = 60.0
+
+
+def _dask_wait() -> float:
+    try:
+        return float(os.environ.get("ETWEAVE_DASK_WAIT", "") or DASK_NO_WORKER_WAIT)
+    except ValueError:
+        return DASK_NO_WORKER_WAIT
+
+
+def _on_dask(tasks: list[tuple[int | None, str | None, str | None, bool]], address: str,
              done: Callable[[int], Any]) -> list[dict[str, Any]]:
     try:
-        from dask.distributed import Client, as_completed
+        from dask.distributed import Client, wait
     except ImportError as exc:
         raise BadInput("--scheduler", "needs dask[distributed]: pip install 'etweave[cluster]'") from exc
     try:
@@ -176,8 +198,29 @@ def _on_dask(tasks: list[tuple[int | None, str | None, str | None]], address: st
     except (OSError, TimeoutError) as exc:
         raise BadInput(address, f"cannot connect to the Dask scheduler: {exc}") from exc
     with client:
-        # Workers read the trace files by path: they must see RUN_DIR at the same path (a shared file system).
+        # Workers read the trace files by path: they must see RUN_DIR at the same path (a shared file system);
+        # the paths are absolute (resolved here, on the client), so the workers' working folder does not matter.
         futures = [client.submit(convert_rank, *task, pure=False) for task in tasks]
-        for _ in as_completed(futures):
-            done(1)
+        pending = set(futures)
+        limit = _dask_wait()
+        no_workers_since: float | None = None
+        while pending:
+            try:
+                finished, pending = wait(list(pending), timeout=1.0, return_when="FIRST_COMPLETED")
+            except TimeoutError:  # none finished within the second: see whether any worker is left
+                finished = set()
+            done(len(finished))
+            if not pending:
+                break
+            if client.scheduler_info().get("workers"):
+                no_workers_since = None
+                continue
+            now = time.monotonic()
+            no_workers_since = now if no_workers_since is None else no_workers_since
+            if now - no_workers_since >= limit:
+                for f in futures:
+                    f.cancel()
+                raise BadInput(address, f"the Dask cluster has had no worker for {limit:g} s ({len(pending)} of "
+                                        f"{len(futures)} ranks not converted): every worker lost, or none started "
+                                        "(ETWEAVE_DASK_WAIT sets the wait)")
         return list(client.gather(futures))

@@ -10,6 +10,7 @@ from pathlib import Path
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import attr_value, read_et
 from etweave.errors import BadInput
+from etweave.read.source import read_plain
 from etweave.simulate.engine import RankGraph, SimNode
 
 COMM_GROUP_FILE = "comm_group.json"
@@ -29,9 +30,12 @@ def resource_of(attrs: dict[str, object]) -> str | None:
 
 
 def _int(value: object, path: Path, node_id: int, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise BadInput(path, f"node {node_id}: attr {name} is {value!r}, not a number")
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value or value in (_INF, -_INF):
+        raise BadInput(path, f"node {node_id}: attr {name} is {value!r}, not a finite number")
     return int(value)
+
+
+_INF = float("inf")
 
 
 def to_sim_node(node: pb.Node, path: Path) -> SimNode:
@@ -112,10 +116,8 @@ def find_comm_group(traces: Sequence[Path]) -> Path | None:
 def load_comm_group(path: Path) -> dict[str, list[int]]:
     """`{"<decimal id>": [global ranks, ...]}`."""
     try:
-        data = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise BadInput(path, f"cannot read: {exc.strerror}") from exc
-    except ValueError as exc:
+        data = json.loads(read_plain(Path(path)))
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the stdlib parser goes
         raise BadInput(path, f"not JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise BadInput(path, "expected an object mapping group ids to lists of ranks")
