@@ -31,6 +31,7 @@ from etweave.model import (
     Graph,
     Item,
 )
+from etweave.read.host_et import tensors
 from etweave.read.kineto import Event, as_int
 
 # A waiter resumes within this long after what it waited for ended (µs), as FORMATS.md's traces show.
@@ -51,9 +52,10 @@ def resolve_waits(g: Graph) -> None:
     _event_waits(g, records)
     _unrecorded_event_waits(g, records)
     _blocking_calls(g, chains, records)
-    handed, moments = _handoffs(g, chains, apply=False)  # who hands work to whom, when: evidence for the waits
+    evidence = _HandOverEvidence(g)
+    handed, moments = _handoffs(g, chains, evidence, apply=False)  # who handed which work, when: for the waits
     _cross_thread_waits(g, chains, handed, moments)
-    _handoffs(g, chains, apply=True)  # after the waits, so a thread's waiting time is not taken for handing work
+    _handoffs(g, chains, evidence, apply=True)  # after the waits: a thread's waiting time is not taken for handing
     _await_last_periods(g, chains)
     _name_untraced(g, chains)
     chains.store()
@@ -267,12 +269,12 @@ def _blocking_calls(g: Graph, chains: _Chains, records: _SyncRecords) -> None:
         resume.awaits.append((awaited.id, "sync", False))
 
 
-def _cross_thread_waits(g: Graph, chains: _Chains, served: dict[int | str, set[int | str]],
-                        moments: dict[int | str, list[float]]) -> None:
+def _cross_thread_waits(g: Graph, chains: _Chains, served: _Handed, moments: dict[int | str, list[float]]) -> None:
     """A long period of a thread (an op's own time, its later self time, or idle) inside which an op of another
     thread ended was waiting for that op, when either the thread resumed within TOLERANCE of its end (any thread),
-    or the op ran on a thread this one handed work to (`handoff`: the gloo worker running the collective it issued,
-    the autograd engine running its backward, a helper thread it joins) and it resumed within MAX_WAKEUP. Inferred
+    or the op was part of the work this thread handed to another thread (`handoff`: the gloo worker running the
+    collective it issued, the autograd engine running its backward, a helper thread it joins) and it resumed within
+    MAX_WAKEUP. (Another thread's op this thread handed nothing, a periodic background thread's, is no wait.) Inferred
     from that structure and the timing. The waiting time becomes the edge; the time from the awaited end to the
     period's end is a WAKEUP node on the waiting thread, as long as the measured latency. A period in which the
     thread also handed work over (the collective it then waited for) runs until the first such moment."""
@@ -286,8 +288,8 @@ def _cross_thread_waits(g: Graph, chains: _Chains, served: dict[int | str, set[i
             continue
         x = _latest_before(ends, tops, it.start + TOLERANCE, it.seg_end, lambda o, t=it.tid: o.tid != t)
         if x is None or it.seg_end - (x.start + x.dur) > TOLERANCE:
-            handed = served.get(it.tid, set())  # type: ignore[arg-type]
-            x = _latest_before(ends, tops, it.start + TOLERANCE, it.seg_end, lambda o, h=handed: o.tid in h)
+            x = _latest_before(ends, tops, it.start + TOLERANCE, it.seg_end,
+                               lambda o, w=it.tid: served.holds(w, o))  # type: ignore[misc]
             if x is None or it.seg_end - (x.start + x.dur) > MAX_WAKEUP:
                 continue
         x_end = x.start + x.dur
@@ -300,10 +302,9 @@ def _cross_thread_waits(g: Graph, chains: _Chains, served: dict[int | str, set[i
         wake.awaits.append((x.id, "thread_wait", True))
         # Collectives of the threads it handed work to that ended while it waited were waited for too (DDP's
         # buckets, all waited for at the end of backward): each gates the wake-up, whichever ends last.
-        handed = served.get(it.tid, set())  # type: ignore[arg-type]
         lo = bisect.bisect_left(ends, wait_from)
         for o in tops[lo:bisect.bisect_left(ends, x_end)]:
-            if o.comm is not None and o.tid in handed and o is not x:
+            if o.comm is not None and served.holds(it.tid, o) and o is not x:  # type: ignore[arg-type]
                 wake.awaits.append((o.id, "thread_wait", True))
         if it.kind == DELAY and wait_from == it.start:  # the idle period was all waiting: only its wake-up is left
             chains.removed.add(it.id)
@@ -342,15 +343,95 @@ def _name_untraced(g: Graph, chains: _Chains) -> None:
             started = True
 
 
-def _handoffs(g: Graph, chains: _Chains, apply: bool) -> tuple[dict[int | str, set[int | str]],
-                                                                dict[int | str, list[float]]]:
+class _Handed:
+    """The work each thread handed to other threads: per (handing thread, worker thread), the worker's busy stretches
+    (from the op it was handed to its next idle time), so a wait is only ever for work the waiter handed over."""
+
+    def __init__(self) -> None:
+        self.stretches: dict[tuple[int | str, int | str], list[tuple[float, float]]] = defaultdict(list)
+
+    def add(self, by: int | str, worker: int | str, lo: float, hi: float) -> None:
+        self.stretches[(by, worker)].append((lo, hi))
+
+    def sort(self) -> None:
+        for spans in self.stretches.values():
+            spans.sort()
+
+    def holds(self, by: int | str, op: Item) -> bool:
+        """Whether `op` ran in work that thread `by` handed to op's thread."""
+        spans = self.stretches.get((by, op.tid)) if op.tid is not None else None  # type: ignore[arg-type]
+        if not spans:
+            return False
+        k = bisect.bisect_right(spans, (op.start, math.inf)) - 1
+        return k >= 0 and spans[k][0] <= op.start < spans[k][1]
+
+
+# Ops that hand work to another thread of the process: issuing a collective that a gloo worker runs.
+_ISSUE_PREFIXES = ("c10d::",)
+
+
+class _HandOverEvidence:
+    """What says that a thread handed the work a woken thread then ran, beyond the timing (a thread that wakes up on
+    its own, a periodic background thread, is handed nothing): the handing thread issued a collective since the
+    worker went idle and the worker runs a collective; the worker runs backward functions of ops the handing thread
+    ran forward (autograd sequence ids); or the worker's op reads a tensor the handing thread wrote."""
+
+    def __init__(self, g: Graph) -> None:
+        self.issued: dict[int | str, list[float]] = defaultdict(list)  # thread -> starts of its collective issues
+        self.ops: dict[int | str, tuple[list[float], list[Item]]] = {}  # thread -> its host ops by start
+        self.forward_tid: dict[int, int | str] = {}  # autograd sequence id -> the thread of its forward op
+        self.writers: dict[tuple[int, int], list[tuple[float, int | str]]] = defaultdict(list)  # tensor -> writes
+        per: dict[int | str, list[Item]] = defaultdict(list)
+        for it in sorted((x for x in g.items if x.kind == HOST_OP and x.tid is not None and x.measured),
+                         key=lambda x: (x.start, x.id)):
+            tid: int | str = it.tid  # type: ignore[assignment]
+            per[tid].append(it)
+            if it.name.startswith(_ISSUE_PREFIXES):
+                self.issued[tid].append(it.start)
+            h = it.host
+            if h is None:
+                continue
+            if h.seq_id >= 0:
+                self.forward_tid.setdefault(h.seq_id, tid)
+            for _, tensor, storage, _, _ in tensors(h.outputs.values, h.outputs.types):
+                self.writers[(tensor, storage)].append((it.start, tid))
+        self.ops = {tid: ([x.start for x in ops], ops) for tid, ops in per.items()}
+
+    def shows(self, by: int | str, gap: Item, woken: Item) -> bool:
+        """Whether thread `by` handed over the work that `woken` (the first period after the idle `gap` of its
+        thread) begins."""
+        t = woken.start
+        issued = self.issued.get(by, [])
+        starts, ops = self.ops.get(woken.tid, ([], []))  # type: ignore[arg-type]
+        lo = bisect.bisect_left(starts, t)
+        hi = bisect.bisect_right(starts, t + max(woken.dur, woken.seg_end - woken.start))
+        window = ops[lo:hi]  # the woken op and the ops inside it
+        if any(o.comm is not None for o in window) and bisect.bisect_left(issued, gap.start) < bisect.bisect_right(
+                issued, t):
+            return True  # a collective issued by `by` while the worker was idle: the worker runs it
+        for o in window:
+            h = o.host
+            if h is None:
+                continue
+            if h.seq_id >= 0 and self.forward_tid.get(h.seq_id) == by and o.tid != by:
+                return True  # the backward of an op `by` ran forward: `by` called backward()
+            for _, tensor, storage, _, _ in tensors(h.inputs.values, h.inputs.types):
+                if any(w_tid == by and w_start <= t for w_start, w_tid in self.writers.get((tensor, storage), ())):
+                    return True  # reads what `by` wrote: handed over as data
+        return False
+
+
+def _handoffs(g: Graph, chains: _Chains, evidence: _HandOverEvidence, apply: bool) -> tuple[
+        _Handed, dict[int | str, list[float]]]:
     """An idle gap on a worker thread ends when another thread hands it work (inferred). If that thread was running
     an op at that moment, the op is cut there and the gap becomes an edge from its first part; if it had just
     entered a wait (a zero-length blocking node while the gap was open, e.g. `backward()` handing the engine its
     first task), the gap becomes a WAKEUP node from that moment, after an edge from it. The main thread's gaps are
-    not handoffs (Python work, data loading). Returns thread -> the threads it handed work to, and thread -> the
-    moments it did (sorted); with `apply` False only those are computed, nothing is changed."""
-    handed: dict[int | str, set[int | str]] = defaultdict(set)
+    not handoffs (Python work, data loading). Before a thread's first op, the thread was started (by the main
+    thread's untraced code too); after it, the timing alone is no hand-over: the handing thread must show one
+    (_HandOverEvidence), else the gap stays the woken thread's own (untraced) time. Returns the work each thread
+    handed over, and thread -> the moments it did (sorted); with `apply` False nothing is changed."""
+    handed = _Handed()
     moments: dict[int | str, list[float]] = defaultdict(list)
     firsts = {tid: next((g.by_id[i].start for i in order if g.by_id[i].kind not in (THREAD_ROOT, DELAY)), None)
               for tid, order in chains.ids.items()}
@@ -361,20 +442,26 @@ def _handoffs(g: Graph, chains: _Chains, apply: bool) -> tuple[dict[int | str, s
     for tid, order in sorted(chains.ids.items(), key=lambda kv: str(kv[0])):
         if tid == main:
             continue
+        started = False
         for pos, i in enumerate(list(order)):
             gap = g.by_id[i]
             if gap.kind != DELAY or pos + 1 >= len(order) or i in chains.removed:
+                started = started or gap.kind not in (THREAD_ROOT, DELAY, WAKEUP)
                 continue
             nxt = g.by_id[order[pos + 1]]
-            found = _handing(g, chains, main, gap, nxt.start, idle_hands=True) or next(
-                (s for t in sorted(chains.ids, key=str) if t not in (tid, main)
-                 for s in [_handing(g, chains, t, gap, nxt.start)] if s is not None), None)
+            found = None
+            for t in [main, *(t for t in sorted(chains.ids, key=str) if t not in (tid, main))]:
+                f = _handing(g, chains, t, gap, nxt.start, idle_hands=t == main)
+                if f is not None and (not started or evidence.shows(t, gap, nxt)):
+                    found = f
+                    break
             if found is None:
                 continue
             src, running = found
             if src.tid is not None:
-                handed[src.tid].add(tid)
                 moments[src.tid].append(nxt.start)
+                if not apply:
+                    handed.add(src.tid, tid, nxt.start, _stretch_end(g, order, pos + 1))
             if not apply:
                 continue
             if running:
@@ -390,7 +477,16 @@ def _handoffs(g: Graph, chains: _Chains, apply: bool) -> tuple[dict[int | str, s
                 chains.reset_starts()
     for times in moments.values():
         times.sort()
+    handed.sort()
     return handed, moments
+
+
+def _stretch_end(g: Graph, order: list[int], pos: int) -> float:
+    """When the busy stretch of a thread that begins at order[pos] ends: at its next idle period (or never)."""
+    for i in order[pos + 1:]:
+        if g.by_id[i].kind == DELAY:
+            return g.by_id[i].start
+    return math.inf
 
 
 def _handing(g: Graph, chains: _Chains, tid: int | str, gap: Item, t: float,
