@@ -443,6 +443,7 @@ def _handoffs(g: Graph, chains: _Chains, evidence: _HandOverEvidence, apply: boo
         if tid == main:
             continue
         started = False
+        given: list[tuple[int | str, float, float | None]] = []  # (by, from, to: None = until the next hand-over)
         for pos, i in enumerate(list(order)):
             gap = g.by_id[i]
             if gap.kind != DELAY or pos + 1 >= len(order) or i in chains.removed:
@@ -460,8 +461,10 @@ def _handoffs(g: Graph, chains: _Chains, evidence: _HandOverEvidence, apply: boo
             src, running = found
             if src.tid is not None:
                 moments[src.tid].append(nxt.start)
-                if not apply:
-                    handed.add(src.tid, tid, nxt.start, _stretch_end(g, order, pos + 1))
+                # Work handed over with evidence (a collective, a backward pass) runs until the worker is handed
+                # work again, across idle time of its own (the engine waiting inside the backward pass); a thread
+                # merely started was handed its first stretch of work, up to its first idle time.
+                given.append((src.tid, nxt.start, None if started else _stretch_end(g, order, pos + 1)))
             if not apply:
                 continue
             if running:
@@ -475,6 +478,9 @@ def _handoffs(g: Graph, chains: _Chains, evidence: _HandOverEvidence, apply: boo
                 gap.dur = gap.excl = gap.seg_end - gap.start
                 gap.awaits.append((src.id, "handoff", True))
                 chains.reset_starts()
+        if not apply:
+            for k, (by, lo, hi) in enumerate(given):
+                handed.add(by, tid, lo, hi if hi is not None else given[k + 1][1] if k + 1 < len(given) else math.inf)
     for times in moments.values():
         times.sort()
     handed.sort()
