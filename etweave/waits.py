@@ -344,8 +344,9 @@ def _name_untraced(g: Graph, chains: _Chains) -> None:
 
 
 class _Handed:
-    """The work each thread handed to other threads: per (handing thread, worker thread), the worker's busy stretches
-    (from the op it was handed to its next idle time), so a wait is only ever for work the waiter handed over."""
+    """The work each thread handed to other threads: per (handing thread, worker thread), the worker's stretches of
+    that work (from the op it was handed to its next hand-over; a thread merely started, to its first idle time),
+    so a wait is only ever for work the waiter handed over."""
 
     def __init__(self) -> None:
         self.stretches: dict[tuple[int | str, int | str], list[tuple[float, float]]] = defaultdict(list)
