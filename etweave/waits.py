@@ -42,6 +42,9 @@ MIN_WAIT = 20.0
 # resumes up to this long after that work ended (µs): 78-283 µs on CPU gloo runs (FORMATS.md, "Waiting on CPU
 # threads"); the bound keeps a period that merely overlapped the other thread's work from being taken as a wait.
 MAX_WAKEUP = 1000.0
+# An op that issued a collective and has not returned when it ended waited for it, on a loaded machine longer
+# than MAX_WAKEUP (1.3 ms seen on 2 shared cores); the bound only keeps a lost wake-up from spanning a step.
+ISSUER_MAX_WAKEUP = 10_000.0
 _SYNC_WORDS = ("Synchronize",)
 _COPY_PREFIXES = ("cudaMemcpy", "hipMemcpy", "cuMemcpy")
 
@@ -110,6 +113,15 @@ class _Chains:
         if starts is not None:
             starts.insert(pos + 1, at)
         return tail
+
+    def last_period(self, op: Item) -> Item:
+        """The last period of `op` still on its thread (an op may have been cut into periods)."""
+        order = self.ids[op.tid]  # type: ignore[index]
+        end = op.start + op.dur
+        k = bisect.bisect_left(self.starts(op.tid), end) - 1  # type: ignore[arg-type]
+        while k >= 0 and (order[k] in self.removed or self.g.by_id[order[k]].start < op.start):
+            k -= 1
+        return self.g.by_id[order[k]] if k >= 0 and self.g.by_id[order[k]].start >= op.start else op
 
     def store(self) -> None:
         for tid, order in self.ids.items():
@@ -290,7 +302,7 @@ def _cross_thread_waits(g: Graph, chains: _Chains, served: _Handed, moments: dic
         if x is None or it.seg_end - (x.start + x.dur) > TOLERANCE:
             x = _latest_before(ends, tops, it.start + TOLERANCE, it.seg_end,
                                lambda o, w=it.tid: served.holds(w, o))  # type: ignore[misc]
-            if x is None or it.seg_end - (x.start + x.dur) > MAX_WAKEUP:
+            if x is None or it.seg_end - (x.start + x.dur) > _max_wakeup(g, it, x):
                 continue
         x_end = x.start + x.dur
         times = moments.get(it.tid, [])  # type: ignore[call-overload]
@@ -309,6 +321,16 @@ def _cross_thread_waits(g: Graph, chains: _Chains, served: _Handed, moments: dic
         if it.kind == DELAY and wait_from == it.start:  # the idle period was all waiting: only its wake-up is left
             chains.removed.add(it.id)
     chains.reset_starts()
+
+
+def _max_wakeup(g: Graph, it: Item, x: Item) -> float:
+    """How late a thread may resume after handed work `x` ended, for its period `it` to count as waiting for it: the
+    time of the op that issued x (a synchronous `c10d::broadcast_` that has not returned) is waiting for it however
+    loaded the machine is, up to ISSUER_MAX_WAKEUP; any other period, MAX_WAKEUP."""
+    owner = g.by_id.get(it.part_of if it.part_of is not None else it.id)
+    if owner is not None and owner.name.startswith(_ISSUE_PREFIXES) and owner.start <= x.start:
+        return ISSUER_MAX_WAKEUP
+    return MAX_WAKEUP
 
 
 def _await_last_periods(g: Graph, chains: _Chains) -> None:
@@ -375,51 +397,57 @@ class _HandOverEvidence:
     """What says that a thread handed the work a woken thread then ran, beyond the timing (a thread that wakes up on
     its own, a periodic background thread, is handed nothing): the handing thread issued a collective since the
     worker went idle and the worker runs a collective; the worker runs backward functions of ops the handing thread
-    ran forward (autograd sequence ids); or the worker's op reads a tensor the handing thread wrote."""
+    ran forward (autograd sequence ids); or the worker's op reads a tensor the handing thread wrote (a collective
+    queued while the worker was still busy with the previous one: the issuing op wrote its tensor)."""
 
     def __init__(self, g: Graph) -> None:
-        self.issued: dict[int | str, list[float]] = defaultdict(list)  # thread -> starts of its collective issues
+        self.issued: dict[int | str, tuple[list[float], list[Item]]] = {}  # thread -> its collective issues
         self.ops: dict[int | str, tuple[list[float], list[Item]]] = {}  # thread -> its host ops by start
         self.forward_tid: dict[int, int | str] = {}  # autograd sequence id -> the thread of its forward op
-        self.writers: dict[tuple[int, int], list[tuple[float, int | str]]] = defaultdict(list)  # tensor -> writes
+        self.writers: dict[tuple[int, int], list[Item]] = defaultdict(list)  # tensor -> the ops that wrote it
         per: dict[int | str, list[Item]] = defaultdict(list)
+        issued: dict[int | str, list[Item]] = defaultdict(list)
         for it in sorted((x for x in g.items if x.kind == HOST_OP and x.tid is not None and x.measured),
                          key=lambda x: (x.start, x.id)):
             tid: int | str = it.tid  # type: ignore[assignment]
             per[tid].append(it)
             if it.name.startswith(_ISSUE_PREFIXES):
-                self.issued[tid].append(it.start)
+                issued[tid].append(it)
             h = it.host
             if h is None:
                 continue
             if h.seq_id >= 0:
                 self.forward_tid.setdefault(h.seq_id, tid)
             for _, tensor, storage, _, _ in tensors(h.outputs.values, h.outputs.types):
-                self.writers[(tensor, storage)].append((it.start, tid))
+                self.writers[(tensor, storage)].append(it)
         self.ops = {tid: ([x.start for x in ops], ops) for tid, ops in per.items()}
+        self.issued = {tid: ([x.start for x in ops], ops) for tid, ops in issued.items()}
 
-    def shows(self, by: int | str, gap: Item, woken: Item) -> bool:
+    def shows(self, by: int | str, gap: Item, woken: Item) -> tuple[bool, Item | None]:
         """Whether thread `by` handed over the work that `woken` (the first period after the idle `gap` of its
-        thread) begins."""
+        thread) begins, and the op of `by` that handed it over where the evidence names one (it ended by then)."""
         t = woken.start
-        issued = self.issued.get(by, [])
         starts, ops = self.ops.get(woken.tid, ([], []))  # type: ignore[arg-type]
-        lo = bisect.bisect_left(starts, t)
-        hi = bisect.bisect_right(starts, t + max(woken.dur, woken.seg_end - woken.start))
-        window = ops[lo:hi]  # the woken op and the ops inside it
-        if any(o.comm is not None for o in window) and bisect.bisect_left(issued, gap.start) < bisect.bisect_right(
-                issued, t):
-            return True  # a collective issued by `by` while the worker was idle: the worker runs it
+        window = ops[bisect.bisect_left(starts, t):bisect.bisect_right(starts, t + max(woken.dur,
+                                                                                      woken.seg_end - woken.start))]
+        if any(o.comm is not None for o in window):  # the woken op and the ops inside it
+            i_starts, i_ops = self.issued.get(by, ([], []))
+            k = bisect.bisect_right(i_starts, t) - 1
+            if k >= 0 and i_starts[k] >= gap.start:  # a collective issued by `by` while the worker was idle
+                op = i_ops[k]
+                return True, op if op.start + op.dur <= t else None
         for o in window:
             h = o.host
             if h is None:
                 continue
             if h.seq_id >= 0 and self.forward_tid.get(h.seq_id) == by and o.tid != by:
-                return True  # the backward of an op `by` ran forward: `by` called backward()
+                return True, None  # the backward of an op `by` ran forward: `by` called backward()
             for _, tensor, storage, _, _ in tensors(h.inputs.values, h.inputs.types):
-                if any(w_tid == by and w_start <= t for w_start, w_tid in self.writers.get((tensor, storage), ())):
-                    return True  # reads what `by` wrote: handed over as data
-        return False
+                wrote = [w for w in self.writers.get((tensor, storage), ()) if w.tid == by and w.start <= t]
+                if wrote:  # reads what `by` wrote: handed over as data
+                    w = max(wrote, key=lambda x: (x.start, x.id))  # an issuing op names the hand-over
+                    return True, w if w.start + w.dur <= t and w.name.startswith(_ISSUE_PREFIXES) else None
+        return False, None
 
 
 def _handoffs(g: Graph, chains: _Chains, evidence: _HandOverEvidence, apply: bool) -> tuple[
@@ -451,17 +479,35 @@ def _handoffs(g: Graph, chains: _Chains, evidence: _HandOverEvidence, apply: boo
                 started = started or gap.kind not in (THREAD_ROOT, DELAY, WAKEUP)
                 continue
             nxt = g.by_id[order[pos + 1]]
-            found = None
+            found, moment, queued = None, nxt.start, None
             for t in [main, *(t for t in sorted(chains.ids, key=str) if t not in (tid, main))]:
                 f = _handing(g, chains, t, gap, nxt.start, idle_hands=t == main)
-                if f is not None and (not started or evidence.shows(t, gap, nxt)):
+                shown, issuer = evidence.shows(t, gap, nxt) if started else (f is not None, None)
+                if not shown:
+                    continue
+                if (issuer is not None and issuer.start + issuer.dur <= gap.start
+                        and nxt.start - gap.start <= MAX_WAKEUP):
+                    # queued while the worker was still busy: handed over when the issuing op ended, not when the
+                    # worker got to it (the handing thread's wait for it began then)
+                    moment = issuer.start + issuer.dur
+                    if f is None:  # the handing thread is long blocked by now (waiting for this very work)
+                        queued = chains.last_period(issuer)
+                if f is not None or queued is not None:
                     found = f
                     break
+            if queued is not None:  # the worker took it up after its previous work: its idle time stays its own
+                if queued.tid is not None:
+                    moments[queued.tid].append(moment)
+                    if not apply:
+                        given.append((queued.tid, nxt.start, None))
+                if apply:
+                    nxt.awaits.append((queued.id, "handoff", True))
+                continue
             if found is None:
                 continue
             src, running = found
             if src.tid is not None:
-                moments[src.tid].append(nxt.start)
+                moments[src.tid].append(moment)
                 # Work handed over with evidence (a collective, a backward pass) runs until the worker is handed
                 # work again, across idle time of its own (the engine waiting inside the backward pass); a thread
                 # merely started was handed its first stretch of work, up to its first idle time.
@@ -475,7 +521,8 @@ def _handoffs(g: Graph, chains: _Chains, evidence: _HandOverEvidence, apply: boo
                 chains.removed.add(gap.id)
             else:  # the worker woke up after the handing thread began to wait: that latency is a wake-up
                 gap.kind, gap.name = WAKEUP, "[wake-up]"
-                gap.start = src.seg_end if src.seg_end > src.start else math.nextafter(src.start, math.inf)
+                gap.start = max(gap.start, src.seg_end if src.seg_end > src.start
+                                else math.nextafter(src.start, math.inf))
                 gap.dur = gap.excl = gap.seg_end - gap.start
                 gap.awaits.append((src.id, "handoff", True))
                 chains.reset_starts()
