@@ -42,8 +42,8 @@ MIN_WAIT = 20.0
 # resumes up to this long after that work ended (µs): 78-283 µs on CPU gloo runs (FORMATS.md, "Waiting on CPU
 # threads"); the bound keeps a period that merely overlapped the other thread's work from being taken as a wait.
 MAX_WAKEUP = 1000.0
-# An op that issued a collective and has not returned when it ended waited for it, on a loaded machine longer
-# than MAX_WAKEUP (1.3 ms seen on 2 shared cores); the bound only keeps a lost wake-up from spanning a step.
+# A thread waiting for a collective it handed over (in the issuing op, or between ops) may resume later than
+# MAX_WAKEUP on a loaded machine (1.3-3.4 ms seen on 2 shared cores); the bound keeps a wake-up within a step.
 ISSUER_MAX_WAKEUP = 10_000.0
 _SYNC_WORDS = ("Synchronize",)
 _COPY_PREFIXES = ("cudaMemcpy", "hipMemcpy", "cuMemcpy")
@@ -324,13 +324,16 @@ def _cross_thread_waits(g: Graph, chains: _Chains, served: _Handed, moments: dic
 
 
 def _max_wakeup(g: Graph, it: Item, x: Item) -> float:
-    """How late a thread may resume after handed work `x` ended, for its period `it` to count as waiting for it: the
-    time of the op that issued x (a synchronous `c10d::broadcast_` that has not returned) is waiting for it however
-    loaded the machine is, up to ISSUER_MAX_WAKEUP; any other period, MAX_WAKEUP."""
+    """How late a thread may resume after handed work `x` ended, for its period `it` to count as waiting for it. A
+    collective it handed over, awaited in the issuing op's own time (a synchronous `c10d::broadcast_` that has not
+    returned) or in time between ops (`work.wait()`, untraced, in `ProfilerStep#k [self]` or idle), is waited for
+    however loaded the machine is, up to ISSUER_MAX_WAKEUP; an op's own first period (work of its own), MAX_WAKEUP."""
+    if x.comm is None:
+        return MAX_WAKEUP
     owner = g.by_id.get(it.part_of if it.part_of is not None else it.id)
     if owner is not None and owner.name.startswith(_ISSUE_PREFIXES) and owner.start <= x.start:
         return ISSUER_MAX_WAKEUP
-    return MAX_WAKEUP
+    return ISSUER_MAX_WAKEUP if it.kind in (SELF_PART, DELAY) else MAX_WAKEUP
 
 
 def _await_last_periods(g: Graph, chains: _Chains) -> None:
