@@ -31,6 +31,7 @@ from etweave.model import (
     Graph,
     Item,
 )
+from etweave.read.host_et import tensors
 from etweave.read.kineto import Event, as_int
 
 # A waiter resumes within this long after what it waited for ended (µs), as FORMATS.md's traces show.
@@ -41,6 +42,9 @@ MIN_WAIT = 20.0
 # resumes up to this long after that work ended (µs): 78-283 µs on CPU gloo runs (FORMATS.md, "Waiting on CPU
 # threads"); the bound keeps a period that merely overlapped the other thread's work from being taken as a wait.
 MAX_WAKEUP = 1000.0
+# A thread waiting for a collective it handed over (in the issuing op, or between ops) may resume later than
+# MAX_WAKEUP on a loaded machine (1.3-3.4 ms seen on 2 shared cores); the bound keeps a wake-up within a step.
+ISSUER_MAX_WAKEUP = 10_000.0
 _SYNC_WORDS = ("Synchronize",)
 _COPY_PREFIXES = ("cudaMemcpy", "hipMemcpy", "cuMemcpy")
 
@@ -51,9 +55,10 @@ def resolve_waits(g: Graph) -> None:
     _event_waits(g, records)
     _unrecorded_event_waits(g, records)
     _blocking_calls(g, chains, records)
-    handed, moments = _handoffs(g, chains, apply=False)  # who hands work to whom, when: evidence for the waits
+    evidence = _HandOverEvidence(g)
+    handed, moments = _handoffs(g, chains, evidence, apply=False)  # who handed which work, when: for the waits
     _cross_thread_waits(g, chains, handed, moments)
-    _handoffs(g, chains, apply=True)  # after the waits, so a thread's waiting time is not taken for handing work
+    _handoffs(g, chains, evidence, apply=True)  # after the waits: a thread's waiting time is not taken for handing
     _await_last_periods(g, chains)
     _name_untraced(g, chains)
     chains.store()
@@ -108,6 +113,15 @@ class _Chains:
         if starts is not None:
             starts.insert(pos + 1, at)
         return tail
+
+    def last_period(self, op: Item) -> Item:
+        """The last period of `op` still on its thread (an op may have been cut into periods)."""
+        order = self.ids[op.tid]  # type: ignore[index]
+        end = op.start + op.dur
+        k = bisect.bisect_left(self.starts(op.tid), end) - 1  # type: ignore[arg-type]
+        while k >= 0 and (order[k] in self.removed or self.g.by_id[order[k]].start < op.start):
+            k -= 1
+        return self.g.by_id[order[k]] if k >= 0 and self.g.by_id[order[k]].start >= op.start else op
 
     def store(self) -> None:
         for tid, order in self.ids.items():
@@ -223,6 +237,11 @@ def _unrecorded_event_waits(g: Graph, records: _SyncRecords) -> None:
         waiter = seq[k][1]
         awaited = next((op for _, op in reversed(seq[:k]) if op.stream != waiter.stream
                         and op.device == waiter.device), None)
+        if awaited is not None and awaited.start + awaited.dur > waiter.start + TOLERANCE:
+            # The waiter started before that op ended: the event was recorded before it was enqueued, after an
+            # earlier op of the same stream (back-to-back NCCL kernels, then work.wait() for the first).
+            awaited = next((op for _, op in reversed(seq[:k]) if op.stream == awaited.stream
+                            and op.device == waiter.device and op.start + op.dur <= waiter.start + TOLERANCE), None)
         if awaited is None or (awaited.id, waiter.id) in done:
             continue
         if awaited.start + awaited.dur <= waiter.start + TOLERANCE and awaited.start < waiter.start:
@@ -267,12 +286,12 @@ def _blocking_calls(g: Graph, chains: _Chains, records: _SyncRecords) -> None:
         resume.awaits.append((awaited.id, "sync", False))
 
 
-def _cross_thread_waits(g: Graph, chains: _Chains, served: dict[int | str, set[int | str]],
-                        moments: dict[int | str, list[float]]) -> None:
+def _cross_thread_waits(g: Graph, chains: _Chains, served: _Handed, moments: dict[int | str, list[float]]) -> None:
     """A long period of a thread (an op's own time, its later self time, or idle) inside which an op of another
     thread ended was waiting for that op, when either the thread resumed within TOLERANCE of its end (any thread),
-    or the op ran on a thread this one handed work to (`handoff`: the gloo worker running the collective it issued,
-    the autograd engine running its backward, a helper thread it joins) and it resumed within MAX_WAKEUP. Inferred
+    or the op was part of the work this thread handed to another thread (`handoff`: the gloo worker running the
+    collective it issued, the autograd engine running its backward, a helper thread it joins) and it resumed within
+    MAX_WAKEUP. (Another thread's op this thread handed nothing, a periodic background thread's, is no wait.) Inferred
     from that structure and the timing. The waiting time becomes the edge; the time from the awaited end to the
     period's end is a WAKEUP node on the waiting thread, as long as the measured latency. A period in which the
     thread also handed work over (the collective it then waited for) runs until the first such moment."""
@@ -286,9 +305,9 @@ def _cross_thread_waits(g: Graph, chains: _Chains, served: dict[int | str, set[i
             continue
         x = _latest_before(ends, tops, it.start + TOLERANCE, it.seg_end, lambda o, t=it.tid: o.tid != t)
         if x is None or it.seg_end - (x.start + x.dur) > TOLERANCE:
-            handed = served.get(it.tid, set())  # type: ignore[arg-type]
-            x = _latest_before(ends, tops, it.start + TOLERANCE, it.seg_end, lambda o, h=handed: o.tid in h)
-            if x is None or it.seg_end - (x.start + x.dur) > MAX_WAKEUP:
+            x = _latest_before(ends, tops, it.start + TOLERANCE, it.seg_end,
+                               lambda o, w=it.tid: served.holds(w, o))  # type: ignore[misc]
+            if x is None or it.seg_end - (x.start + x.dur) > _max_wakeup(g, it, x):
                 continue
         x_end = x.start + x.dur
         times = moments.get(it.tid, [])  # type: ignore[call-overload]
@@ -300,14 +319,29 @@ def _cross_thread_waits(g: Graph, chains: _Chains, served: dict[int | str, set[i
         wake.awaits.append((x.id, "thread_wait", True))
         # Collectives of the threads it handed work to that ended while it waited were waited for too (DDP's
         # buckets, all waited for at the end of backward): each gates the wake-up, whichever ends last.
-        handed = served.get(it.tid, set())  # type: ignore[arg-type]
         lo = bisect.bisect_left(ends, wait_from)
         for o in tops[lo:bisect.bisect_left(ends, x_end)]:
-            if o.comm is not None and o.tid in handed and o is not x:
+            if o.comm is not None and served.holds(it.tid, o) and o is not x:  # type: ignore[arg-type]
                 wake.awaits.append((o.id, "thread_wait", True))
         if it.kind == DELAY and wait_from == it.start:  # the idle period was all waiting: only its wake-up is left
             chains.removed.add(it.id)
     chains.reset_starts()
+
+
+def _max_wakeup(g: Graph, it: Item, x: Item) -> float:
+    """How late a thread may resume after handed work `x` ended, for its period `it` to count as waiting for it. A
+    collective it handed over, awaited in the issuing op's own time (a synchronous `c10d::broadcast_` that has not
+    returned) or in time between ops (`work.wait()`, untraced, in `ProfilerStep#k [self]` or idle), is waited for
+    however loaded the machine is: without a bound where the period began as the worker took the collective up (the
+    thread did nothing traced from the hand-over to its resuming: 10 ms seen on 2 overloaded cores), else up to
+    ISSUER_MAX_WAKEUP; an op's own first period (work of its own), MAX_WAKEUP."""
+    if x.comm is None:
+        return MAX_WAKEUP
+    owner = g.by_id.get(it.part_of if it.part_of is not None else it.id)
+    issuing = owner is not None and owner.name.startswith(_ISSUE_PREFIXES) and owner.start <= x.start
+    if not issuing and it.kind not in (SELF_PART, DELAY):
+        return MAX_WAKEUP
+    return math.inf if it.start <= x.start + MAX_WAKEUP else ISSUER_MAX_WAKEUP
 
 
 def _await_last_periods(g: Graph, chains: _Chains) -> None:
@@ -342,15 +376,102 @@ def _name_untraced(g: Graph, chains: _Chains) -> None:
             started = True
 
 
-def _handoffs(g: Graph, chains: _Chains, apply: bool) -> tuple[dict[int | str, set[int | str]],
-                                                                dict[int | str, list[float]]]:
+class _Handed:
+    """The work each thread handed to other threads: per (handing thread, worker thread), the worker's stretches of
+    that work (from the op it was handed to its next hand-over; a thread merely started, to its first idle time),
+    so a wait is only ever for work the waiter handed over."""
+
+    def __init__(self) -> None:
+        self.stretches: dict[tuple[int | str, int | str], list[tuple[float, float]]] = defaultdict(list)
+
+    def add(self, by: int | str, worker: int | str, lo: float, hi: float) -> None:
+        self.stretches[(by, worker)].append((lo, hi))
+
+    def sort(self) -> None:
+        for spans in self.stretches.values():
+            spans.sort()
+
+    def holds(self, by: int | str, op: Item) -> bool:
+        """Whether `op` ran in work that thread `by` handed to op's thread."""
+        spans = self.stretches.get((by, op.tid)) if op.tid is not None else None  # type: ignore[arg-type]
+        if not spans:
+            return False
+        k = bisect.bisect_right(spans, (op.start, math.inf)) - 1
+        return k >= 0 and spans[k][0] <= op.start < spans[k][1]
+
+
+# Ops that hand work to another thread of the process: issuing a collective that a gloo worker runs.
+_ISSUE_PREFIXES = ("c10d::",)
+
+
+class _HandOverEvidence:
+    """What says that a thread handed the work a woken thread then ran, beyond the timing (a thread that wakes up on
+    its own, a periodic background thread, is handed nothing): the handing thread issued a collective since the
+    worker went idle and the worker runs a collective; the worker runs backward functions of ops the handing thread
+    ran forward (autograd sequence ids); or the worker's op reads a tensor the handing thread wrote (a collective
+    queued while the worker was still busy with the previous one: the issuing op wrote its tensor)."""
+
+    def __init__(self, g: Graph) -> None:
+        self.issued: dict[int | str, tuple[list[float], list[Item]]] = {}  # thread -> its collective issues
+        self.ops: dict[int | str, tuple[list[float], list[Item]]] = {}  # thread -> its host ops by start
+        self.forward_tid: dict[int, int | str] = {}  # autograd sequence id -> the thread of its forward op
+        self.writers: dict[tuple[int, int], list[Item]] = defaultdict(list)  # tensor -> the ops that wrote it
+        per: dict[int | str, list[Item]] = defaultdict(list)
+        issued: dict[int | str, list[Item]] = defaultdict(list)
+        for it in sorted((x for x in g.items if x.kind == HOST_OP and x.tid is not None and x.measured),
+                         key=lambda x: (x.start, x.id)):
+            tid: int | str = it.tid  # type: ignore[assignment]
+            per[tid].append(it)
+            if it.name.startswith(_ISSUE_PREFIXES):
+                issued[tid].append(it)
+            h = it.host
+            if h is None:
+                continue
+            if h.seq_id >= 0:
+                self.forward_tid.setdefault(h.seq_id, tid)
+            for _, tensor, storage, _, _ in tensors(h.outputs.values, h.outputs.types):
+                self.writers[(tensor, storage)].append(it)
+        self.ops = {tid: ([x.start for x in ops], ops) for tid, ops in per.items()}
+        self.issued = {tid: ([x.start for x in ops], ops) for tid, ops in issued.items()}
+
+    def shows(self, by: int | str, gap: Item, woken: Item) -> tuple[bool, Item | None]:
+        """Whether thread `by` handed over the work that `woken` (the first period after the idle `gap` of its
+        thread) begins, and the op of `by` that handed it over where the evidence names one (it ended by then)."""
+        t = woken.start
+        starts, ops = self.ops.get(woken.tid, ([], []))  # type: ignore[arg-type]
+        window = ops[bisect.bisect_left(starts, t):bisect.bisect_right(starts, t + max(woken.dur,
+                                                                                      woken.seg_end - woken.start))]
+        if any(o.comm is not None for o in window):  # the woken op and the ops inside it
+            i_starts, i_ops = self.issued.get(by, ([], []))
+            k = bisect.bisect_right(i_starts, t) - 1
+            if k >= 0 and i_starts[k] >= gap.start:  # a collective issued by `by` while the worker was idle
+                op = i_ops[k]
+                return True, op if op.start + op.dur <= t else None
+        for o in window:
+            h = o.host
+            if h is None:
+                continue
+            if h.seq_id >= 0 and self.forward_tid.get(h.seq_id) == by and o.tid != by:
+                return True, None  # the backward of an op `by` ran forward: `by` called backward()
+            for _, tensor, storage, _, _ in tensors(h.inputs.values, h.inputs.types):
+                wrote = [w for w in self.writers.get((tensor, storage), ()) if w.tid == by and w.start <= t]
+                if wrote:  # reads what `by` wrote: handed over as data
+                    w = max(wrote, key=lambda x: (x.start, x.id))  # an issuing op names the hand-over
+                    return True, w if w.start + w.dur <= t and w.name.startswith(_ISSUE_PREFIXES) else None
+        return False, None
+
+
+def _handoffs(g: Graph, chains: _Chains, evidence: _HandOverEvidence, apply: bool) -> tuple[
+        _Handed, dict[int | str, list[float]]]:
     """An idle gap on a worker thread ends when another thread hands it work (inferred). If that thread was running
     an op at that moment, the op is cut there and the gap becomes an edge from its first part; if it had just
     entered a wait (a zero-length blocking node while the gap was open, e.g. `backward()` handing the engine its
     first task), the gap becomes a WAKEUP node from that moment, after an edge from it. The main thread's gaps are
-    not handoffs (Python work, data loading). Returns thread -> the threads it handed work to, and thread -> the
-    moments it did (sorted); with `apply` False only those are computed, nothing is changed."""
-    handed: dict[int | str, set[int | str]] = defaultdict(set)
+    not handoffs (Python work, data loading). Before a thread's first op, the thread was started (by the main
+    thread's untraced code too); after it, the timing alone is no hand-over: the handing thread must show one
+    (_HandOverEvidence), else the gap stays the woken thread's own (untraced) time. Returns the work each thread
+    handed over, and thread -> the moments it did (sorted); with `apply` False nothing is changed."""
+    handed = _Handed()
     moments: dict[int | str, list[float]] = defaultdict(list)
     firsts = {tid: next((g.by_id[i].start for i in order if g.by_id[i].kind not in (THREAD_ROOT, DELAY)), None)
               for tid, order in chains.ids.items()}
@@ -361,20 +482,47 @@ def _handoffs(g: Graph, chains: _Chains, apply: bool) -> tuple[dict[int | str, s
     for tid, order in sorted(chains.ids.items(), key=lambda kv: str(kv[0])):
         if tid == main:
             continue
+        started = False
+        given: list[tuple[int | str, float, float | None]] = []  # (by, from, to: None = until the next hand-over)
         for pos, i in enumerate(list(order)):
             gap = g.by_id[i]
             if gap.kind != DELAY or pos + 1 >= len(order) or i in chains.removed:
+                started = started or gap.kind not in (THREAD_ROOT, DELAY, WAKEUP)
                 continue
             nxt = g.by_id[order[pos + 1]]
-            found = _handing(g, chains, main, gap, nxt.start, idle_hands=True) or next(
-                (s for t in sorted(chains.ids, key=str) if t not in (tid, main)
-                 for s in [_handing(g, chains, t, gap, nxt.start)] if s is not None), None)
+            found, moment, queued = None, nxt.start, None
+            for t in [main, *(t for t in sorted(chains.ids, key=str) if t not in (tid, main))]:
+                f = _handing(g, chains, t, gap, nxt.start, idle_hands=t == main)
+                shown, issuer = evidence.shows(t, gap, nxt) if started else (f is not None, None)
+                if not shown:
+                    continue
+                if (issuer is not None and issuer.start + issuer.dur <= gap.start
+                        and nxt.start - gap.start <= MAX_WAKEUP):
+                    # queued while the worker was still busy: handed over when the issuing op ended, not when the
+                    # worker got to it (the handing thread's wait for it began then)
+                    moment = issuer.start + issuer.dur
+                    if f is None:  # the handing thread is long blocked by now (waiting for this very work)
+                        queued = chains.last_period(issuer)
+                if f is not None or queued is not None:
+                    found = f
+                    break
+            if queued is not None:  # the worker took it up after its previous work: its idle time stays its own
+                if queued.tid is not None:
+                    moments[queued.tid].append(moment)
+                    if not apply:
+                        given.append((queued.tid, nxt.start, None))
+                if apply:
+                    nxt.awaits.append((queued.id, "handoff", True))
+                continue
             if found is None:
                 continue
             src, running = found
             if src.tid is not None:
-                handed[src.tid].add(tid)
-                moments[src.tid].append(nxt.start)
+                moments[src.tid].append(moment)
+                # Work handed over with evidence (a collective, a backward pass) runs until the worker is handed
+                # work again, across idle time of its own (the engine waiting inside the backward pass); a thread
+                # merely started was handed its first stretch of work, up to its first idle time.
+                given.append((src.tid, nxt.start, None if started else _stretch_end(g, order, pos + 1)))
             if not apply:
                 continue
             if running:
@@ -384,13 +532,26 @@ def _handoffs(g: Graph, chains: _Chains, apply: bool) -> tuple[dict[int | str, s
                 chains.removed.add(gap.id)
             else:  # the worker woke up after the handing thread began to wait: that latency is a wake-up
                 gap.kind, gap.name = WAKEUP, "[wake-up]"
-                gap.start = src.seg_end if src.seg_end > src.start else math.nextafter(src.start, math.inf)
+                gap.start = max(gap.start, src.seg_end if src.seg_end > src.start
+                                else math.nextafter(src.start, math.inf))
                 gap.dur = gap.excl = gap.seg_end - gap.start
                 gap.awaits.append((src.id, "handoff", True))
                 chains.reset_starts()
+        if not apply:
+            for k, (by, lo, hi) in enumerate(given):
+                handed.add(by, tid, lo, hi if hi is not None else given[k + 1][1] if k + 1 < len(given) else math.inf)
     for times in moments.values():
         times.sort()
+    handed.sort()
     return handed, moments
+
+
+def _stretch_end(g: Graph, order: list[int], pos: int) -> float:
+    """When the busy stretch of a thread that begins at order[pos] ends: at its next idle period (or never)."""
+    for i in order[pos + 1:]:
+        if g.by_id[i].kind == DELAY:
+            return g.by_id[i].start
+    return math.inf
 
 
 def _handing(g: Graph, chains: _Chains, tid: int | str, gap: Item, t: float,

@@ -17,7 +17,7 @@ from etweave.model import GPU_KINDS, HOST_OP, UNTRACED, WAKEUP, Graph, Item
 from etweave.read.host_et import read_host_et
 from etweave.read.kineto import read_kineto
 from etweave.report import LONG_DELAY
-from etweave.waits import MAX_WAKEUP, no_wait_evidence
+from etweave.waits import ISSUER_MAX_WAKEUP, MAX_WAKEUP, no_wait_evidence
 
 EXAMPLE = REPO / "etweave" / "examples" / "gloo_w2"
 # Pairs whose critical path runs through code the profiler did not record, with nothing on another thread ending
@@ -80,7 +80,11 @@ def test_wakeups_follow_the_edge_they_wake_up_from(traces: Path, rel: str) -> No
             assert src.seg_end <= it.start + 0.5, "the wake-up starts once what it waited for is done"
         # it starts when the last of them ended
         assert max(src.seg_end for src, _ in waits) >= it.start - 0.5
-        assert it.seg_end - it.start <= MAX_WAKEUP
+        # a thread waiting for a collective it handed over may resume later on a loaded machine (ISSUER_MAX_WAKEUP)
+        by_id = result.graph.by_id
+        collective = any(src.comm is not None or (src.part_of is not None and by_id[src.part_of].comm is not None)
+                         for src, _ in waits)
+        assert it.seg_end - it.start <= (ISSUER_MAX_WAKEUP if collective else MAX_WAKEUP)
 
 
 def _engine_thread(g: Graph) -> int | str:

@@ -172,7 +172,7 @@ class Verdict:
     err_of_b: float  # median |predicted - B| / B, %
     err_of_effect: float  # median |predicted - B| / |B - A|, %
     naive_err_of_b: float
-    direction: str  # "ok" when predicted and measured lie on the same side of the naive estimate
+    direction: str  # "ok" when predicted and measured lie on the same side of the naive estimate, "=" when B is it
     passed: bool
     stable: bool  # b_spread < STABLE_B
     small_effect: bool  # not a control, and |B - A| < MIN_EFFECT % of A
@@ -191,13 +191,18 @@ def verdict(res: PairResult) -> Verdict:
     pred_eff = statistics.median(r.predicted_us - r.a_us for r in reps)
     side_measured = statistics.median(r.b_us - r.naive_us for r in reps)
     side_predicted = statistics.median(r.predicted_us - r.naive_us for r in reps)
-    direction = "ok" if (side_measured > 0) == (side_predicted > 0) else "WRONG"
+    # Where B lies within the error bound of the naive estimate, the naive estimate is right (a straggler on the
+    # critical path adds exactly its time): there is no direction to get right or wrong ("=").
+    if abs(side_measured) <= MAX_ERR_OF_B / 100 * med_b:
+        direction = "="
+    else:
+        direction = "ok" if (side_measured > 0) == (side_predicted > 0) else "WRONG"
     if res.control:
         # a control predicts no change: the predicted span stays within the bound of A's
         no_change = statistics.median(_pct(abs(r.predicted_us - r.a_us), r.b_us) for r in reps)
         passed = no_change <= MAX_ERR_OF_B and err_b <= MAX_ERR_OF_B
     else:
-        passed = err_b <= MAX_ERR_OF_B and err_eff <= MAX_ERR_OF_EFFECT
+        passed = err_b <= MAX_ERR_OF_B and err_eff <= MAX_ERR_OF_EFFECT and direction != "WRONG"
     small = not res.control and abs(effect) < MIN_EFFECT / 100 * statistics.median(r.a_us for r in reps)
     return Verdict(med_b, variation, spread, effect, pred_eff, err_b, err_eff, naive, direction, passed,
                    spread < STABLE_B, small)
