@@ -22,6 +22,7 @@ from etweave.link import HostLink, link_host, select_device
 from etweave.model import Graph
 from etweave.nodes import build_nodes
 from etweave.output import write_json
+from etweave.progress import counted, stage
 from etweave.read.host_et import HostTrace, read_host_et
 from etweave.read.kineto import KinetoTrace, read_kineto
 from etweave.read.kineto_host import Selection, add_unlinked_cpu_ops, kineto_host, restrict
@@ -118,25 +119,28 @@ def run_pipeline(host: HostTrace | None, kineto: KinetoTrace | None, rank: int |
         if kineto is None:
             raise BadInput("convert", "--steps and --window select part of a Kineto trace: give --device")
         window = select.resolve(kineto)
-    if host is None and kineto is not None:  # Kineto only: its cpu ops stand in for the host ops
-        host, link = kineto_host(kineto, window)
-    else:
-        link = link_host(host, kineto) if host is not None else HostLink("none", {}, {})
-        if window is not None:
-            link.window = restrict(link.window, window)
-        if host is not None and kineto is not None:
-            add_unlinked_cpu_ops(host, kineto, link)
-    device = select_device(kineto, link.window) if kineto is not None else None
+    with stage("linking host ops to device events"):
+        if host is None and kineto is not None:  # Kineto only: its cpu ops stand in for the host ops
+            host, link = kineto_host(kineto, window)
+        else:
+            link = link_host(host, kineto) if host is not None else HostLink("none", {}, {})
+            if window is not None:
+                link.window = restrict(link.window, window)
+            if host is not None and kineto is not None:
+                add_unlinked_cpu_ops(host, kineto, link)
+        device = select_device(kineto, link.window) if kineto is not None else None
     next_id = max((op.id for op in host.ops), default=0) + 1 if host is not None else 1
     rep = None
-    if host is not None:
-        rep, next_id = repair(host, next_id)
-    g = assemble(host, kineto, link, device, rep, next_id, rank)
-    stats = find_collectives(g, process_groups(host, kineto))
-    resolve_waits(g)
-    deps = infer(g)
-    g.extra["roofline"] = roofline.assign(g)  # read by the report and by build_nodes
-    report = build_report(host, kineto, link, device, rep, g, deps, stats)
+    with stage("building the graph"):
+        if host is not None:
+            rep, next_id = repair(host, next_id)
+        g = assemble(host, kineto, link, device, rep, next_id, rank)
+        stats = find_collectives(g, process_groups(host, kineto))
+    with stage("inferring dependencies"):
+        resolve_waits(g)
+        deps = infer(g)
+        g.extra["roofline"] = roofline.assign(g)  # read by the report and by build_nodes
+        report = build_report(host, kineto, link, device, rep, g, deps, stats)
     metadata = pb.GlobalMetadata(version=SCHEMA_VERSION)
     metadata.attr.extend([
         pb.AttributeProto(name="etweave_version", string_val=__version__),
@@ -151,10 +155,13 @@ def convert(host: Path | None, device: Path | None, out: Path, report_path: Path
             rank: int | None = None, select: Selection | None = None) -> Result:
     """Convert one rank's traces to `out` (and the audit report to `report_path`), both written atomically."""
     with no_gc():
-        host_trace = read_host_et(Path(host)) if host is not None else None
-        kineto = read_kineto(Path(device)) if device is not None else None
+        with stage("reading the host ET"):
+            host_trace = read_host_et(Path(host)) if host is not None else None
+        with stage("reading the Kineto trace"):
+            kineto = read_kineto(Path(device)) if device is not None else None
         result = run_pipeline(host_trace, kineto, rank, select)
-        write_et(Path(out), result.metadata, result.checked_nodes())  # streamed: nodes are not all kept
+        nodes = counted(result.checked_nodes(), f"writing {Path(out).name}", result.report.get("nodes"), "nodes")
+        write_et(Path(out), result.metadata, nodes)  # streamed: nodes are not all kept
         if report_path is not None:
             write_json(Path(report_path), result.report)
     return result

@@ -19,6 +19,7 @@ from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import GZIP_MAGIC, attr_value, et_files, read_et
 from etweave.check import COMM_NODE_TYPES, Violation, check_metadata, check_nodes, check_run
 from etweave.errors import BadInput
+from etweave.progress import counted
 
 EXIT_OK, EXIT_CHECK = 0, 3
 _RANK_NAME = re.compile(r"^.+\.(\d+)\.et(?:\.gz)?$")  # <prefix>.<rank>.et, also gzipped
@@ -94,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     comm_nodes: dict[int, list[pb.Node]] = {}
     rank_files: dict[int, Path] = {}
     total_nodes = 0
-    for path in files:
+    for path in counted(files, "checking", len(files), "files", chunk=1):
         _warn_if_gzip(path)
         metadata, nodes = read_et(path)
         rank = _rank_of(path, metadata, len(files) == 1)

@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--window", metavar="START:END",
                    help="convert only what starts in this time window (µs, Kineto clock; either side may be "
                    "empty). With --host: as --steps")
-    p.add_argument("--quiet", action="store_true", help="print nothing on success")
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success, no progress")
     p.set_defaults(run=run)
 
 

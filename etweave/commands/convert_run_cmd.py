@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--scheduler", metavar="ADDRESS",
                    help="convert the ranks on this Dask distributed scheduler (tcp://host:8786) instead; its "
                         "workers must see RUN_DIR at the same path")
-    p.add_argument("--quiet", action="store_true", help="print nothing on success")
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success, no progress")
     p.set_defaults(run=run)
 
 

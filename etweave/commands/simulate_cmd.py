@@ -15,6 +15,7 @@ import orjson
 from etweave.chakra.io import et_files
 from etweave.commands import simulate_astra
 from etweave.errors import BadInput, CheckFailed
+from etweave.progress import counted, stage
 from etweave.simulate.engine import GraphError, RankGraph, UnknownGroup, replay
 from etweave.simulate.load import COMM_GROUP_FILE, find_comm_group, load_comm_group, load_rank
 from etweave.simulate.metrics import deadlock_report, format_deadlock, format_text, summarize
@@ -110,10 +111,12 @@ def run(args: argparse.Namespace) -> int:
             print(simulate_astra.format_astra(astra))
         return 0
 
-    ranks: list[RankGraph] = [load_rank(f, default_rank=0 if len(files) == 1 else None) for f in files]
+    ranks: list[RankGraph] = [load_rank(f, default_rank=0 if len(files) == 1 else None)
+                              for f in counted(files, "loading", len(files), "files", chunk=1)]
     applied = apply(ranks, edits)
     try:
-        result = replay(ranks, groups)
+        with stage("replaying"):
+            result = replay(ranks, groups)
     except GraphError as exc:
         where = ranks[exc.rank_index].source if exc.rank_index is not None else ", ".join(map(str, files))
         problem = exc.problem
@@ -127,19 +130,22 @@ def run(args: argparse.Namespace) -> int:
             _print_json({"deadlock": deadlock_report(result)})
         raise CheckFailed(format_deadlock(result))
 
-    summary = summarize(result)
-    summary["step_times"] = step_times(result)
+    with stage("summarizing"):
+        summary = summarize(result)
+        summary["step_times"] = step_times(result)
     if applied:
         summary["whatif"] = describe(applied)
     details = None
     if args.timeline is not None or args.csv is not None or args.steps_csv is not None:
         from etweave.simulate.timeline import load_details
 
-        details = load_details(result)  # kind, parts, call stack, evidence: read again from the files
+        with stage("reading node details"):
+            details = load_details(result)  # kind, parts, call stack, evidence: read again from the files
     if args.timeline is not None:
         from etweave.simulate.timeline import write_timeline
 
-        write_timeline(args.timeline, result, details)
+        with stage(f"writing {args.timeline}"):
+            write_timeline(args.timeline, result, details)
         summary["timeline"] = str(args.timeline)
     if args.csv is not None or args.steps_csv is not None:
         from etweave.simulate import tables
@@ -153,7 +159,8 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None:
         from etweave.simulate.plot import write_plot
 
-        write_plot(args.plot, result)
+        with stage(f"writing {args.plot}"):
+            write_plot(args.plot, result)
         summary["plot"] = str(args.plot)
     if args.json:
         _print_json(summary)

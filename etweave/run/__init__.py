@@ -51,6 +51,7 @@ from typing import Any
 from etweave.chakra.io import write_et
 from etweave.errors import BadInput, CheckFailed
 from etweave.output import write_json
+from etweave.progress import stage
 from etweave.run.cross_rank import (
     _SHOWN,
     CollSig,
@@ -110,21 +111,24 @@ def convert_run(run_dir: Path, out_dir: Path, prefix: str = "trace", allow_misma
     known = [rf.rank for rf in found.ranks if rf.rank is not None]
     stale = stale_outputs(Path(out_dir), prefix, known)
     if stale and all(rf.rank is not None for rf in found.ranks):
+        more = f" and {len(stale) - 5} more" if len(stale) > 5 else ""
         raise BadInput(out_dir, f"holds {len(stale)} .et file(s) of ranks not in this run ("
-                                f"{', '.join(p.name for p in stale[:5])}): remove them or choose another "
+                                f"{', '.join(p.name for p in stale[:5])}{more}): remove them or choose another "
                                 "output folder or --prefix")
     outputs = convert_ranks(found.ranks, jobs, scheduler, progress)
     for out, rf in zip(outputs, found.ranks, strict=True):
         out["host"] = str(rf.host) if rf.host else None
         out["kineto"] = str(rf.kineto) if rf.kineto else None
-    result = assemble_run(outputs, allow_mismatch, found)
+    with stage("cross-rank checks"):
+        result = assemble_run(outputs, allow_mismatch, found)
     if on_ranks is not None:
         on_ranks(result)
     if not result.consistent and not allow_mismatch:
         shown = "; ".join(result.messages[:_SHOWN])
         raise CheckFailed(f"the ranks issue different collectives, nothing written (--allow-mismatch writes "
                           f"anyway): {shown}")
-    write_run(Path(out_dir), prefix, result)
+    with stage(f"writing {out_dir}"):
+        write_run(Path(out_dir), prefix, result)
     return result
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -13,6 +13,7 @@ import orjson
 from etweave.chakra.io import serialize
 from etweave.convert import no_gc, process_groups, run_pipeline
 from etweave.errors import BadInput
+from etweave.progress import muted, stage
 from etweave.read.host_et import read_host_et
 from etweave.read.kineto import read_kineto
 from etweave.run.discover import RankFiles
@@ -103,36 +104,21 @@ def convert_ranks(ranks: Sequence[RankFiles], jobs: int | None = None, scheduler
     """Run `convert_rank` for every rank: in this process (jobs 1), a process pool, or on a Dask cluster.
     Raises BadInput for the first rank (in rank order) whose input is bad."""
     tasks = [(rf.rank, str(rf.host) if rf.host else None, str(rf.kineto) if rf.kineto else None) for rf in ranks]
-    bar = _progress(len(tasks), progress)
-    try:
-        if scheduler is not None:
-            outputs = _on_dask(tasks, scheduler, bar.update)
-        else:
-            workers = min(jobs or default_jobs(), len(tasks))
-            outputs = _local(tasks, workers, bar.update)
-    finally:
-        bar.close()
+    # One bar for the ranks; the stages inside a rank converted here (jobs 1) stay quiet under it.
+    with contextlib.ExitStack() as quiet:
+        if not progress:
+            quiet.enter_context(muted())
+        with stage("converting ranks", len(tasks), "ranks") as bar, muted():
+            if scheduler is not None:
+                outputs = _on_dask(tasks, scheduler, bar.advance)
+            else:
+                workers = min(jobs or default_jobs(), len(tasks))
+                outputs = _local(tasks, workers, bar.advance)
     failed = [o for o in outputs if "error" in o]
     if failed:
         err = failed[0]["error"]
         raise BadInput(err["where"], err["problem"])
     return outputs
-
-
-class _NoBar:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _progress(total: int, enabled: bool) -> Any:
-    if not enabled or not sys.stderr.isatty():
-        return _NoBar()
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="rank", desc="converting", file=sys.stderr, leave=False)
 
 
 def _local(tasks: list[tuple[int | None, str | None, str | None]], workers: int,
