@@ -41,6 +41,11 @@ def run(args: argparse.Namespace) -> int:
     result = convert(args.host, args.device, args.output, args.report, args.rank, select)
     if not args.quiet:
         print(summary(result.report))
+    absent = [i for i in args.explain if i not in result.graph.by_id]
+    if absent:  # the output is written and complete; the question was about a node it does not have
+        raise BadInput("--explain", f"node {absent[0]} is not in the output {args.output} (its ids: "
+                                    f"{min(result.graph.by_id, default=0)} to {max(result.graph.by_id, default=0)}, "
+                                    "with gaps)")
     for node_id in args.explain:
         print(explain(result, node_id))
     return 0

@@ -16,6 +16,7 @@ from etweave.chakra.io import et_files
 from etweave.commands import simulate_astra
 from etweave.errors import BadInput, CheckFailed
 from etweave.progress import counted, stage
+from etweave.simulate import coverage
 from etweave.simulate.engine import GraphError, RankGraph, UnknownGroup, replay
 from etweave.simulate.load import COMM_GROUP_FILE, find_comm_group, load_comm_group, load_rank
 from etweave.simulate.metrics import deadlock_report, format_deadlock, format_text, summarize
@@ -113,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
 
     ranks: list[RankGraph] = [load_rank(f, default_rank=0 if len(files) == 1 else None)
                               for f in counted(files, "loading", len(files), "files", chunk=1)]
+    # before the edits, which change durations: what the files hold
+    unadjusted = coverage.unadjusted_collectives(ranks)
     applied = apply(ranks, edits)
     try:
         with stage("replaying"):
@@ -133,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
     with stage("summarizing"):
         summary = summarize(result)
         summary["step_times"] = step_times(result)
+        summary["notes"] += coverage.missing_members(ranks, groups, coverage.run_ranks(files))
+        summary["warnings"] = [unadjusted] if unadjusted else []
     if applied:
         summary["whatif"] = describe(applied)
     details = None
