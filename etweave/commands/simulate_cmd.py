@@ -64,7 +64,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                         "and stream, one slice per op nested as the call stack, the critical path marked and "
                         "drawn as flow arrows (docs/OUTPUT.md)")
     p.add_argument("--plot", type=Path, metavar="OUT.png",
-                   help="write a PNG of measured vs simulated per resource (needs matplotlib)")
+                   help="write a PNG of measured vs simulated per rank and resource, in ms after the run's first "
+                        "measured start (needs matplotlib: the plot extra)")
+    p.add_argument("--plot-ranks", metavar="LIST", help="--plot and --breakdown: only these ranks, e.g. 0,2-3")
+    p.add_argument("--plot-window", metavar="START:END",
+                   help="--plot: only this time range, ms after the run's first measured start (either side may "
+                        "be empty)")
+    p.add_argument("--breakdown", type=Path, metavar="OUT.png",
+                   help="write a PNG of each rank's steps split into compute, communication overlapped by compute, "
+                        "exposed communication and idle, simulated and measured (needs matplotlib; "
+                        "etweave/simulate/breakdown.py says how)")
     p.add_argument("--csv", type=Path, metavar="OUT.csv",
                    help="write one row per node: measured and simulated times, start error, critical-path order "
                         "and contribution (the whole path)")
@@ -93,10 +102,16 @@ class _EditAction(argparse.Action):
 
 def run(args: argparse.Namespace) -> int:
     simulate_astra.check_arguments(args)
-    if args.plot is not None:
-        from etweave.simulate.plot import require_matplotlib
+    plot_ranks = plot_window = None
+    for out in (args.plot, args.breakdown):
+        if out is not None:
+            from etweave.simulate.plot import parse_ranks, parse_window, require_matplotlib
 
-        require_matplotlib(args.plot)  # fail before a long replay, not after
+            require_matplotlib(out)  # fail before a long replay, not after
+            plot_ranks = parse_ranks(args.plot_ranks) if args.plot_ranks is not None else None
+            plot_window = parse_window(args.plot_window) if args.plot_window is not None else None
+    if (args.plot_ranks or args.plot_window) and args.plot is None and args.breakdown is None:
+        raise BadInput("--plot-ranks", "--plot-ranks and --plot-window choose what --plot/--breakdown draw: give one")
     files = et_files(args.traces)
     edits = [parse_edit(action, text) for action, text in args.edits]  # bad syntax fails before loading
     if edits and args.model == "astra-sim":
@@ -165,8 +180,15 @@ def run(args: argparse.Namespace) -> int:
         from etweave.simulate.plot import write_plot
 
         with stage(f"writing {args.plot}"):
-            write_plot(args.plot, result)
+            write_plot(args.plot, result, plot_ranks, plot_window)
         summary["plot"] = str(args.plot)
+    if args.breakdown is not None:
+        from etweave.simulate.breakdown import breakdown
+        from etweave.simulate.plot import write_breakdown
+
+        with stage(f"writing {args.breakdown}"):
+            write_breakdown(args.breakdown, breakdown(result), plot_ranks)
+        summary["breakdown"] = str(args.breakdown)
     if args.json:
         _print_json(summary)
     else:
@@ -176,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
             text += "".join(f"\n  {e['edit']}: {e['ops']} op(s), {e['nodes']} node(s), {e['before_us']} -> "
                             f"{e['after_us']} us ({e['added_us']:+d} us)" for e in summary["whatif"])
         text += "\n" + "\n".join(format_steps(summary["step_times"]))
-        for key in ("timeline", "plot", "csv", "steps_csv"):
+        for key in ("timeline", "plot", "breakdown", "csv", "steps_csv"):
             if key in summary:
                 text += f"\nwrote {key} {summary[key]}"
         print(text)
