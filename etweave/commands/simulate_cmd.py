@@ -120,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
     group_file = args.comm_group or find_comm_group(files)
     groups = load_comm_group(group_file) if group_file is not None else {}
     if args.model == "astra-sim":
-        astra = simulate_astra.run_astra(args, files, groups, _print_json)
+        with stage("replaying (ASTRA-sim model)"):
+            astra = simulate_astra.run_astra(args, files, groups, _print_json)
         if args.json:
             _print_json(astra)
         else:
@@ -151,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     with stage("summarizing"):
         summary = summarize(result)
         summary["step_times"] = step_times(result)
-        summary["notes"] += coverage.missing_members(ranks, groups, coverage.run_ranks(files))
+        summary["notes"] += coverage.missing_members(ranks, coverage.run_ranks(files))
         summary["warnings"] = [unadjusted] if unadjusted else []
     if applied:
         summary["whatif"] = describe(applied)

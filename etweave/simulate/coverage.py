@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import orjson
@@ -46,26 +46,17 @@ def _span(ranks: Sequence[int]) -> str:
     return shown + (f", ... ({len(ranks)} in all)" if len(ranks) > 8 else "")
 
 
-def missing_members(given: Sequence[RankGraph], groups: Mapping[str, Sequence[int]],
-                    run: tuple[set[int], str] | None) -> list[str]:
-    """One line per process group that issues collectives among the ranks given and has members not given."""
+def missing_members(given: Sequence[RankGraph], run: tuple[set[int], str] | None) -> list[str]:
+    """A line when the ranks given issue world-group collectives and the run has ranks not given. (A listed
+    subgroup's missing members are noted by the replay itself: etweave/simulate/engine.py.)"""
     have = {rg.rank for rg in given}
-    used = sorted({nd.pg or "" for rg in given for nd in rg.nodes if nd.type == pb.COMM_COLL_NODE})
-    lines = []
-    for pg in used:
-        if pg == "":
-            if run is None:
-                continue
-            members, name, where = run[0] | have, "the world group", f"; the run's ranks from {run[1]}"
-        elif pg in groups:
-            members, name, where = {int(r) for r in groups[pg]}, f"group {pg!r}", ""
-        else:
-            continue  # the replay refuses an unknown group itself
-        missing = sorted(members - have)
-        if missing:
-            lines.append(f"{len(missing)} member(s) of {name} are missing (rank(s) {_span(missing)}{where}): "
-                         "their collectives are not waited for")
-    return lines
+    if run is None or not any(nd.type == pb.COMM_COLL_NODE and not nd.pg for rg in given for nd in rg.nodes):
+        return []
+    missing = sorted(run[0] - have)
+    if not missing:
+        return []
+    return [f"{len(missing)} member(s) of the world group are missing (rank(s) {_span(missing)}; the run's ranks "
+            f"from {run[1]}): their collectives are not waited for"]
 
 
 def missing_ranks(have: Sequence[int], run: tuple[set[int], str] | None) -> str | None:
