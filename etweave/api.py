@@ -65,7 +65,8 @@ def convert_run(run_dir: PathLike, out_dir: PathLike, *, prefix: str = "trace", 
 @dataclass(repr=False)
 class Simulation:
     """A replay of `.et` files and its comparison with the measured run. Tables are lists of flat dicts
-    (`pandas.DataFrame(sim.nodes())`); `write_csv`, `write_timeline` and `write_plot` write files."""
+    (`pandas.DataFrame(sim.nodes())`); `write_csv`, `write_timeline`, `write_plot` and `write_breakdown` write
+    files."""
 
     replay: Replay
     summary: dict[str, Any]  # what `etweave simulate --json` prints
@@ -114,11 +115,28 @@ class Simulation:
 
         write_timeline(Path(path), self.replay, self.details)
 
-    def write_plot(self, path: PathLike) -> None:
+    def write_plot(self, path: PathLike, ranks: Iterable[int] | None = None,
+                   window_ms: tuple[float | None, float | None] | None = None) -> None:
+        """Measured vs simulated per rank and resource; `ranks` only these, `window_ms` (start, end) in ms after
+        the run's first measured start."""
         from etweave.simulate.plot import require_matplotlib, write_plot
 
         require_matplotlib(Path(path))
-        write_plot(Path(path), self.replay)
+        write_plot(Path(path), self.replay, set(ranks) if ranks is not None else None, window_ms)
+
+    def breakdown(self) -> list[dict[str, Any]]:
+        """One record per timeline (simulated, measured), rank and step: compute, communication, overlapped,
+        exposed communication and idle µs (etweave/simulate/breakdown.py)."""
+        from etweave.simulate.breakdown import breakdown
+
+        return breakdown(self.replay)
+
+    def write_breakdown(self, path: PathLike, ranks: Iterable[int] | None = None) -> None:
+        """The per-step breakdown as a PNG (needs the plot extra)."""
+        from etweave.simulate.plot import require_matplotlib, write_breakdown
+
+        require_matplotlib(Path(path))
+        write_breakdown(Path(path), self.breakdown(), set(ranks) if ranks is not None else None)
 
     def __repr__(self) -> str:
         s = self.summary

@@ -6,21 +6,59 @@ Exit codes, for every command: 0 ok, 1 internal error, 2 bad input, 3 a check or
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
+import re
 import sys
 import traceback
 from collections.abc import Sequence
 
 import etweave
-from etweave import __version__
+from etweave import __version__, progress
 from etweave.commands import COMMANDS
 from etweave.errors import BadInput, CheckFailed
 
 EXIT_OK, EXIT_INTERNAL, EXIT_BAD_INPUT, EXIT_CHECK = 0, 1, 2, 3
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, plus "did you mean" for a mistyped subcommand, option or choice."""
+
+    option_pool: list[str] = []  # noqa: RUF012 (set per parse in main: the options of the subcommand given)
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        super().error(message + _suggestion(message, self.option_pool or list(self._option_string_actions)))
+
+
+def _suggestion(message: str, options: list[str]) -> str:
+    choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    if choice:
+        close = difflib.get_close_matches(choice[1], re.findall(r"'([^']*)'", choice[2]), n=1)
+        return f"; did you mean '{close[0]}'?" if close else ""
+    unknown = re.search(r"unrecognized arguments: (.*)", message)
+    if unknown:
+        for word in unknown[1].split():
+            close = difflib.get_close_matches(word.split("=")[0], options, n=1) if word.startswith("-") else []
+            if close:
+                return f"; did you mean {close[0]} (for {word})?"
+    return ""
+
+
+def _add_common_options(p: argparse.ArgumentParser) -> None:
+    """Options every subcommand takes, also after its name (a command that defines one itself keeps its own)."""
+    have = p._option_string_actions
+    if "--debug" not in have:
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show the traceback of an internal error")
+    if "--quiet" not in have:
+        p.add_argument("-q", "--quiet", action="store_true", help="no progress on the terminal")
+    if "--verbose" not in have:
+        p.add_argument("-v", "--verbose", action="store_true",
+                       help="after each stage, print its name and time on stderr (also when piped)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="etweave", description=etweave.__doc__,
         epilog="Exit codes: 0 ok, 1 internal error (--debug shows the traceback), 2 bad input (one line on stderr), "
                "3 a check or consistency violation. Start with: etweave example")
@@ -29,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
         command.register(sub)
+    for p in sub.choices.values():
+        _add_common_options(p)
     return parser
 
 
@@ -53,7 +93,13 @@ def _glue_dash_values(argv: Sequence[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(_glue_dash_values(sys.argv[1:] if argv is None else argv))
+    words = _glue_dash_values(sys.argv[1:] if argv is None else argv)
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    command = next((w for w in words if w in subparsers), None)
+    if command is not None:
+        _Parser.option_pool = list(subparsers[command]._option_string_actions)
+    args = parser.parse_args(words)
+    progress.configure(not getattr(args, "quiet", False), verbose=getattr(args, "verbose", False))
     try:
         return int(args.run(args))
     except BadInput as exc:

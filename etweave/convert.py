@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from etweave import __version__, roofline
+from etweave import __version__, progress, roofline
 from etweave.assemble import assemble
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import SCHEMA_VERSION, stage_et
@@ -22,6 +22,7 @@ from etweave.link import HostLink, link_host, mismatch_evidence, select_device
 from etweave.model import Graph
 from etweave.nodes import build_nodes
 from etweave.output import check_outputs, commit, discard, json_bytes, stage
+from etweave.progress import counted
 from etweave.read import widths
 from etweave.read.host_et import HostTrace, read_host_et
 from etweave.read.kineto import KinetoTrace, read_kineto
@@ -123,32 +124,35 @@ def run_pipeline(host: HostTrace | None, kineto: KinetoTrace | None, rank: int |
         if kineto is None:
             raise BadInput("convert", "--steps and --window select part of a Kineto trace: give --device")
         window = select.resolve(kineto)
-    if host is None and kineto is not None:  # Kineto only: its cpu ops stand in for the host ops
-        host, link = kineto_host(kineto, window)
-    else:
-        link = link_host(host, kineto) if host is not None else HostLink("none", {}, {})
-        mismatch = mismatch_evidence(host, kineto, link) if host is not None and kineto is not None else []
-        if mismatch and not allow_mismatch:
-            assert host is not None and kineto is not None
-            raise CheckFailed(f"{host.path} and {kineto.path} are not of the same run and rank: "
-                              f"{'; '.join(mismatch)} (--allow-mismatch converts them anyway)")
-        if window is not None:
-            link.window = restrict(link.window, window)
-        if host is not None and kineto is not None:
-            add_unlinked_cpu_ops(host, kineto, link)
-    device = select_device(kineto, link.window) if kineto is not None else None
+    with progress.stage("linking host ops to device events"):
+        if host is None and kineto is not None:  # Kineto only: its cpu ops stand in for the host ops
+            host, link = kineto_host(kineto, window)
+        else:
+            link = link_host(host, kineto) if host is not None else HostLink("none", {}, {})
+            mismatch = mismatch_evidence(host, kineto, link) if host is not None and kineto is not None else []
+            if mismatch and not allow_mismatch:
+                assert host is not None and kineto is not None
+                raise CheckFailed(f"{host.path} and {kineto.path} are not of the same run and rank: "
+                                  f"{'; '.join(mismatch)} (--allow-mismatch converts them anyway)")
+            if window is not None:
+                link.window = restrict(link.window, window)
+            if host is not None and kineto is not None:
+                add_unlinked_cpu_ops(host, kineto, link)
+        device = select_device(kineto, link.window) if kineto is not None else None
     next_id = max((op.id for op in host.ops), default=0) + 1 if host is not None else 1
     rep = None
-    if host is not None:
-        rep, next_id = repair(host, next_id)
-    g = assemble(host, kineto, link, device, rep, next_id, rank)
-    g.extra["input_files"] = {"host": host.path if host is not None else None,
-                              "device": kineto.path if kineto is not None else None}
-    stats = find_collectives(g, process_groups(host, kineto))
-    resolve_waits(g)
-    deps = infer(g)
-    g.extra["roofline"] = roofline.assign(g)  # read by the report and by build_nodes
-    report = build_report(host, kineto, link, device, rep, g, deps, stats)
+    with progress.stage("building the graph"):
+        if host is not None:
+            rep, next_id = repair(host, next_id)
+        g = assemble(host, kineto, link, device, rep, next_id, rank)
+        g.extra["input_files"] = {"host": host.path if host is not None else None,
+                                  "device": kineto.path if kineto is not None else None}
+        stats = find_collectives(g, process_groups(host, kineto))
+    with progress.stage("inferring dependencies"):
+        resolve_waits(g)
+        deps = infer(g)
+        g.extra["roofline"] = roofline.assign(g)  # read by the report and by build_nodes
+        report = build_report(host, kineto, link, device, rep, g, deps, stats)
     if mismatch:  # converted because allowed: say so where the link is described
         report["warnings"]["inputs_mismatched"] = 1
         report["link"]["mismatch"] = mismatch
@@ -169,11 +173,14 @@ def convert(host: Path | None, device: Path | None, out: Path, report_path: Path
     outputs = [("-o", Path(out))] + ([("--report", Path(report_path))] if report_path is not None else [])
     check_outputs(outputs, [host, device])  # before any work: a bad output path costs nothing
     with no_gc():
-        host_trace = read_host_et(Path(host)) if host is not None else None
-        kineto = read_kineto(Path(device)) if device is not None else None
+        with progress.stage("reading the host ET"):
+            host_trace = read_host_et(Path(host)) if host is not None else None
+        with progress.stage("reading the Kineto trace"):
+            kineto = read_kineto(Path(device)) if device is not None else None
         result = run_pipeline(host_trace, kineto, rank, select, allow_mismatch)
+        nodes = counted(result.checked_nodes(), f"writing {Path(out).name}", result.report.get("nodes"), "nodes")
         # both staged, then renamed together: a failure anywhere leaves neither new nor changed
-        staged = [(stage_et(Path(out), result.metadata, result.checked_nodes()), Path(out))]  # streamed
+        staged = [(stage_et(Path(out), result.metadata, nodes), Path(out))]  # streamed
         if report_path is not None:
             try:
                 staged.append((stage(Path(report_path), json_bytes(result.report)), Path(report_path)))

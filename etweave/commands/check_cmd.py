@@ -19,7 +19,9 @@ from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import GZIP_MAGIC, attr_value, et_files, read_et
 from etweave.check import COMM_NODE_TYPES, Violation, check_metadata, check_nodes, check_run
 from etweave.errors import BadInput
+from etweave.progress import counted
 from etweave.read.source import read_plain
+from etweave.simulate.coverage import missing_ranks, run_ranks
 
 EXIT_OK, EXIT_CHECK = 0, 3
 _RANK_NAME = re.compile(r"^.+\.(\d+)\.et(?:\.gz)?$")  # <prefix>.<rank>.et, also gzipped
@@ -93,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     comm_nodes: dict[int, list[pb.Node]] = {}
     rank_files: dict[int, Path] = {}
     total_nodes = 0
-    for path in files:
+    for path in counted(files, "checking", len(files), "files", chunk=1):
         _warn_if_gzip(path)
         metadata, nodes = read_et(path)
         rank = _rank_of(path, metadata, len(files) == 1)
@@ -114,6 +116,9 @@ def run(args: argparse.Namespace) -> int:
         return v
 
     violations.extend(located(v) for v in check_run(comm_nodes, comm_group, notes, warnings))
+    missing = missing_ranks(sorted(rank_files), run_ranks(files))
+    if missing is not None:  # a part of a run checks clean on its own, but is not the run
+        notes.append(Violation("missing-ranks", str(files[0].parent), missing))
     notes = [located(v) for v in notes]
     warnings = [located(v) for v in warnings]
     warning_counts = Counter(v.rule for v in warnings)
@@ -124,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         report = {
             "ok": not violations,
+            "partial_run": missing is not None,
             "files": [str(p) for p in files],
             "comm_group": str(group_file) if group_file is not None else None,
             "nodes": total_nodes,
@@ -147,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
         for rule, count in sorted(warning_counts.items()):
             print(f"warnings: {rule} {count}" + (f" ({count - limit} not shown)" if limit is not None
                                                   and count > limit else ""))
-        print(_summary(len(files), total_nodes, counts, len(notes), sum(warning_counts.values())))
+        print(_summary(len(files), total_nodes, counts, len(notes), sum(warning_counts.values()),
+                       missing is not None))
     return EXIT_CHECK if violations else EXIT_OK
 
 
@@ -181,10 +188,10 @@ def _as_dict(v: Violation) -> dict[str, object]:
     return {"rule": v.rule, "where": v.where, "node": v.node, "message": v.message}
 
 
-def _summary(files: int, nodes: int, counts: Counter[str], notes: int, warnings: int) -> str:
+def _summary(files: int, nodes: int, counts: Counter[str], notes: int, warnings: int, partial: bool = False) -> str:
     head = f"etweave check: {files} file(s), {nodes} node(s): "
     tail = (f"; {warnings} warning(s)" if warnings else "") + (f"; {notes} note(s)" if notes else "")
     if not counts:
-        return head + "clean" + tail
+        return head + ("clean, but only part of the run (ranks missing: see the note)" if partial else "clean") + tail
     rules = ", ".join(f"{rule} {n}" for rule, n in sorted(counts.items()))
     return head + f"{sum(counts.values())} violation(s) ({rules})" + tail

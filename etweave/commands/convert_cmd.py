@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--allow-mismatch", action="store_true",
                    help="convert even when the host ET and the Kineto trace look like different runs or ranks "
                         "(exit 3 otherwise; the evidence: process ids, Record function ids, linked share)")
-    p.add_argument("--quiet", action="store_true", help="print nothing on success")
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success, no progress")
     p.set_defaults(run=run)
 
 
@@ -44,6 +44,11 @@ def run(args: argparse.Namespace) -> int:
     result = convert(args.host, args.device, args.output, args.report, args.rank, select, args.allow_mismatch)
     if not args.quiet:
         print(summary(result.report))
+    absent = [i for i in args.explain if i not in result.graph.by_id]
+    if absent:  # the output is written and complete; the question was about a node it does not have
+        raise BadInput("--explain", f"node {absent[0]} is not in the output {args.output} (its ids: "
+                                    f"{min(result.graph.by_id, default=0)} to {max(result.graph.by_id, default=0)}, "
+                                    "with gaps)")
     for node_id in args.explain:
         print(explain(result, node_id))
     return 0

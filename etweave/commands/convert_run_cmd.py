@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
 
 from etweave import run as whole_run
+from etweave.chakra import et_def_pb2 as pb
 from etweave.errors import BadInput
 
 DISCOVERY = """\
@@ -50,7 +52,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--scheduler", metavar="ADDRESS",
                    help="convert the ranks on this Dask distributed scheduler (tcp://host:8786) instead; its "
                         "workers must see RUN_DIR at the same path")
-    p.add_argument("--quiet", action="store_true", help="print nothing on success")
+    p.add_argument("--explain", type=_rank_node, metavar="RANK:NODE_ID", action="append", default=[],
+                   help="print that node of the rank's output: its predecessors and the evidence for each, as "
+                        "written in the file (repeatable)")
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success, no progress")
     p.set_defaults(run=run)
 
 
@@ -66,8 +71,44 @@ def run(args: argparse.Namespace) -> int:
             for line in whole_run.summary(result):
                 print(line)
 
-    whole_run.convert_run(args.run_dir, args.output, args.prefix, args.allow_mismatch, args.jobs, args.scheduler,
-                          progress=True, on_ranks=show)
+    result = whole_run.convert_run(args.run_dir, args.output, args.prefix, args.allow_mismatch, args.jobs,
+                                   args.scheduler, progress=True, on_ranks=show)
     if not args.quiet:
         print(f"wrote {args.output}/{args.prefix}.<rank>.et, {whole_run.COMM_GROUP_FILE}, {whole_run.REPORT_FILE}")
+    for rank, node_id in args.explain:
+        if rank not in result.ranks:
+            raise BadInput("--explain", f"rank {rank} is not in this run (ranks {sorted(result.ranks)})")
+        print(explain_node(rank, result.ranks[rank][1], node_id))
     return 0
+
+
+def _rank_node(text: str) -> tuple[int, int]:
+    rank, sep, node = text.partition(":")
+    if not sep or not rank.strip().isdigit() or not node.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not RANK:NODE_ID (two integers, e.g. 0:42)")
+    return int(rank), int(node)
+
+
+def explain_node(rank: int, nodes: Sequence[pb.Node], node_id: int) -> str:
+    """A node of a written rank and its predecessors with the evidence the file records (attr dep_evidence,
+    aligned with data_deps). An id the rank does not have is bad input."""
+    by_id = {n.id: n for n in nodes}
+    node = by_id.get(node_id)
+    if node is None:
+        raise BadInput("--explain", f"rank {rank} has no node {node_id} (its ids: {min(by_id, default=0)} to "
+                                    f"{max(by_id, default=0)}, with gaps)")
+    attrs = {a.name: a for a in node.attr}
+    kind = attrs["kind"].string_val if "kind" in attrs else pb.NodeType.Name(node.type)
+    evidence = list(attrs["dep_evidence"].string_list.values) if "dep_evidence" in attrs else []
+    lines = [f"rank {rank} node {node_id} {node.name!r} ({kind}, start {node.start_time_micros} us, duration "
+             f"{node.duration_micros} us):"]
+    if not node.data_deps and not node.ctrl_deps:
+        lines.append("  no predecessors (first op of its thread or stream)")
+    for i, dep in enumerate(node.data_deps):
+        src = by_id.get(dep)
+        how = evidence[i] if i < len(evidence) else "unknown"
+        lines.append(f"  <- {dep} {src.name[:60] if src else '?'!r} by {how} (data dep)")
+    for dep in node.ctrl_deps:
+        src = by_id.get(dep)
+        lines.append(f"  <- {dep} {src.name[:60] if src else '?'!r} (ctrl dep)")
+    return "\n".join(lines)

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     src = example_dir()
     print(f"converting the bundled example run {src} (2 CPU ranks, gloo; recorded with etweave.collect by "
           "examples/train_gloo.py of etweave's source repository)")
-    result = convert_run(src, args.output, jobs=1)
+    result = convert_run(src, args.output, jobs=1, progress=True)
     for rank_report in result.report["ranks"].values():
         print(summary(rank_report))
     cross = result.report["cross_rank"]

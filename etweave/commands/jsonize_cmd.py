@@ -14,6 +14,7 @@ import orjson
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import chakra_json, iter_et, message_dict
 from etweave.output import write_atomic
+from etweave.progress import counted
 
 FORMATS = """\
 Formats:
@@ -40,6 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def run(args: argparse.Namespace) -> int:
     metadata, nodes = iter_et(args.trace)
+    nodes = counted(nodes, f"jsonizing {args.trace.name}", unit="nodes")
     chunks = chakra_chunks(metadata, nodes) if args.format == "chakra" else etweave_chunks(metadata, nodes)
     if args.output is not None:
         write_atomic(args.output, chunks)

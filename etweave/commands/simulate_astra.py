@@ -42,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def check_arguments(args: argparse.Namespace) -> None:
     """Options that only one model reads, given to the other: a usage error, not silently ignored."""
     if args.model == "astra-sim":
-        for flag, value in (("--timeline", args.timeline), ("--plot", args.plot)):
+        for flag, value in (("--timeline", args.timeline), ("--plot", args.plot),
+                            ("--breakdown", getattr(args, "breakdown", None))):
             if value is not None:
                 raise BadInput(flag, "not available with --model astra-sim")
         if args.npus is not None and args.npus < 2:

@@ -16,6 +16,8 @@ from etweave.chakra.io import et_files
 from etweave.commands import simulate_astra
 from etweave.errors import BadInput, CheckFailed
 from etweave.output import check_outputs
+from etweave.progress import counted, stage
+from etweave.simulate import coverage
 from etweave.simulate.engine import GraphError, RankGraph, UnknownGroup, replay
 from etweave.simulate.load import COMM_GROUP_FILE, find_comm_group, load_comm_group, load_rank
 from etweave.simulate.metrics import deadlock_report, format_deadlock, format_text, summarize
@@ -63,7 +65,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                         "and stream, one slice per op nested as the call stack, the critical path marked and "
                         "drawn as flow arrows (docs/OUTPUT.md)")
     p.add_argument("--plot", type=Path, metavar="OUT.png",
-                   help="write a PNG of measured vs simulated per resource (needs matplotlib)")
+                   help="write a PNG of measured vs simulated per rank and resource, in ms after the run's first "
+                        "measured start (needs matplotlib: the plot extra)")
+    p.add_argument("--plot-ranks", metavar="LIST", help="--plot and --breakdown: only these ranks, e.g. 0,2-3")
+    p.add_argument("--plot-window", metavar="START:END",
+                   help="--plot: only this time range, ms after the run's first measured start (either side may "
+                        "be empty)")
+    p.add_argument("--breakdown", type=Path, metavar="OUT.png",
+                   help="write a PNG of each rank's steps split into compute, communication overlapped by compute, "
+                        "exposed communication and idle, simulated and measured (needs matplotlib; "
+                        "etweave/simulate/breakdown.py says how)")
     p.add_argument("--csv", type=Path, metavar="OUT.csv",
                    help="write one row per node: measured and simulated times, start error, critical-path order "
                         "and contribution (the whole path)")
@@ -92,10 +103,16 @@ class _EditAction(argparse.Action):
 
 def run(args: argparse.Namespace) -> int:
     simulate_astra.check_arguments(args)
-    if args.plot is not None:
-        from etweave.simulate.plot import require_matplotlib
+    plot_ranks = plot_window = None
+    for out in (args.plot, args.breakdown):
+        if out is not None:
+            from etweave.simulate.plot import parse_ranks, parse_window, require_matplotlib
 
-        require_matplotlib(args.plot)  # fail before a long replay, not after
+            require_matplotlib(out)  # fail before a long replay, not after
+            plot_ranks = parse_ranks(args.plot_ranks) if args.plot_ranks is not None else None
+            plot_window = parse_window(args.plot_window) if args.plot_window is not None else None
+    if (args.plot_ranks or args.plot_window) and args.plot is None and args.breakdown is None:
+        raise BadInput("--plot-ranks", "--plot-ranks and --plot-window choose what --plot/--breakdown draw: give one")
     files = et_files(args.traces)
     # every output path checked before the replay (etweave.output.check_outputs: writable, not an input, distinct)
     check_outputs([(flag, path) for flag, path in (("--timeline", args.timeline), ("--plot", args.plot))
@@ -107,17 +124,22 @@ def run(args: argparse.Namespace) -> int:
     group_file = args.comm_group or find_comm_group(files)
     groups = load_comm_group(group_file) if group_file is not None else {}
     if args.model == "astra-sim":
-        astra = simulate_astra.run_astra(args, files, groups, _print_json)
+        with stage("replaying (ASTRA-sim model)"):
+            astra = simulate_astra.run_astra(args, files, groups, _print_json)
         if args.json:
             _print_json(astra)
         else:
             print(simulate_astra.format_astra(astra))
         return 0
 
-    ranks: list[RankGraph] = [load_rank(f, default_rank=0 if len(files) == 1 else None) for f in files]
+    ranks: list[RankGraph] = [load_rank(f, default_rank=0 if len(files) == 1 else None)
+                              for f in counted(files, "loading", len(files), "files", chunk=1)]
+    # before the edits, which change durations: what the files hold
+    unadjusted = coverage.unadjusted_collectives(ranks)
     applied = apply(ranks, edits)
     try:
-        result = replay(ranks, groups)
+        with stage("replaying"):
+            result = replay(ranks, groups)
     except GraphError as exc:
         where = ranks[exc.rank_index].source if exc.rank_index is not None else ", ".join(map(str, files))
         problem = exc.problem
@@ -131,19 +153,24 @@ def run(args: argparse.Namespace) -> int:
             _print_json({"deadlock": deadlock_report(result)})
         raise CheckFailed(format_deadlock(result))
 
-    summary = summarize(result)
-    summary["step_times"] = step_times(result)
+    with stage("summarizing"):
+        summary = summarize(result)
+        summary["step_times"] = step_times(result)
+        summary["notes"] += coverage.missing_members(ranks, coverage.run_ranks(files))
+        summary["warnings"] = [unadjusted] if unadjusted else []
     if applied:
         summary["whatif"] = describe(applied)
     details = None
     if args.timeline is not None or args.csv is not None or args.steps_csv is not None:
         from etweave.simulate.timeline import load_details
 
-        details = load_details(result)  # kind, parts, call stack, evidence: read again from the files
+        with stage("reading node details"):
+            details = load_details(result)  # kind, parts, call stack, evidence: read again from the files
     if args.timeline is not None:
         from etweave.simulate.timeline import write_timeline
 
-        write_timeline(args.timeline, result, details)
+        with stage(f"writing {args.timeline}"):
+            write_timeline(args.timeline, result, details)
         summary["timeline"] = str(args.timeline)
     if args.csv is not None or args.steps_csv is not None:
         from etweave.simulate import tables
@@ -157,8 +184,16 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None:
         from etweave.simulate.plot import write_plot
 
-        write_plot(args.plot, result)
+        with stage(f"writing {args.plot}"):
+            write_plot(args.plot, result, plot_ranks, plot_window)
         summary["plot"] = str(args.plot)
+    if args.breakdown is not None:
+        from etweave.simulate.breakdown import breakdown
+        from etweave.simulate.plot import write_breakdown
+
+        with stage(f"writing {args.breakdown}"):
+            write_breakdown(args.breakdown, breakdown(result), plot_ranks)
+        summary["breakdown"] = str(args.breakdown)
     if args.json:
         _print_json(summary)
     else:
@@ -168,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
             text += "".join(f"\n  {e['edit']}: {e['ops']} op(s), {e['nodes']} node(s), {e['before_us']} -> "
                             f"{e['after_us']} us ({e['added_us']:+d} us)" for e in summary["whatif"])
         text += "\n" + "\n".join(format_steps(summary["step_times"]))
-        for key in ("timeline", "plot", "csv", "steps_csv"):
+        for key in ("timeline", "plot", "breakdown", "csv", "steps_csv"):
             if key in summary:
                 text += f"\nwrote {key} {summary[key]}"
         print(text)

@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from etweave import progress as progress_ui  # `progress` is a flag here
 from etweave.chakra.io import stage_et
 from etweave.errors import BadInput, CheckFailed
 from etweave.output import commit, discard, json_bytes, output_folder, stage
@@ -66,7 +67,6 @@ COMM_GROUP_FILE, REPORT_FILE = "comm_group.json", "report.json"
 __all__ = ["COMM_GROUP_FILE", "REPORT_FILE", "CollSig", "Discovery", "RankFiles", "RunResult", "assemble_run",
            "build_comm_group", "check_sequences", "convert_rank", "convert_ranks", "convert_run", "discover",
            "stale_outputs", "summary", "write_run"]
-
 
 
 def stale_outputs(out_dir: Path, prefix: str, ranks: Iterable[int]) -> list[Path]:
@@ -117,22 +117,25 @@ def _convert_locked(run_dir: Path, found: Discovery, out_dir: Path, prefix: str,
     known = [rf.rank for rf in found.ranks if rf.rank is not None]
     stale = stale_outputs(Path(out_dir), prefix, known)
     if stale and all(rf.rank is not None for rf in found.ranks):
+        more = f" and {len(stale) - 5} more" if len(stale) > 5 else ""
         raise BadInput(out_dir, f"holds {len(stale)} .et file(s) of ranks not in this run ("
-                                f"{', '.join(p.name for p in stale[:5])}): remove them or choose another "
+                                f"{', '.join(p.name for p in stale[:5])}{more}): remove them or choose another "
                                 "output folder or --prefix")
     outputs = convert_ranks(found.ranks, jobs, scheduler, progress, allow_mismatch)
     for out, rf in zip(outputs, found.ranks, strict=True):
         out["host"] = _relative(rf.host, run_dir)
         out["kineto"] = _relative(rf.kineto, run_dir)
     found.ignored = [str(_relative(Path(p), run_dir)) for p in found.ignored]
-    result = assemble_run(outputs, allow_mismatch, found)
+    with progress_ui.stage("cross-rank checks"):
+        result = assemble_run(outputs, allow_mismatch, found)
     if on_ranks is not None:
         on_ranks(result)
     if not result.consistent and not allow_mismatch:
         shown = "; ".join(result.messages[:_SHOWN])
         raise CheckFailed(f"the ranks issue different collectives, nothing written (--allow-mismatch writes "
                           f"anyway): {shown}")
-    write_run(Path(out_dir), prefix, result)
+    with progress_ui.stage(f"writing {out_dir}"):
+        write_run(Path(out_dir), prefix, result)
     return result
 
 

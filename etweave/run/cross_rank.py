@@ -252,6 +252,9 @@ def assemble_run(outputs: Sequence[dict[str, Any]], allow_mismatch: bool = False
         ranks[rank] = (metadata, nodes)
 
     offsets = _align_rank_starts(ranks)
+    for rank, (_, nodes) in ranks.items():  # the offset node is in the file: the report counts what the file holds
+        if isinstance(by_rank[rank].get("report"), dict) and "nodes" in by_rank[rank]["report"]:
+            by_rank[rank]["report"]["nodes"] = len(nodes)
     present = sorted(ranks)
     world_members = list(range(world)) if world is not None else present
     absent_ranks = sorted(set(present) - set(world_members))

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -14,6 +14,7 @@ import orjson
 from etweave.chakra.io import serialize
 from etweave.convert import no_gc, process_groups, run_pipeline
 from etweave.errors import BadInput, CheckFailed
+from etweave.progress import muted, stage
 from etweave.read.host_et import read_host_et
 from etweave.read.kineto import read_kineto
 from etweave.run.discover import RankFiles
@@ -111,15 +112,16 @@ def convert_ranks(ranks: Sequence[RankFiles], jobs: int | None = None, scheduler
     host ET and Kineto trace are not of one run (unless allow_mismatch)."""
     tasks = [(rf.rank, str(rf.host) if rf.host else None, str(rf.kineto) if rf.kineto else None, allow_mismatch)
              for rf in ranks]
-    bar = _progress(len(tasks), progress)
-    try:
-        if scheduler is not None:
-            outputs = _on_dask(tasks, scheduler, bar.update)
-        else:
-            workers = min(jobs or default_jobs(), len(tasks))
-            outputs = _local(tasks, workers, bar.update)
-    finally:
-        bar.close()
+    # One bar for the ranks; the stages inside a rank converted here (jobs 1) stay quiet under it.
+    with contextlib.ExitStack() as quiet:
+        if not progress:
+            quiet.enter_context(muted())
+        with stage("converting ranks", len(tasks), "ranks") as bar, muted():
+            if scheduler is not None:
+                outputs = _on_dask(tasks, scheduler, bar.advance)
+            else:
+                workers = min(jobs or default_jobs(), len(tasks))
+                outputs = _local(tasks, workers, bar.advance)
     failed = [o for o in outputs if "error" in o or "mismatch" in o]
     if failed and "error" in failed[0]:
         err = failed[0]["error"]
@@ -127,22 +129,6 @@ def convert_ranks(ranks: Sequence[RankFiles], jobs: int | None = None, scheduler
     if failed:
         raise CheckFailed(failed[0]["mismatch"])
     return outputs
-
-
-class _NoBar:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _progress(total: int, enabled: bool) -> Any:
-    if not enabled or not sys.stderr.isatty():
-        return _NoBar()
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="rank", desc="converting", file=sys.stderr, leave=False)
 
 
 def _local(tasks: list[tuple[int | None, str | None, str | None, bool]], workers: int,

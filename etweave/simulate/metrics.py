@@ -14,6 +14,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from etweave.fidelity import RANK_START_OFFSET
 from etweave.simulate.engine import Replay
 
 TOP_CRITICAL = 10
@@ -65,24 +66,29 @@ def summarize(replay: Replay) -> dict[str, Any]:
     for ri, rg in enumerate(replay.ranks):
         issue, end = replay.issue[ri], replay.end[ri]
         measured = [(i, nd) for i, nd in enumerate(rg.nodes) if nd.measured_start]
+        # the synthetic [rank start offset] node "starts" at the run's first instant: not this rank's own start
+        own = [(i, nd) for i, nd in measured if nd.name != RANK_START_OFFSET]
         node_errors += [issue[i] + origin - nd.measured_start for i, nd in measured]
         entry: dict[str, Any] = {"rank": rg.rank, "file": rg.source, "nodes": len(rg.nodes),
                                  "simulated_makespan_us": max(end, default=0), "measured_span_us": None}
-        if measured:
-            lo = min(nd.measured_start for _, nd in measured)
-            hi = max(nd.measured_start + nd.measured_duration for _, nd in measured)
+        if own:
+            lo = min(nd.measured_start for _, nd in own)
+            hi = max(nd.measured_start + nd.measured_duration for _, nd in own)
             entry["measured_span_us"] = hi - lo
-            # every rank is replayed from time 0; a rank whose trace begins later shows that skew in the common
-            # frame, so also give the error in the rank's own frame
+            # a rank whose trace begins later shows that skew in the common frame, so also give the error in the
+            # rank's own frame (simulated times less the rank's simulated first issue)
             entry["measured_first_start_us"] = lo - origin
-            entry["start_error_own_frame"] = _error_stats([issue[i] + lo - nd.measured_start for i, nd in measured],
-                                                          hi - lo)
+            first = min(issue[i] for i, _ in own)
+            entry["simulated_first_start_us"] = first
+            entry["start_error_own_frame"] = _error_stats(
+                [issue[i] - first + lo - nd.measured_start for i, nd in own], hi - lo)
         per_rank.append(entry)
 
     critical = []
+    offset_on_path: list[dict[str, Any]] = []  # an initial condition of the run, reported beside the path's work
     for (ri, i), contribution in zip(replay.critical_path, replay.contribution, strict=True):
         nd = replay.ranks[ri].nodes[i]
-        critical.append({
+        (offset_on_path if nd.name == RANK_START_OFFSET else critical).append({
             "rank": replay.ranks[ri].rank, "id": nd.id, "name": nd.name, "resource": nd.resource,
             "start_us": replay.start[ri][i], "contribution_us": contribution,
         })
@@ -119,8 +125,10 @@ def summarize(replay: Replay) -> dict[str, Any]:
         "makespan_error_pct": _pct(replay.makespan - span, span) if window else None,
         "start_error": _error_stats(node_errors, span),
         "critical_path": {
-            "nodes": len(critical),
+            "nodes": len(critical) + len(offset_on_path),
             "length_us": sum(replay.contribution),
+            "rank_start_offset_us": sum(c["contribution_us"] for c in offset_on_path),
+            "rank_start_offset_ranks": [c["rank"] for c in offset_on_path],
             "top": top,
         },
         "collectives": {
@@ -144,6 +152,7 @@ def format_text(summary: dict[str, Any]) -> str:
     s = summary
     lines = [f"simulated {len(s['ranks'])} rank(s) {s['ranks']}, {s['nodes']} nodes"]
     lines += [f"note: {note}" for note in s["notes"]]
+    lines += [f"warning: {warning}" for warning in s.get("warnings", [])]
     if s["measured"]:
         lines.append(f"makespan: simulated {s['simulated_makespan_us']} us, measured span {s['measured_span_us']} us, "
                      f"error {s['makespan_error_pct']:+.2f}%")
@@ -157,11 +166,16 @@ def format_text(summary: dict[str, Any]) -> str:
             line = f"  rank {r['rank']}: simulated {r['simulated_makespan_us']} us"
             if r["measured_span_us"] is not None:
                 own = r["start_error_own_frame"]
-                line += (f", measured span {r['measured_span_us']} us from +{r['measured_first_start_us']} us; "
+                line += (f" from +{r['simulated_first_start_us']} us, measured span {r['measured_span_us']} us "
+                         f"from +{r['measured_first_start_us']} us; "
                          f"start error in its own frame p50 {own['p50_us']:g} us, max {own['max_us']:g} us")
             lines.append(line)
     cp = s["critical_path"]
-    lines.append(f"critical path: {cp['nodes']} nodes, {cp['length_us']} us; top by contribution:")
+    head = f"critical path: {cp['nodes']} nodes, {cp['length_us']} us"
+    if cp.get("rank_start_offset_us"):
+        head += (f", of which {cp['rank_start_offset_us']} us before rank(s) {cp['rank_start_offset_ranks']} began "
+                 f"(the {RANK_START_OFFSET}: when the rank started, not work)")
+    lines.append(head + "; top by contribution:")
     for c in cp["top"]:
         lines.append(f"  {c['contribution_us']:>10} us  rank {c['rank']} node {c['id']} [{c['resource'] or '-'}] "
                      f"{c['name']}")
