@@ -14,7 +14,8 @@ from etweave.simulate.engine import GraphError
 from etweave.simulate.netfit import fit_network, write_network_yml
 from etweave.simulate.network import DEFAULT_NETWORK, load_network
 
-FITTED = ("fitted", "fitted-robust")  # --network values that fit the network to the run instead of reading a file
+# --network values that fit the network to the run instead of reading a file
+FITTED = ("fitted", "fitted-robust", "fitted-per-type")
 
 HELP = """\
 --model astra-sim: ASTRA-sim's rules (FORMATS.md 3b). Per NPU one CPU slot (every is_cpu_op node, all threads),
@@ -30,7 +31,9 @@ measured network (within 5% of the measured span on the shared traces; the first
 --network fitted: the ring's latency and bandwidth fitted by least squares to the run's measured transfer times
 (every network-timed collective and send: transfer_duration_micros after convert-run, else duration_micros), so
 the network run asks whether the graph reproduces the run under ASTRA-sim's rules; fitted-robust: a Huber fit
-that the few slow collectives (gloo's first all-reduce: connection set-up) do not pull. Either prints the fitted
+that the few slow collectives (gloo's first all-reduce: connection set-up) do not pull; fitted-per-type: a
+least-squares pair per collective type and for sends (etweave's model only: ASTRA-sim's config has one pair,
+so --write-network refuses it). Each prints the fitted
 parameters, the residuals per collective type and every outlier (residual over 3 robust scales) with its error.
 --write-network FILE.yml writes the network used as ASTRA-sim's config (npus_count = the NPUs replayed)."""
 
@@ -39,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", choices=("default", "astra-sim"), default="default",
                    help="default: a slot per CPU thread and per GPU stream (the rules below); astra-sim: what "
                         "ASTRA-sim computes (see the end of this help)")
-    p.add_argument("--network", metavar="FILE.yml|fitted|fitted-robust",
+    p.add_argument("--network", metavar="FILE.yml|fitted|fitted-robust|fitted-per-type",
                    help="astra-sim: an ASTRA-sim analytical network config (1-D Ring or Switch; e.g. "
                         "../shared/astra-sim/configs/switch_8npus.yml), or a ring fitted to the run's measured "
                         "transfer times (see the end of this help; a file named so: ./fitted); default Ring, "
@@ -88,7 +91,8 @@ def run_astra(args: argparse.Namespace, files: list[Path], groups: dict[str, lis
     ranks = load_for_astra(files, args.npus)
     fit = None
     if args.network in FITTED:
-        fit = fit_network(ranks, groups, robust=args.network == "fitted-robust", source=args.network)
+        fit = fit_network(ranks, groups, robust=args.network == "fitted-robust",
+                          per_type=args.network == "fitted-per-type", source=args.network)
         network = fit.network
     else:
         network = load_network(Path(args.network)) if args.network is not None else DEFAULT_NETWORK
@@ -158,10 +162,15 @@ def format_astra(summary: dict[str, Any]) -> str:
 
 def fit_lines(fit: dict[str, Any]) -> list[str]:
     """The fitted parameters, the residuals per collective type and the outliers with their error."""
-    lines = [f"fitted to {fit['samples']} measured transfer times: {fit['bandwidth_gbps']:.6g} GB/s, "
-             f"{fit['latency_ns']:.6g} ns per hop; residual robust scale {fit['robust_scale_us']} us"]
+    pair = ("a pair per type" if fit["per_type"]
+            else f"{fit['bandwidth_gbps']:.6g} GB/s, {fit['latency_ns']:.6g} ns per hop")
+    lines = [f"fitted to {fit['samples']} measured transfer times: {pair}; residual robust scale "
+             f"{fit['robust_scale_us']} us"]
     for comm, t in fit["by_type"].items():
-        lines.append(f"  {comm}: {t['samples']} measured {t['measured_us']} us in all, fitted {t['fitted_us']} us; "
+        own = fit["per_type"].get(comm)
+        pair = f" ({own['bandwidth_gbps']:.6g} GB/s, {own['latency_ns']:.6g} ns)" if own else ""
+        lines.append(f"  {comm}{pair}: {t['samples']} measured {t['measured_us']} us in all, "
+                     f"fitted {t['fitted_us']} us; "
                      f"residual rms {t['rms_residual_us']} us, largest {t['max_abs_residual_us']} us")
     for o in fit["outliers"]:
         lines.append(f"  outlier: rank {o['rank']} node {o['node']} {o['name']} ({o['comm']}, {o['comm_size']} B): "

@@ -88,6 +88,7 @@ class NetworkFit:
         return {
             "topology": self.network.topology, "bandwidth_gbps": self.network.bandwidth_gbps,
             "latency_ns": self.network.latency_ns, "samples": len(self.samples),
+            "per_type": {c: {"bandwidth_gbps": b, "latency_ns": lat} for c, b, lat in self.network.per_type},
             "robust_scale_us": round(self.scale_ns / 1000, 1),
             "by_type": self.by_type(),
             "outliers": [{"rank": s.rank, "node": s.node_id, "name": s.name, "comm": s.comm,
@@ -197,24 +198,49 @@ def _bounded_ls(samples: Sequence[Sample], w: Sequence[float], s_min: float, s_d
 
 
 def fit_network(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[int]], topology: str = "Ring",
-                source: str = "fitted", robust: bool = True) -> NetworkFit:
+                source: str = "fitted", robust: bool = True, per_type: bool = False) -> NetworkFit:
     """The 1-D `topology` network whose latency and bandwidth best reproduce the run's network-timed nodes."""
     samples = samples_of(ranks, groups, topology)
     if not samples:
         where = ", ".join(sorted({str(rg.source) for rg in ranks})) or "the traces"
         raise BadInput(where, "--network fitted: no all-reduce, all-gather, reduce-scatter, all-to-all or send with "
                               "comm_size > 0 to fit a network to")
-    return fit_samples(samples, topology, source, npus=len(list(ranks)), robust=robust)
+    return fit_samples(samples, topology, source, npus=len(list(ranks)), robust=robust, per_type=per_type)
 
 
 def fit_samples(samples: Sequence[Sample], topology: str = "Ring", source: str = "fitted",
-                npus: int | None = None, robust: bool = True) -> NetworkFit:
+                npus: int | None = None, robust: bool = True, per_type: bool = False) -> NetworkFit:
+    """One (latency, bandwidth) pair for all samples, or with `per_type` one per collective type (and "SEND")."""
+    notes: set[str] = set()
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, s in enumerate(samples):
+        groups[s.comm if per_type else ""].append(i)
+    res = [0.0] * len(samples)
+    pairs: list[tuple[str, float, float]] = []
+    for comm, idx in sorted(groups.items()):
+        group = [samples[i] for i in idx]
+        group_notes: set[str] = set()
+        lat, spb = _fit_pair(group, robust, group_notes)
+        notes.update(f"{comm}: {n}" if comm else n for n in group_notes)
+        pairs.append((comm, _round_sig(1e9 / (spb * (1 << 30))), _round_sig(lat)))
+        for i, s in zip(idx, group, strict=True):
+            res[i] = s.predicted_ns(lat, spb) - s.measured_ns
+    scale = _robust_scale(res)
+    outliers = [i for i, r in enumerate(res) if abs(r) > OUTLIER_SCALES * max(scale, 1000.0)]  # ≥ 1 µs: µs data
+    if per_type:  # the pair of the type with the most samples stands for the others (none: every type has its own)
+        main = max(pairs, key=lambda p: len(groups[p[0]]))
+        net = Network(topology, main[1], main[2], source=source, npus_count=npus, per_type=tuple(pairs))
+    else:
+        net = Network(topology, pairs[0][1], pairs[0][2], source=source, npus_count=npus)
+    return NetworkFit(net, list(samples), res, scale, outliers, sorted(notes))
+
+
+def _fit_pair(samples: Sequence[Sample], robust: bool, notes: set[str]) -> tuple[float, float]:
+    """(latency ns, ns per byte): bounded least squares, then Huber IRLS when `robust`."""
     s_min = 1e9 / (MAX_BANDWIDTH_GBPS * (1 << 30))
     s_default = 1 / DEFAULT_NETWORK.bytes_per_ns
-    notes: set[str] = set()
     w = [1.0] * len(samples)
     lat, spb = _bounded_ls(samples, w, s_min, s_default, notes)
-    scale = 0.0
     for _ in range(_IRLS_ROUNDS if robust else 0):  # Huber IRLS: weight 1 inside k scales, k·scale/|r| outside
         res = [s.predicted_ns(lat, spb) - s.measured_ns for s in samples]
         scale = _robust_scale(res)
@@ -223,18 +249,13 @@ def fit_samples(samples: Sequence[Sample], topology: str = "Ring", source: str =
         cut = HUBER_K * scale
         w = [1.0 if abs(r) <= cut else cut / abs(r) for r in res]
         new = _bounded_ls(samples, w, s_min, s_default, notes)
-        if abs(new[0] - lat) <= 1e-9 * max(1.0, abs(lat)) and abs(new[1] - spb) <= 1e-12 * max(1.0, abs(spb)):
-            lat, spb = new
-            break
+        done = abs(new[0] - lat) <= 1e-9 * max(1.0, abs(lat)) and abs(new[1] - spb) <= 1e-12 * max(1.0, abs(spb))
         lat, spb = new
-    res = [s.predicted_ns(lat, spb) - s.measured_ns for s in samples]
-    scale = _robust_scale(res)
-    outliers = [i for i, r in enumerate(res) if abs(r) > OUTLIER_SCALES * max(scale, 1000.0)]  # ≥ 1 µs: µs data
+        if done:
+            break
     if spb <= s_min * (1 + 1e-9):
         notes.add(f"the fit wants no serialization time: bandwidth clamped at {MAX_BANDWIDTH_GBPS:g} GB/s")
-    bandwidth = 1e9 / (spb * (1 << 30))
-    net = Network(topology, _round_sig(bandwidth), _round_sig(lat), source=source, npus_count=npus)
-    return NetworkFit(net, list(samples), res, scale, outliers, sorted(notes))
+    return lat, spb
 
 
 def _robust_scale(res: Sequence[float]) -> float:
@@ -264,6 +285,9 @@ def network_yml(net: Network, npus: int, fit: NetworkFit | None = None) -> str:
 
 def write_network_yml(path: Path, net: Network, npus: int, fit: NetworkFit | None = None) -> None:
     """Written whole or not at all (a temporary file renamed over the target)."""
+    if net.per_type:
+        raise BadInput(path, "a network fitted per collective type has no ASTRA-sim config (it takes one latency "
+                             "and bandwidth): write --network fitted or fitted-robust")
     tmp = path.with_name(path.name + ".tmp")
     try:
         tmp.write_text(network_yml(replace(net, npus_count=npus), npus, fit))
