@@ -17,7 +17,7 @@ from etweave.chakra import et_def_pb2 as pb
 from etweave.cli import main
 from etweave.commands.example_cmd import example_dir
 from etweave.run import convert_run
-from etweave.simulate.astra import AstraNode, AstraRank
+from etweave.simulate.astra import AstraNode, AstraRank, simulate
 from etweave.simulate.netfit import fit_network, fit_samples, samples_of
 from etweave.simulate.network import Network, collective_ns, load_network, send_ns
 
@@ -117,6 +117,15 @@ def test_per_type_fit_recovers_a_pair_per_type() -> None:
     assert collective_ns(fit.network, pb.ALL_GATHER, 1 << 20, 2) == pytest.approx(
         collective_ns(other, pb.ALL_GATHER, 1 << 20, 2), abs=2)
     assert max(abs(r) for r in fit.residual_ns) <= 1.0
+
+
+def test_the_astra_model_times_each_type_with_its_own_pair() -> None:
+    # a per-type network reaches the replay (astra.simulate), not only the formula
+    other = Network("Ring", 3.0, 70000.0)
+    net = replace(TRUE, per_type=(("ALL_GATHER", 3.0, 70000.0),))
+    ranks = [AstraRank(r, [coll(1, pb.ALL_GATHER, 1 << 20), coll(2, pb.ALL_REDUCE, 1 << 20)]) for r in (0, 1)]
+    assert simulate(ranks, {}, net).finished_ns == [collective_ns(other, pb.ALL_GATHER, 1 << 20, 2)
+                                                    + collective_ns(TRUE, pb.ALL_REDUCE, 1 << 20, 2)] * 2
 
 
 def test_nothing_to_fit_is_bad_input() -> None:
