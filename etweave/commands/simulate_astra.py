@@ -33,8 +33,9 @@ measured network (within 5% of the measured span on the shared traces; the first
 the network run asks whether the graph reproduces the run under ASTRA-sim's rules; fitted-robust: a Huber fit
 that the few slow collectives (gloo's first all-reduce: connection set-up) do not pull; fitted-per-type: a
 least-squares pair per collective type and for sends (etweave's model only: ASTRA-sim's config has one pair,
-so --write-network refuses it). Each prints the fitted
-parameters, the residuals per collective type and every outlier (residual over 3 robust scales) with its error.
+so --write-network refuses it). Each prints the fitted parameters, the residuals per collective type and every
+outlier (residual over 3 robust scales) with its error. Measured: the least-squares fit puts the bundled example
+and the gloo and dlrm runs within 5%, not single dlrm ranks (README "A network fitted to the measured run").
 --write-network FILE.yml writes the network used as ASTRA-sim's config (npus_count = the NPUs replayed)."""
 
 
