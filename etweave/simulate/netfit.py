@@ -6,13 +6,17 @@ Every formula of `network.py` is linear in (latency L, ns per byte S): a collect
 `4 × steps × (hops × L + msg × S + 10)` ns, a send `hops × L + bytes × S`. Each sample is a network-timed node
 (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL with comm_size > 0, and sends with their peer among the
 NPUs) with the duration the durations run gives it: `duration_micros`, which after `convert-run` is the transfer
-time (attr `transfer_duration_micros`), else the measured duration. The fit minimizes the Huber loss of the
-residuals in ns (iteratively reweighted least squares, scale from the median absolute deviation), so a few
-collectives far from the rest (gloo's first all-reduce, which sets up connections) do not set the parameters;
-those whose residual exceeds OUTLIER_SCALES robust scales are listed, with their error, as outliers. L ≥ 0 and the
-bandwidth ≤ MAX_BANDWIDTH_GBPS (a fit that wants faster is clamped there and says so). When every sample has the
-same shape (one size, one type), latency and bandwidth cannot be told apart: the bandwidth stays the default
-network's and only the latency is fitted (said in the notes).
+time (attr `transfer_duration_micros`), else the measured duration.
+
+The fit (`fitted`) is least squares on the residuals in ns: every transfer counts in full, so the total time is
+kept, which is what lets the replay reproduce the measured span when the times are not a function of size (gloo).
+`robust` (`fitted-robust`) minimizes the Huber loss instead (iteratively reweighted least squares, scale from
+the median absolute deviation), so a few collectives far from the rest (gloo's first all-reduce, which sets up
+connections) do not set the parameters. `per_type` fits one pair per collective type and one for sends. Either
+way the samples whose residual exceeds OUTLIER_SCALES robust scales are listed, with their error, as outliers.
+L ≥ 0 and the bandwidth ≤ MAX_BANDWIDTH_GBPS (a fit that wants faster is clamped there and says so). When every
+sample has the same shape (one size, one type), latency and bandwidth cannot be told apart: the bandwidth stays
+the default network's and only the latency is fitted (said in the notes).
 """
 
 from __future__ import annotations
@@ -198,7 +202,7 @@ def _bounded_ls(samples: Sequence[Sample], w: Sequence[float], s_min: float, s_d
 
 
 def fit_network(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[int]], topology: str = "Ring",
-                source: str = "fitted", robust: bool = True, per_type: bool = False) -> NetworkFit:
+                source: str = "fitted", robust: bool = False, per_type: bool = False) -> NetworkFit:
     """The 1-D `topology` network whose latency and bandwidth best reproduce the run's network-timed nodes."""
     samples = samples_of(ranks, groups, topology)
     if not samples:
@@ -209,7 +213,7 @@ def fit_network(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[int]],
 
 
 def fit_samples(samples: Sequence[Sample], topology: str = "Ring", source: str = "fitted",
-                npus: int | None = None, robust: bool = True, per_type: bool = False) -> NetworkFit:
+                npus: int | None = None, robust: bool = False, per_type: bool = False) -> NetworkFit:
     """One (latency, bandwidth) pair for all samples, or with `per_type` one per collective type (and "SEND")."""
     notes: set[str] = set()
     groups: dict[str, list[int]] = defaultdict(list)
