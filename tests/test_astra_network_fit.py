@@ -207,3 +207,14 @@ def test_fitted_run_of_the_gloo_runs_within_5_percent(run: str, traces: Path, tm
     # every sample is either explained within 3 robust scales or listed
     big = [i for i, r in enumerate(fit.residual_ns) if abs(r) > 3 * max(fit.scale_ns, 1000)]
     assert big == fit.outliers
+
+
+def test_one_shape_fits_the_latency_only_and_says_so() -> None:
+    # every sample the same type and size: latency and bandwidth cannot be told apart
+    ranks = [AstraRank(0, [replace(coll(i, pb.ALL_REDUCE, 4096), duration_us=100 + i) for i in (1, 2, 3)]),
+             AstraRank(1, [])]
+    fit = fit_network(ranks, {})
+    assert fit.network.bandwidth_gbps == 50.0
+    assert any("cannot be told apart" in n for n in fit.notes)
+    assert sum(fit.residual_ns) == pytest.approx(0, abs=1e-6)  # the latency alone fits the mean time
+    assert collective_ns(fit.network, pb.ALL_REDUCE, 4096, 2) == pytest.approx(102_000, abs=1)

@@ -9,7 +9,8 @@ NPUs) with the duration the durations run gives it: `duration_micros`, which aft
 time (attr `transfer_duration_micros`), else the measured duration.
 
 The fit (`fitted`) is least squares on the residuals in ns: every transfer counts in full, so the total time is
-kept, which is what lets the replay reproduce the measured span when the times are not a function of size (gloo).
+roughly kept (exactly, per type, when the latency is not at its bound), which lets the replay reproduce the
+measured span when the times are not a function of size (gloo).
 `robust` (`fitted-robust`) minimizes the Huber loss instead (iteratively reweighted least squares, scale from
 the median absolute deviation), so a few collectives far from the rest (gloo's first all-reduce, which sets up
 connections) do not set the parameters. `per_type` fits one pair per collective type and one for sends. Either
