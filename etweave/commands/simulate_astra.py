@@ -11,7 +11,11 @@ from typing import Any
 from etweave.errors import BadInput, CheckFailed
 from etweave.simulate.astra import SLOT_NAMES, AstraRun, load_for_astra, measured_span_us, simulate
 from etweave.simulate.engine import GraphError
+from etweave.simulate.netfit import fit_network, write_network_yml
 from etweave.simulate.network import DEFAULT_NETWORK, load_network
+
+# --network values that fit the network to the run instead of reading a file
+FITTED = ("fitted", "fitted-robust", "fitted-per-type")
 
 HELP = """\
 --model astra-sim: ASTRA-sim's rules (FORMATS.md 3b). Per NPU one CPU slot (every is_cpu_op node, all threads),
@@ -23,16 +27,29 @@ comm_size by the analytical network (--network, default Ring 50 GB/s 500 ns: 4 c
 ring step hops x latency + bytes / bandwidth + 10 ns; no congestion, no memory-bus time); BROADCAST lasts its
 duration_micros with no cross-rank sync. A second run times collectives from duration_micros: the graph on the
 measured network (within 5% of the measured span on the shared traces; the first run is another network). Prints
-`sys[R] finished, T cycles` (ns) per NPU, as ASTRA-sim does. One trace is replayed as --npus NPUs (default 2)."""
+`sys[R] finished, T cycles` (ns) per NPU, as ASTRA-sim does. One trace is replayed as --npus NPUs (default 2).
+--network fitted: the ring's latency and bandwidth fitted by least squares to the run's measured transfer times
+(every network-timed collective and send: transfer_duration_micros after convert-run, else duration_micros), so
+the network run asks whether the graph reproduces the run under ASTRA-sim's rules; fitted-robust: a Huber fit
+that the few slow collectives (gloo's first all-reduce: connection set-up) do not pull; fitted-per-type: a
+least-squares pair per collective type and for sends (etweave's model only: ASTRA-sim's config has one pair,
+so --write-network refuses it). Each prints the fitted parameters, the residuals per collective type and every
+outlier (residual over 3 robust scales) with its error. Measured: the least-squares fit puts the bundled example
+and the gloo and dlrm runs within 5%, not single dlrm ranks (README "A network fitted to the measured run").
+--write-network FILE.yml writes the network used as ASTRA-sim's config (npus_count = the NPUs replayed)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", choices=("default", "astra-sim"), default="default",
                    help="default: a slot per CPU thread and per GPU stream (the rules below); astra-sim: what "
                         "ASTRA-sim computes (see the end of this help)")
-    p.add_argument("--network", type=Path, metavar="FILE.yml",
+    p.add_argument("--network", metavar="FILE.yml|fitted|fitted-robust|fitted-per-type",
                    help="astra-sim: an ASTRA-sim analytical network config (1-D Ring or Switch; e.g. "
-                        "../shared/astra-sim/configs/switch_8npus.yml); default Ring, 50 GB/s, 500 ns")
+                        "../shared/astra-sim/configs/switch_8npus.yml), or a ring fitted to the run's measured "
+                        "transfer times (see the end of this help; a file named so: ./fitted); default Ring, "
+                        "50 GB/s, 500 ns")
+    p.add_argument("--write-network", type=Path, metavar="FILE.yml",
+                   help="astra-sim: write the network used (e.g. the fitted one) as an ASTRA-sim network config")
     p.add_argument("--unlimited-slots", action="store_true",
                    help="astra-sim: no CPU/GPU/comm slots (every ready node issues at once), to see what they cost")
     p.add_argument("--npus", type=int, metavar="N",
@@ -50,7 +67,7 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise BadInput("--npus", "ASTRA-sim's analytical network refuses fewer than 2 NPUs")
     else:
         for flag, given in (("--network", args.network is not None), ("--unlimited-slots", args.unlimited_slots),
-                            ("--npus", args.npus is not None)):
+                            ("--npus", args.npus is not None), ("--write-network", args.write_network is not None)):
             if given:
                 raise BadInput(flag, "only read with --model astra-sim")
 
@@ -73,8 +90,14 @@ def _run_summary(run: AstraRun, span_us: int | None) -> dict[str, Any]:
 def run_astra(args: argparse.Namespace, files: list[Path], groups: dict[str, list[int]],
               print_json: Callable[[object], None]) -> dict[str, Any]:
     """Both runs, as one JSON-able dict; raises CheckFailed when the network run leaves NPUs unfinished."""
-    network = load_network(args.network) if args.network is not None else DEFAULT_NETWORK
     ranks = load_for_astra(files, args.npus)
+    fit = None
+    if args.network in FITTED:
+        fit = fit_network(ranks, groups, robust=args.network == "fitted-robust",
+                          per_type=args.network == "fitted-per-type", source=args.network)
+        network = fit.network
+    else:
+        network = load_network(Path(args.network)) if args.network is not None else DEFAULT_NETWORK
     slots = not args.unlimited_slots
     try:
         runs = [simulate(ranks, groups, network, timing, slots) for timing in ("network", "duration")]
@@ -94,6 +117,10 @@ def run_astra(args: argparse.Namespace, files: list[Path], groups: dict[str, lis
         "measured_span_us": span,
         "runs": {run.collectives: _run_summary(run, span) for run in runs},
     }
+    if fit is not None:
+        summary["network_fit"] = fit.summary()
+    if args.write_network is not None:
+        write_network_yml(args.write_network, network, len(ranks), fit)
     if runs[0].stuck_count:
         if args.json:  # the stuck nodes are in the object too, as with the default model
             print_json(summary)
@@ -126,8 +153,29 @@ def format_astra(summary: dict[str, Any]) -> str:
     if net["slot_wait_us_max"] is not None:
         waits = ", ".join(f"{k} {v} us" for k, v in net["slot_wait_us_max"].items())
         lines.append(f"slot waits (ready to issue), largest NPU: {waits}")
+    if "network_fit" in s:
+        lines += fit_lines(s["network_fit"])
     notes = dict.fromkeys(net["notes"] + dur["notes"])
     lines += [f"note: {n}" for n in notes]
     if dur["stuck_nodes"]:
         lines.append(f"note: with the trace durations, {dur['stuck_nodes']} nodes never finish")
     return "\n".join(lines)
+
+
+def fit_lines(fit: dict[str, Any]) -> list[str]:
+    """The fitted parameters, the residuals per collective type and the outliers with their error."""
+    pair = ("a pair per type" if fit["per_type"]
+            else f"{fit['bandwidth_gbps']:.6g} GB/s, {fit['latency_ns']:.6g} ns per hop")
+    lines = [f"fitted to {fit['samples']} measured transfer times: {pair}; residual robust scale "
+             f"{fit['robust_scale_us']} us"]
+    for comm, t in fit["by_type"].items():
+        own = fit["per_type"].get(comm)
+        pair = f" ({own['bandwidth_gbps']:.6g} GB/s, {own['latency_ns']:.6g} ns)" if own else ""
+        lines.append(f"  {comm}{pair}: {t['samples']} measured {t['measured_us']} us in all, "
+                     f"fitted {t['fitted_us']} us; "
+                     f"residual rms {t['rms_residual_us']} us, largest {t['max_abs_residual_us']} us")
+    for o in fit["outliers"]:
+        lines.append(f"  outlier: rank {o['rank']} node {o['node']} {o['name']} ({o['comm']}, {o['comm_size']} B): "
+                     f"measured {o['measured_us']} us, fitted {o['fitted_us']} us")
+    lines += [f"note: {n}" for n in fit["notes"]]
+    return lines

@@ -44,13 +44,26 @@ class Network:
     latency_ns: float  # per hop
     source: str = "default"  # the file it came from, for the output
     npus_count: int | None = None  # as the file says; ASTRA-sim needs it to equal the number of NPUs replayed
+    # (comm name, bandwidth GB/s, latency ns) overriding the pair for that collective type ("SEND" for sends):
+    # etweave's per-type fit (`netfit`); ASTRA-sim's config has one pair, so no yml gives or takes these
+    per_type: tuple[tuple[str, float, float], ...] = ()
 
     @property
     def bytes_per_ns(self) -> float:
         return self.bandwidth_gbps * (1 << 30) / 1e9
 
     def describe(self) -> str:
+        if self.per_type:
+            pairs = "; ".join(f"{c} {b:g} GB/s {lat:g} ns" for c, b, lat in self.per_type)
+            return f"{self.topology} per collective type: {pairs} ({self.source})"
         return f"{self.topology}, {self.bandwidth_gbps:g} GB/s, {self.latency_ns:g} ns ({self.source})"
+
+    def for_type(self, comm: str) -> Network:
+        """The network one collective type (or "SEND") sees: its per-type pair where there is one."""
+        for c, bandwidth, latency in self.per_type:
+            if c == comm:
+                return Network(self.topology, bandwidth, latency, self.source, self.npus_count)
+        return self
 
 
 DEFAULT_NETWORK = Network("Ring", 50.0, 500.0)  # ../shared/astra-sim/configs/ring_*npus.yml
@@ -73,6 +86,8 @@ def collective_ns(net: Network, comm_type: int, comm_size: int, group_size: int)
     """ns a network-timed collective takes once every member has issued it (see the module docstring)."""
     if comm_size <= 0 or group_size <= 1:
         return 0
+    if net.per_type:
+        net = net.for_type(pb.CollectiveCommType.Name(comm_type))
     p = group_size
     chunk = comm_size / DATASET_SPLITS
     if comm_type == pb.ALL_REDUCE:
@@ -94,6 +109,8 @@ def send_ns(net: Network, comm_size: int, src: int, dst: int, npus: int) -> int:
     """ns from a send's issue until its message has arrived at `dst`."""
     if comm_size <= 0 or src == dst:
         return 0
+    if net.per_type:
+        net = net.for_type("SEND")
     return round(message_ns(net, comm_size, hops(net, src, dst, npus)))
 
 
