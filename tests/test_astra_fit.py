@@ -74,19 +74,25 @@ def test_astra_sim_times_the_graph_within_5_percent(name: str, traces: Path, out
     assert abs(run.makespan_ns / 1000 / span - 1) <= FIT, (name, run.makespan_ns / 1000 / span)
 
 
+# Nodes that stand for waiting (idle, GPU idle, rank start offset, wake-up latency). `untraced` is left out: it is
+# code the thread really ran (Python between ops), so it rightly holds the CPU slot like any other CPU work.
+WAITING_KINDS = NO_OP_KINDS - {"untraced"}
+
+
 @pytest.mark.parametrize("name", PAIRS + RUNS)
-def test_no_op_nodes_hold_no_slot_another_node_waits_for(name: str, traces: Path, out_dir: Path) -> None:
-    """`delay`, `wakeup` and `untraced` nodes (waiting, idle, untraced code) keep their slot, as ASTRA-sim
-    requires of a COMP node, but no other node ever waits behind one: the run is the same when they take none."""
+def test_waiting_nodes_hold_no_slot_another_node_waits_for(name: str, traces: Path, out_dir: Path) -> None:
+    """`delay` and `wakeup` nodes (waiting, idle) keep their slot, as ASTRA-sim requires of a COMP node, but no
+    other node ever waits behind one: the run is the same when they take none."""
     files = converted(name, traces, out_dir)
     ranks, groups = load_for_astra(files), groups_of(files)
     for collectives in ("network", "duration"):
         run = simulate(ranks, groups, collectives=collectives)
-        held = {kind: ns for blocked in run.blocked_by for (_, kind), ns in blocked.items() if kind in NO_OP_KINDS}
+        held = {kind: ns for blocked in run.blocked_by for (_, kind), ns in blocked.items() if kind in WAITING_KINDS}
         assert not any(held.values()), (name, collectives, held)
-        free = simulate(ranks, groups, collectives=collectives, slotless_kinds=NO_OP_KINDS)
-        # within 1 µs: a zero-length node lasts 1 ns in ASTRA-sim, on its own thread's chain whatever its slot
-        assert abs(free.makespan_ns - run.makespan_ns) <= 1000, (name, collectives)
+        free = simulate(ranks, groups, collectives=collectives, slotless_kinds=WAITING_KINDS)
+        # within 2 µs: zero-length nodes last 1 ns each in ASTRA-sim, on their own thread's chain whatever their
+        # slot, and durations are whole µs
+        assert abs(free.makespan_ns - run.makespan_ns) <= 2000, (name, collectives)
 
 
 def rank_spans(rank: AstraRank) -> dict[str, list[tuple[int, int]]]:
