@@ -48,7 +48,6 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from etweave.chakra.io import write_et
 from etweave.errors import BadInput, CheckFailed
 from etweave.output import write_json
 from etweave.run.cross_rank import (
@@ -86,9 +85,9 @@ def write_run(out_dir: Path, prefix: str, result: RunResult) -> list[Path]:
     stage = Path(tempfile.mkdtemp(prefix=".etweave-run-", dir=out_dir))
     try:
         names: list[str] = []
-        for rank, (metadata, nodes) in sorted(result.ranks.items()):
+        for rank in sorted(result.ranks):
             names.append(f"{prefix}.{rank}.et")
-            write_et(stage / names[-1], metadata, nodes)
+            (stage / names[-1]).write_bytes(result.ranks.stream(rank))  # the stream write_et would write
         write_json(stage / COMM_GROUP_FILE, result.comm_group)
         write_json(stage / REPORT_FILE, result.report)
         names += [COMM_GROUP_FILE, REPORT_FILE]
