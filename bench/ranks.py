@@ -228,11 +228,12 @@ def _print_row(row: dict[str, Any]) -> None:
               f"cpu/rank {s['cpu_s'] / row['n'] * 1e3:7.1f} ms  peak RSS {s['rss_mb']:7.0f} MB{failed}")
     st = row["steps"]
     if "decode" in st:
-        d = st["decode"]["wall_s"]
+        d, dc = st["decode"]["wall_s"], st["decode"]["cpu_s"]
         bound = 2 * row["et_mb"] * 1e6 / 2**20 + 200
-        print(f"       simulate / decode: {st['simulate']['wall_s'] / d:.2f} (default), "
-              f"{st['simulate astra']['wall_s'] / d:.2f} (astra-sim) [target <= 3]; simulate RSS "
-              f"{st['simulate']['rss_mb']:.0f} MB vs 2 x .et + 200 MB = {bound:.0f} MB", flush=True)
+        sim, astra = st["simulate"], st["simulate astra"]
+        print(f"       simulate / decode, wall (cpu): {sim['wall_s'] / d:.2f} ({sim['cpu_s'] / dc:.2f}) default, "
+              f"{astra['wall_s'] / d:.2f} ({astra['cpu_s'] / dc:.2f}) astra-sim [target <= 3]; simulate peak RSS "
+              f"{max(sim['rss_mb'], astra['rss_mb']):.0f} MB vs 2 x .et + 200 MB = {bound:.0f} MB", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -257,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
     print(f"python {platform.python_version()}; {os.cpu_count()} CPUs; --jobs {args.jobs}; load average "
           f"{os.getloadavg()[0]:.2f} at the start", flush=True)
+    startup = _step("start-up", _etweave("--help"))  # interpreter + imports: what an empty run costs
+    print(f"start-up (python -m etweave --help): wall {startup.wall_s:.2f} s, cpu {startup.cpu_s:.2f} s", flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="etweave-ranks-") as tmp:
         for n in sizes:
@@ -268,9 +271,13 @@ def main(argv: list[str] | None = None) -> int:
             _print_row(rows[-1])
     local = [r for r in rows if "steps" in r and not r.get("dask")]
     for name in ("convert-run", "check", "decode", "simulate", "simulate astra"):
-        per = [r["steps"][name]["cpu_s"] / r["n"] for r in local if name in r["steps"]]
-        if len(per) >= 2:
-            print(f"{name}: cpu per rank max/min over {len(per)} sizes = {max(per) / min(per):.2f} [target <= 1.3]")
+        # net of start-up: the interpreter and imports, once per process (convert-run: its own and each worker's)
+        fixed = startup.cpu_s * (1 + args.jobs if name == "convert-run" else 1)
+        per = [(r["steps"][name]["cpu_s"] - fixed) / r["n"] for r in local if name in r["steps"]]
+        if len(per) >= 2 and min(per) > 0:
+            print(f"{name}: cpu per rank net of start-up ({fixed:.2f} s) "
+                  f"{', '.join(f'{x * 1e3:.0f}' for x in per)} ms; max/min = {max(per) / min(per):.2f} "
+                  "[target <= 1.3]")
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
     if args.save:
         args.save.write_bytes(orjson.dumps(rows, option=orjson.OPT_INDENT_2) + b"\n")
