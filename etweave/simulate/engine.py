@@ -148,11 +148,9 @@ def replay(ranks: Sequence[RankGraph], groups: Mapping[str, Sequence[int]]) -> R
     indeg = array("q", bytes(8 * n))  # machine ints, not int objects: memory per node stays small at 1000 ranks
     edge_from, edge_to = array("q"), array("q")  # every dependency edge (p -> g), then grouped by p below
     res_names: list[tuple[int, str]] = []  # resource index -> (rank index, label)
-    pos_by_rank: list[dict[int, int]] = []  # node id -> g, per rank index
     for ri, rg in enumerate(ranks):
         base = offset[ri]
-        pos: dict[int, int] = {}
-        pos_by_rank.append(pos)
+        pos: dict[int, int] = {}  # node id -> g, this rank's only (a map per rank of them all costs ~100 B/node)
         for i, nd in enumerate(rg.nodes):
             if nd.id in pos:
                 raise GraphError(ri, f"node id {nd.id} appears twice")
@@ -413,7 +411,7 @@ def replay(ranks: Sequence[RankGraph], groups: Mapping[str, Sequence[int]]) -> R
                 h = holder[res[g]]
                 return (f"ready at {ready_at[g]} us, waits for {res_names[res[g]][1]}, held by node "
                         f"{node_id[h]} (itself blocked)")
-            pos = pos_by_rank[ri]
+            pos = {d.id: offset[ri] + j for j, d in enumerate(ranks[ri].nodes)}
             open_deps = sorted(d for d in set(nd.deps) if not done[pos[d]])
             shown = ", ".join(str(d) for d in open_deps[:5]) + (", ..." if len(open_deps) > 5 else "")
             return f"waits for {len(open_deps)} unfinished deps: {shown}"
