@@ -20,6 +20,10 @@ _WANTED = frozenset({"device", "stream", "tid", "pg_name", "comm_src", "comm_dst
                      "transfer_duration_micros", "measured_duration_micros", "kind", "part_of"})
 
 
+_LIST_FIELDS = frozenset(f.name for f in pb.AttributeProto.DESCRIPTOR.oneofs_by_name["value"].fields
+                         if f.name.endswith("_list"))
+
+
 def resource_of(attrs: dict[str, object]) -> str | None:
     """GPU stream if the node has `device` and `stream`, else CPU thread `tid`, else none (see docs/OUTPUT.md)."""
     if "device" in attrs and "stream" in attrs:
@@ -45,7 +49,7 @@ def to_sim_node(node: pb.Node, path: Path) -> SimNode:
         if name in _WANTED:
             which = a.WhichOneof("value")  # attr_value, inlined: this loop runs for every attr of every node
             value = getattr(a, which) if which is not None else None
-            attrs[name] = list(value.values) if which is not None and which.endswith("_list") else value
+            attrs[name] = list(value.values) if which in _LIST_FIELDS else value
     ntype = node.type
     duration = node.duration_micros
     if ntype in _COMM_TYPES and "transfer_duration_micros" in attrs:
