@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: example test bench bench-whatif lint
+.PHONY: example test bench bench-ranks bench-whatif lint
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ test: $(BIN)/python
 bench: $(BIN)/python
 	$(BIN)/pip install -q -e .
 	$(BIN)/python -m bench.run
+
+bench-ranks: $(BIN)/python
+	$(BIN)/pip install -q -e '.[cluster]'
+	$(BIN)/python -m bench.ranks --sizes 8,64,256 --dask 64
 
 bench-whatif: $(BIN)/python
 	$(BIN)/pip install -q -e '.[collect]'

@@ -47,7 +47,6 @@ from pathlib import Path
 from typing import Any
 
 from etweave import progress as progress_ui  # `progress` is a flag here
-from etweave.chakra.io import stage_et
 from etweave.errors import BadInput, CheckFailed
 from etweave.output import commit, discard, json_bytes, output_folder, stage
 from etweave.run.cross_rank import (
@@ -84,9 +83,10 @@ def write_run(out_dir: Path, prefix: str, result: RunResult) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     staged: list[tuple[Path, Path]] = []
     try:
-        for rank, (metadata, nodes) in sorted(result.ranks.items()):
+        for rank in sorted(result.ranks):
             target = out_dir / f"{prefix}.{rank}.et"
-            staged.append((stage_et(target, metadata, nodes, clean=False), target))  # cleaned when locked
+            # the stream write_et would write, kept as bytes by the cross-rank pass; cleaned once locked
+            staged.append((stage(target, result.ranks.stream(rank), clean=False), target))
         for name, obj in ((COMM_GROUP_FILE, result.comm_group), (REPORT_FILE, result.report)):
             staged.append((stage(out_dir / name, json_bytes(obj), clean=False), out_dir / name))
     except BaseException:

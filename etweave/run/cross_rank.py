@@ -4,13 +4,13 @@ start offsets, and the checks of the whole run."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from etweave import __version__
 from etweave.chakra import et_def_pb2 as pb
-from etweave.chakra.io import attr_value, parse
+from etweave.chakra.io import attr_value, parse, serialize
 from etweave.check import Violation, check_nodes, check_run, comm_type_name
 from etweave.collectives import classify
 from etweave.convert import assign_group_ids
@@ -44,16 +44,42 @@ class CollSig:
         return f"{self.name} ({comm_type_name(self.kind)}) {self.size} B{seq}, node {self.node}"
 
 
+class RankStreams(Mapping[int, tuple[pb.GlobalMetadata, list[pb.Node]]]):
+    """Each rank's final `.et` stream, kept as bytes: a rank is parsed into protobuf nodes only when it is looked
+    up, so a run of a thousand ranks never holds every rank's graph as Python objects (`stream` gives the bytes
+    that `write_run` writes)."""
+
+    def __init__(self) -> None:
+        self._streams: dict[int, bytes] = {}
+        self.node_counts: dict[int, int] = {}
+
+    def put(self, rank: int, metadata: pb.GlobalMetadata, nodes: list[pb.Node]) -> None:
+        self._streams[rank] = serialize(metadata, nodes)
+        self.node_counts[rank] = len(nodes)
+
+    def stream(self, rank: int) -> bytes:
+        return self._streams[rank]
+
+    def __getitem__(self, rank: int) -> tuple[pb.GlobalMetadata, list[pb.Node]]:
+        return parse(self._streams[rank])
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._streams)
+
+    def __len__(self) -> int:
+        return len(self._streams)
+
+
 @dataclass(slots=True)
 class RunResult:
-    ranks: dict[int, tuple[pb.GlobalMetadata, list[pb.Node]]]
+    ranks: RankStreams
     comm_group: dict[str, list[int]]
     report: dict[str, Any]
     consistent: bool
     messages: list[str]  # divergences and failing checks, one line each (what the CLI prints on failure)
 
     def __repr__(self) -> str:  # the default would print every node of every rank
-        nodes = sum(len(n) for _, n in self.ranks.values())
+        nodes = sum(self.ranks.node_counts.values())
         state = "consistent" if self.consistent else "NOT consistent"
         return (f"RunResult({len(self.ranks)} rank(s) {sorted(self.ranks)}, {nodes} nodes, "
                 f"{len(self.comm_group)} listed process group(s), {state})")
@@ -233,50 +259,51 @@ def assemble_run(outputs: Sequence[dict[str, Any]], allow_mismatch: bool = False
     comm_group, ids, group_notes = build_comm_group(outputs, world)
     notes += group_notes
 
-    ranks: dict[int, tuple[pb.GlobalMetadata, list[pb.Node]]] = {}
+    # Pass 1, one rank at a time: rewrite pg names, keep only what the cross-rank work needs (each rank's
+    # collective sequence, its comm nodes and their later periods, its first measured start) and the stream.
+    first_pass: dict[int, bytes] = {}
+    starts: dict[int, int] = {}
     rewritten = 0
+    # group id -> rank -> its collectives in ascending id (the order the simulator matches them in)
+    seqs: dict[str, dict[int, list[CollSig]]] = {}
+    nodes_by_id: dict[int, dict[int, pb.Node]] = {}  # rank -> comm node id -> node (edited by _adjust)
+    comm_nodes: dict[int, list[pb.Node]] = {}  # rank -> every comm node (what check_run reads)
+    parts: dict[int, dict[int, list[pb.Node]]] = {}  # rank -> comm node id -> its later periods, in order
     for rank in sorted(by_rank):
-        metadata, nodes = parse(by_rank[rank]["et"])
+        metadata, nodes = parse(by_rank[rank].pop("et"))  # popped: only one copy of each stream at a time
         # Local ids (as this rank's converter numbered them) back to trace names, then to the run-wide ids.
         local_to_global: dict[str, str] = {}
         for name, local in by_rank[rank]["local_groups"].items():
             if local and name in ids:
                 local_to_global.setdefault(local, ids[name])
-        for node in nodes:
-            if node.type not in (pb.COMM_COLL_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):
-                continue
+        comm = [n for n in nodes if n.type in (pb.COMM_COLL_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE)]
+        for node in comm:
             a = _attr(node, "pg_name")
             if a is not None and a.string_val in local_to_global and local_to_global[a.string_val] != a.string_val:
                 a.string_val = local_to_global[a.string_val]
                 rewritten += 1
-        ranks[rank] = (metadata, nodes)
+        comm_nodes[rank] = comm
+        starts[rank] = _first_start(nodes)
+        colls = {n.id: n for n in comm if n.type == pb.COMM_COLL_NODE}
+        nodes_by_id[rank] = colls
+        for node in sorted(colls.values(), key=lambda n: n.id):
+            a = _attr(node, "pg_name")
+            gid = a.string_val if a is not None else ""
+            seqs.setdefault(gid, {}).setdefault(rank, []).append(_signature(node))
+        for n in nodes:
+            owner = _int_attr(n, "part_of") if n.type == pb.COMP_NODE and colls else None
+            if owner is not None and owner in colls:
+                parts.setdefault(rank, {}).setdefault(owner, []).append(n)
+        first_pass[rank] = serialize(metadata, nodes)
+        del metadata, nodes
 
-    offsets = _align_rank_starts(ranks)
-    for rank, (_, nodes) in ranks.items():  # the offset node is in the file: the report counts what the file holds
-        if isinstance(by_rank[rank].get("report"), dict) and "nodes" in by_rank[rank]["report"]:
-            by_rank[rank]["report"]["nodes"] = len(nodes)
-    present = sorted(ranks)
+    present = sorted(by_rank)
     world_members = list(range(world)) if world is not None else present
     absent_ranks = sorted(set(present) - set(world_members))
     if absent_ranks:
         notes.append(f"ranks {_range_text(absent_ranks)} are beyond the world size {world}")
         world_members = sorted(set(world_members) | set(present))
 
-    # group id -> rank -> its collectives in ascending id (the order the simulator matches them in)
-    seqs: dict[str, dict[int, list[CollSig]]] = {}
-    for rank, (_, nodes) in ranks.items():
-        for node in sorted((n for n in nodes if n.type == pb.COMM_COLL_NODE), key=lambda n: n.id):
-            a = _attr(node, "pg_name")
-            gid = a.string_val if a is not None else ""
-            seqs.setdefault(gid, {}).setdefault(rank, []).append(_signature(node))
-
-    nodes_by_id = {r: {n.id: n for n in nodes if n.type == pb.COMM_COLL_NODE} for r, (_, nodes) in ranks.items()}
-    parts: dict[int, dict[int, list[pb.Node]]] = {}  # rank -> comm node id -> its later periods, in order
-    for r, (_, nodes) in ranks.items():
-        for n in nodes:
-            owner = _int_attr(n, "part_of") if n.type == pb.COMP_NODE else None
-            if owner is not None and owner in nodes_by_id[r]:
-                parts.setdefault(r, {}).setdefault(owner, []).append(n)
     stats: Counter[str] = Counter()
     biggest = [0]
     groups_report: list[dict[str, Any]] = []
@@ -289,7 +316,7 @@ def assemble_run(outputs: Sequence[dict[str, Any]], allow_mismatch: bool = False
             members = comm_group[gid]
         else:
             continue  # an id outside the map: check_run reports it (pg-name)
-        here = [r for r in members if r in ranks]
+        here = [r for r in members if r in by_rank]
         absent = len(members) - len(here)
         if not here:
             continue
@@ -311,12 +338,31 @@ def assemble_run(outputs: Sequence[dict[str, Any]], allow_mismatch: bool = False
             messages.append(f"{label}: rank {d['rank']} diverges at collective index {d['index']}: it has {d['has']}; "
                             f"rank(s) {_range_text(d['expected_on'])} have {d['expected']}")
 
+    # Pass 2, one rank at a time: the edited comm nodes and periods in place of their originals, the rank start
+    # offset, the per-rank checks, the final stream.
+    measured_starts = [t for t in starts.values() if t > 0]
+    run_t0 = min(measured_starts) if measured_starts else None
+    offsets: dict[int, int] = {}
+    ranks = RankStreams()
     violations: list[Violation] = []
     check_warnings: list[Violation] = []  # runs in ASTRA-sim, but not as measured (etweave.check)
-    for rank, (_, nodes) in ranks.items():
+    for rank in sorted(first_pass):
+        metadata, nodes = parse(first_pass.pop(rank))
+        edited = {n.id: n for n in comm_nodes[rank]}
+        for periods in parts.get(rank, {}).values():
+            edited.update((n.id, n) for n in periods)
+        if edited:
+            nodes = [edited.get(n.id, n) for n in nodes]
+        if run_t0 is not None:
+            offsets[rank] = _add_start_offset(nodes, starts[rank], run_t0)
+            report = by_rank[rank].get("report")
+            if isinstance(report, dict) and "nodes" in report:
+                report["nodes"] = len(nodes)  # the offset node is in the file: the report counts what it holds
         violations += check_nodes(nodes, f"rank {rank}", check_warnings)
+        ranks.put(rank, metadata, nodes)
+        del metadata, nodes
     run_notes: list[Violation] = []
-    across = check_run({r: nodes for r, (_, nodes) in ranks.items()}, comm_group, run_notes, check_warnings)
+    across = check_run(comm_nodes, comm_group, run_notes, check_warnings)
     # Ranks that disagree are the user's input, not a broken conversion: the caller fails on them unless told
     # to allow them; every other violation fails the run.
     mismatches = [v for v in across if v.rule in _MISMATCH_RULES]
@@ -364,49 +410,43 @@ def assemble_run(outputs: Sequence[dict[str, Any]], allow_mismatch: bool = False
     return RunResult(ranks, comm_group, report, consistent, messages)
 
 
-
-
 def _kind(node: pb.Node) -> str | None:
     a = _attr(node, "kind")
     return a.string_val if a is not None else None
 
 
-def _align_rank_starts(ranks: dict[int, tuple[pb.GlobalMetadata, list[pb.Node]]]) -> dict[int, int]:
+def _first_start(nodes: Sequence[pb.Node]) -> int:
+    """The rank's first measured instant (0 when nothing is measured)."""
+    return min((n.start_time_micros for n in nodes if n.start_time_micros > 0), default=0)
+
+
+def _add_start_offset(nodes: list[pb.Node], start: int, run_t0: int) -> int:
     """Ranks start their recorded work at different times (dlrm's up to 7 ms apart). A rank that started later
-    than the run's first measured instant gets a `[rank start offset]` delay node that its sources (the nodes
-    whose only predecessor is the process root, or none) wait for, so a replay starts every rank where it
-    started, on one clock. Returns each rank's offset in µs."""
-    starts = {r: min((n.start_time_micros for n in nodes if n.start_time_micros > 0), default=0)
-              for r, (_, nodes) in ranks.items()}
-    measured = [t for t in starts.values() if t > 0]
-    if not measured:
-        return {}
-    run_t0 = min(measured)
-    offsets: dict[int, int] = {}
-    for rank, (_, nodes) in ranks.items():
-        offset = starts[rank] - run_t0 if starts[rank] > 0 else 0
-        offsets[rank] = offset
-        if offset <= 0:
-            continue
-        # Roots are zero-duration COMP_NODEs told apart by their `kind` attr (METADATA_NODE in older outputs)
-        markers = {n.id for n in nodes if n.type == pb.METADATA_NODE or _kind(n) in MARKER_KINDS}
-        roots = {n.id for n in nodes if n.id in markers and not n.data_deps and not n.ctrl_deps
-                 and _kind(n) == PROCESS_ROOT}
-        delay = pb.Node(id=max(n.id for n in nodes) + 1, name="[rank start offset]", type=pb.COMP_NODE,
-                        data_deps=sorted(roots), start_time_micros=run_t0, duration_micros=offset)
-        delay.attr.add(name="kind", string_val="delay")
-        delay.attr.add(name="is_cpu_op", bool_val=True)
-        delay.attr.add(name="num_ops", int64_val=0)  # every COMP_NODE has both (FORMATS.md 3b.3)
-        delay.attr.add(name="tensor_size", uint64_val=0)
-        delay.attr.add(name=DEP_EVIDENCE).string_list.values.extend(["rank_start_offset"] * len(delay.data_deps))
-        for n in nodes:
-            # sources of the rank, and its thread roots (everything on a thread follows its root)
-            if (n.id not in markers and set(n.data_deps) <= roots and not n.ctrl_deps) or (
-                    n.id in markers and n.id not in roots and set(n.data_deps) <= roots):
-                n.data_deps.append(delay.id)
-                _add_evidence(n, "rank_start_offset")
-        nodes.append(delay)
-    return offsets
+    than the run's first measured instant (`run_t0`) gets a `[rank start offset]` delay node that its sources
+    (the nodes whose only predecessor is the process root, or none) wait for, so a replay starts every rank
+    where it started, on one clock. Returns the rank's offset in µs."""
+    offset = start - run_t0 if start > 0 else 0
+    if offset <= 0:
+        return offset
+    # Roots are zero-duration COMP_NODEs told apart by their `kind` attr (METADATA_NODE in older outputs)
+    markers = {n.id for n in nodes if n.type == pb.METADATA_NODE or _kind(n) in MARKER_KINDS}
+    roots = {n.id for n in nodes if n.id in markers and not n.data_deps and not n.ctrl_deps
+             and _kind(n) == PROCESS_ROOT}
+    delay = pb.Node(id=max(n.id for n in nodes) + 1, name="[rank start offset]", type=pb.COMP_NODE,
+                    data_deps=sorted(roots), start_time_micros=run_t0, duration_micros=offset)
+    delay.attr.add(name="kind", string_val="delay")
+    delay.attr.add(name="is_cpu_op", bool_val=True)
+    delay.attr.add(name="num_ops", int64_val=0)  # every COMP_NODE has both (FORMATS.md 3b.3)
+    delay.attr.add(name="tensor_size", uint64_val=0)
+    delay.attr.add(name=DEP_EVIDENCE).string_list.values.extend(["rank_start_offset"] * len(delay.data_deps))
+    for n in nodes:
+        # sources of the rank, and its thread roots (everything on a thread follows its root)
+        if (n.id not in markers and set(n.data_deps) <= roots and not n.ctrl_deps) or (
+                n.id in markers and n.id not in roots and set(n.data_deps) <= roots):
+            n.data_deps.append(delay.id)
+            _add_evidence(n, "rank_start_offset")
+    nodes.append(delay)
+    return offset
 
 
 def _add_evidence(node: pb.Node, source: str) -> None:

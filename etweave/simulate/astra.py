@@ -27,9 +27,10 @@ from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from sys import intern
 
 from etweave.chakra import et_def_pb2 as pb
-from etweave.chakra.io import attr_value, read_et
+from etweave.chakra.io import attr_value, iter_et
 from etweave.errors import BadInput
 from etweave.simulate.engine import GraphError
 from etweave.simulate.load import trace_rank
@@ -100,15 +101,16 @@ def _as_int(value: object, default: int = 0) -> int:
 def load_astra_rank(path: Path, default_rank: int | None = None) -> AstraRank:
     """One `.et` file, read the way ASTRA-sim's feeder reads it (only the fields it uses, plus measured times).
     Its rank as `etweave simulate` finds it (`load.trace_rank`)."""
-    metadata, nodes = read_et(path)
+    metadata, nodes = iter_et(path)  # one protobuf node at a time: only the AstraNodes stay
     rank = trace_rank(metadata, path, default_rank)
     out = []
     for nd in nodes:
         attrs = {a.name: attr_value(a) for a in nd.attr if a.name in _WANTED}
         cpu = attrs.get("is_cpu_op", True)
-        an = AstraNode(id=nd.id, name=nd.name, type=nd.type, deps=tuple(nd.data_deps) + tuple(nd.ctrl_deps),
+        # interned: names and kinds repeat over nodes and ranks (memory per distinct string, as in load.py)
+        an = AstraNode(id=nd.id, name=intern(nd.name), type=nd.type, deps=tuple(nd.data_deps) + tuple(nd.ctrl_deps),
                        duration_us=nd.duration_micros, is_cpu_op=bool(cpu),
-                       measured_start=nd.start_time_micros, kind=str(attrs.get("kind", "")))
+                       measured_start=nd.start_time_micros, kind=intern(str(attrs.get("kind", ""))))
         an.measured_end = nd.start_time_micros + _as_int(attrs.get("measured_duration_micros"), nd.duration_micros)
         if nd.type in (pb.COMM_COLL_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):
             an.comm_size = _as_int(attrs.get("comm_size"))

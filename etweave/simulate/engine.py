@@ -22,6 +22,7 @@ Rules (what `etweave simulate` documents):
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -144,14 +145,12 @@ def replay(ranks: Sequence[RankGraph], groups: Mapping[str, Sequence[int]]) -> R
     kind = [_PLAIN] * n
     res = [-1] * n
     node_id = [0] * n
-    indeg = [0] * n
-    children: list[list[int]] = [[] for _ in range(n)]
+    indeg = array("q", bytes(8 * n))  # machine ints, not int objects: memory per node stays small at 1000 ranks
+    edge_from, edge_to = array("q"), array("q")  # every dependency edge (p -> g), then grouped by p below
     res_names: list[tuple[int, str]] = []  # resource index -> (rank index, label)
-    pos_by_rank: list[dict[int, int]] = []  # node id -> g, per rank index
     for ri, rg in enumerate(ranks):
         base = offset[ri]
-        pos: dict[int, int] = {}
-        pos_by_rank.append(pos)
+        pos: dict[int, int] = {}  # node id -> g, this rank's only (a map per rank of them all costs ~100 B/node)
         for i, nd in enumerate(rg.nodes):
             if nd.id in pos:
                 raise GraphError(ri, f"node id {nd.id} appears twice")
@@ -172,8 +171,23 @@ def replay(ranks: Sequence[RankGraph], groups: Mapping[str, Sequence[int]]) -> R
                 p = pos.get(d)
                 if p is None:
                     raise GraphError(ri, f"node {nd.id} depends on node {d}, which is not in the file")
-                children[p].append(g)
+                edge_from.append(p)
+                edge_to.append(g)
                 indeg[g] += 1
+
+    # children of g: child_list[child_at[g]:child_at[g + 1]], in the order the edges were found (as the list per
+    # node they replace: one flat array instead of a list object per node)
+    child_at = array("q", bytes(8 * (n + 1)))
+    for p in edge_from:
+        child_at[p + 1] += 1
+    for g in range(n):
+        child_at[g + 1] += child_at[g]
+    fill = child_at[:-1]
+    child_list = array("q", bytes(8 * len(edge_to)))
+    for p, g in zip(edge_from, edge_to, strict=True):
+        child_list[fill[p]] = g
+        fill[p] += 1
+    del edge_from, edge_to, fill
 
     # --- collectives: the k-th of each group on each member rank, matched across ranks
     coll_inst = [-1] * n
@@ -257,10 +271,10 @@ def replay(ranks: Sequence[RankGraph], groups: Mapping[str, Sequence[int]]) -> R
     issue_t = [-1] * n
     start = [-1] * n
     end = [-1] * n
-    ready_at = [-1] * n
-    ready_cause = [-1] * n
-    issue_cause = [-1] * n
-    pred = [-1] * n  # what determined this node's timing, for the critical path
+    ready_at = array("q", [-1]) * n
+    ready_cause = array("q", [-1]) * n
+    issue_cause = array("q", [-1]) * n
+    pred = array("q", [-1]) * n  # what determined this node's timing, for the critical path
     done = [False] * n
     holder = [-1] * len(res_names)  # node holding each resource, -1 = free
     last_holder = [-1] * len(res_names)
@@ -340,7 +354,7 @@ def replay(ranks: Sequence[RankGraph], groups: Mapping[str, Sequence[int]]) -> R
                 holder[r] = -1
                 last_holder[r] = g
                 touched.append(r)
-            for c in children[g]:
+            for c in child_list[child_at[g]:child_at[g + 1]]:
                 indeg[c] -= 1
                 if indeg[c] == 0:
                     make_ready(c, t, g)  # events pop in time order, so g is the last dep to finish
@@ -397,7 +411,7 @@ def replay(ranks: Sequence[RankGraph], groups: Mapping[str, Sequence[int]]) -> R
                 h = holder[res[g]]
                 return (f"ready at {ready_at[g]} us, waits for {res_names[res[g]][1]}, held by node "
                         f"{node_id[h]} (itself blocked)")
-            pos = pos_by_rank[ri]
+            pos = {d.id: offset[ri] + j for j, d in enumerate(ranks[ri].nodes)}
             open_deps = sorted(d for d in set(nd.deps) if not done[pos[d]])
             shown = ", ".join(str(d) for d in open_deps[:5]) + (", ..." if len(open_deps) > 5 else "")
             return f"waits for {len(open_deps)} unfinished deps: {shown}"

@@ -6,9 +6,10 @@ import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from sys import intern
 
 from etweave.chakra import et_def_pb2 as pb
-from etweave.chakra.io import attr_value, read_et
+from etweave.chakra.io import attr_value, iter_et
 from etweave.errors import BadInput
 from etweave.read.source import read_plain
 from etweave.simulate.engine import RankGraph, SimNode
@@ -18,6 +19,10 @@ _RANK_IN_NAME = re.compile(r"\.(\d+)\.et(?:\.gz)?$")
 _COMM_TYPES = (pb.COMM_COLL_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE)
 _WANTED = frozenset({"device", "stream", "tid", "pg_name", "comm_src", "comm_dst", "comm_tag",
                      "transfer_duration_micros", "measured_duration_micros", "kind", "part_of"})
+
+
+_LIST_FIELDS = frozenset(f.name for f in pb.AttributeProto.DESCRIPTOR.oneofs_by_name["value"].fields
+                         if f.name.endswith("_list"))
 
 
 def resource_of(attrs: dict[str, object]) -> str | None:
@@ -39,35 +44,46 @@ _INF = float("inf")
 
 
 def to_sim_node(node: pb.Node, path: Path) -> SimNode:
+    # Names, kinds and resource labels are interned: a rank repeats a few hundred of them over thousands of
+    # nodes, and a run repeats them over its ranks, so they cost memory per distinct string, not per node.
     # pick only the attrs the replay reads: node_attrs() would build a dict of every attr per node
-    attrs = {a.name: attr_value(a) for a in node.attr if a.name in _WANTED}
+    attrs: dict[str, object] = {}
+    for a in node.attr:
+        name = a.name
+        if name in _WANTED:
+            which = a.WhichOneof("value")  # attr_value, inlined: this loop runs for every attr of every node
+            value = getattr(a, which) if which is not None else None
+            attrs[name] = list(value.values) if which in _LIST_FIELDS else value
+    ntype = node.type
     duration = node.duration_micros
-    if node.type in _COMM_TYPES and "transfer_duration_micros" in attrs:
+    if ntype in _COMM_TYPES and "transfer_duration_micros" in attrs:
         # the measured duration of a comm node includes waiting for peers; the replay models that wait itself
         duration = _int(attrs["transfer_duration_micros"], path, node.id, "transfer_duration_micros")
-    elif node.type == pb.METADATA_NODE:
+    elif ntype == pb.METADATA_NODE:
         duration = 0  # metadata nodes take no time (docs/OUTPUT.md)
+    resource = resource_of(attrs)
+    measured = attrs.get("measured_duration_micros")
     sim = SimNode(
         id=node.id,
-        name=node.name,
-        type=node.type,
-        deps=tuple(node.data_deps) + tuple(node.ctrl_deps),
+        name=intern(node.name),
+        type=ntype,
+        deps=(*node.data_deps, *node.ctrl_deps),
         duration=duration,
-        resource=resource_of(attrs),
+        resource=intern(resource) if resource is not None else None,
         measured_start=node.start_time_micros,
         # whole-run conversion shortens a comm node to its transfer time; the measured one is kept as an attr
-        measured_duration=_int(attrs.get("measured_duration_micros", node.duration_micros), path, node.id,
-                               "measured_duration_micros"),
+        measured_duration=node.duration_micros if measured is None else _int(
+            measured, path, node.id, "measured_duration_micros"),
     )
     # what `etweave simulate --scale/--set-duration` select by and step times are bounded by (whatif.py, steps.py)
     kind = attrs.get("kind", "")
-    sim.kind = kind if isinstance(kind, str) else str(kind)
+    sim.kind = intern(kind if isinstance(kind, str) else str(kind))
     if "part_of" in attrs:
         sim.part_of = _int(attrs["part_of"], path, node.id, "part_of")
-    if node.type == pb.COMM_COLL_NODE:
+    if ntype == pb.COMM_COLL_NODE:
         pg = attrs.get("pg_name", "")
-        sim.pg = pg if isinstance(pg, str) else str(pg)
-    elif node.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):
+        sim.pg = intern(pg if isinstance(pg, str) else str(pg))
+    elif ntype in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):
         for name in ("comm_src", "comm_dst", "comm_tag"):
             if name in attrs:
                 setattr(sim, name, _int(attrs[name], path, node.id, name))
@@ -81,7 +97,7 @@ def rank_from_name(path: Path) -> int | None:
 
 def load_rank(path: Path, default_rank: int | None = None) -> RankGraph:
     """One `.et` file. Rank: GlobalMetadata attr `rank`, else `<prefix>.<rank>.et`, else `default_rank`."""
-    metadata, nodes = read_et(path)
+    metadata, nodes = iter_et(path)  # one protobuf node at a time: only the SimNodes stay
     rank = trace_rank(metadata, path, default_rank)
     return RankGraph(rank=rank, nodes=[to_sim_node(nd, path) for nd in nodes], source=str(path))
 

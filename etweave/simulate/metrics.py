@@ -46,14 +46,12 @@ def _error_stats(errors: list[int], span: int) -> dict[str, Any]:
 
 def measured_window(replay: Replay) -> tuple[int, int] | None:
     """(earliest start, latest end) over measured nodes of all ranks, or None if nothing was measured."""
-    lo, hi = None, None
-    for rg in replay.ranks:
-        for nd in rg.nodes:
-            if nd.measured_start:
-                lo = nd.measured_start if lo is None else min(lo, nd.measured_start)
-                e = nd.measured_start + nd.measured_duration
-                hi = e if hi is None else max(hi, e)
-    return None if lo is None or hi is None else (lo, hi)
+    # generator min/max, not a min() and a max() call per node: this runs over every node of every rank
+    lo = min((nd.measured_start for rg in replay.ranks for nd in rg.nodes if nd.measured_start), default=None)
+    if lo is None:
+        return None
+    return lo, max(nd.measured_start + nd.measured_duration for rg in replay.ranks for nd in rg.nodes
+                   if nd.measured_start)
 
 
 def summarize(replay: Replay) -> dict[str, Any]:
