@@ -38,6 +38,8 @@ from etweave.simulate.network import (
     NETWORK_TIMED,
     Network,
     hops,
+    ring_schedule,
+    step_hops,
 )
 
 HUBER_K = 1.345  # the usual 95%-efficiency tuning constant, in robust scales
@@ -106,16 +108,8 @@ class NetworkFit:
 
 def _coefficients(net_topology: str, comm_type: int, comm_size: int, p: int) -> tuple[float, float, float]:
     """(a, b, c) of `network.collective_ns` for this collective: its time is a·L + b·S + c before rounding."""
-    chunk = comm_size / DATASET_SPLITS
-    if comm_type == pb.ALL_REDUCE:
-        steps, msg = 2 * (p - 1), chunk / p
-    elif comm_type == pb.REDUCE_SCATTER:
-        steps, msg = p - 1, chunk / p
-    elif comm_type == pb.ALL_GATHER:
-        steps, msg = p - 1, chunk
-    else:  # ALL_TO_ALL
-        steps, msg = p * (p - 1) // 2, chunk / p
-    hop_count = 2 if net_topology == "Switch" else 1
+    steps, msg = ring_schedule(comm_type, comm_size, p)
+    hop_count = step_hops(net_topology)
     n = DATASET_SPLITS * steps
     return n * hop_count, n * max(1, math.floor(msg)), n * ENDPOINT_DELAY_NS
 

@@ -88,21 +88,29 @@ def collective_ns(net: Network, comm_type: int, comm_size: int, group_size: int)
         return 0
     if net.per_type:
         net = net.for_type(pb.CollectiveCommType.Name(comm_type))
+    steps, msg = ring_schedule(comm_type, comm_size, group_size)
+    step = message_ns(net, max(1, math.floor(msg)), step_hops(net.topology)) + ENDPOINT_DELAY_NS
+    return round(DATASET_SPLITS * steps * step)
+
+
+def ring_schedule(comm_type: int, comm_size: int, group_size: int) -> tuple[int, float]:
+    """(steps per chunk, bytes per step) of a network-timed collective of `group_size` NPUs: the one home of the
+    ring algorithm's shape, used by the replay and by the network fit (netfit.py)."""
     p = group_size
     chunk = comm_size / DATASET_SPLITS
     if comm_type == pb.ALL_REDUCE:
-        steps, msg = 2 * (p - 1), chunk / p
-    elif comm_type == pb.REDUCE_SCATTER:
-        steps, msg = p - 1, chunk / p
-    elif comm_type == pb.ALL_GATHER:
-        steps, msg = p - 1, chunk
-    elif comm_type == pb.ALL_TO_ALL:
-        steps, msg = p * (p - 1) // 2, chunk / p
-    else:
-        raise ValueError(f"comm_type {comm_type} is not timed by the network")
-    hop_count = 2 if net.topology == "Switch" else 1  # ring steps go to the neighbour
-    step = message_ns(net, max(1, math.floor(msg)), hop_count) + ENDPOINT_DELAY_NS
-    return round(DATASET_SPLITS * steps * step)
+        return 2 * (p - 1), chunk / p
+    if comm_type == pb.REDUCE_SCATTER:
+        return p - 1, chunk / p
+    if comm_type == pb.ALL_GATHER:
+        return p - 1, chunk
+    if comm_type == pb.ALL_TO_ALL:
+        return p * (p - 1) // 2, chunk / p
+    raise ValueError(f"comm_type {comm_type} is not timed by the network")
+
+
+def step_hops(topology: str) -> int:
+    return 2 if topology == "Switch" else 1  # a ring step goes to the neighbour; a switch step through the switch
 
 
 def send_ns(net: Network, comm_size: int, src: int, dst: int, npus: int) -> int:
