@@ -12,7 +12,7 @@ from typing import Any
 
 from etweave.chakra.io import et_files
 from etweave.errors import BadInput, CheckFailed
-from etweave.simulate.engine import GraphError, Replay, UnknownGroup, replay
+from etweave.simulate.engine import Replay
 from etweave.simulate.timeline import NodeDetail
 
 PathLike = str | Path
@@ -149,7 +149,7 @@ class Simulation:
 def simulate_files(traces: PathLike | Iterable[PathLike], comm_group: PathLike | None = None) -> Simulation:
     """Replay `.et`/`.et.gz` files (or folders of them) together, as `etweave simulate` does. The process-group
     map is `comm_group`, else the comm_group.json beside the traces. Raises CheckFailed on a deadlock."""
-    from etweave.simulate.load import COMM_GROUP_FILE, find_comm_group, load_comm_group, load_rank
+    from etweave.simulate.load import find_comm_group, load_comm_group, load_rank, replay_files
     from etweave.simulate.metrics import format_deadlock, summarize
 
     paths: Sequence[PathLike] = [traces] if isinstance(traces, str | Path) else list(traces)
@@ -157,14 +157,7 @@ def simulate_files(traces: PathLike | Iterable[PathLike], comm_group: PathLike |
     ranks = [load_rank(f, default_rank=0 if len(files) == 1 else None) for f in files]
     group_file = Path(comm_group) if comm_group is not None else find_comm_group(files)
     groups = load_comm_group(group_file) if group_file is not None else {}
-    try:
-        result = replay(ranks, groups)
-    except GraphError as exc:
-        where = ranks[exc.rank_index].source if exc.rank_index is not None else ", ".join(map(str, files))
-        hint = ""
-        if isinstance(exc, UnknownGroup):
-            hint = f" ({group_file or f'no {COMM_GROUP_FILE} beside the traces: pass comm_group'})"
-        raise BadInput(where, exc.problem + hint) from exc
+    result = replay_files(ranks, groups, files, group_file, group_option="comm_group")
     if result.stuck_count:
         raise CheckFailed(format_deadlock(result))
     return Simulation(result, summarize(result))

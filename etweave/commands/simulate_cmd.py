@@ -18,8 +18,8 @@ from etweave.errors import BadInput, CheckFailed
 from etweave.output import check_outputs
 from etweave.progress import counted, stage
 from etweave.simulate import coverage
-from etweave.simulate.engine import GraphError, RankGraph, UnknownGroup, replay
-from etweave.simulate.load import COMM_GROUP_FILE, find_comm_group, load_comm_group, load_rank
+from etweave.simulate.engine import RankGraph
+from etweave.simulate.load import COMM_GROUP_FILE, find_comm_group, load_comm_group, load_rank, replay_files
 from etweave.simulate.metrics import deadlock_report, format_deadlock, format_text, summarize
 from etweave.simulate.steps import format_steps, step_times
 from etweave.simulate.whatif import apply, describe, parse_edit
@@ -115,8 +115,9 @@ def run(args: argparse.Namespace) -> int:
         raise BadInput("--plot-ranks", "--plot-ranks and --plot-window choose what --plot/--breakdown draw: give one")
     files = et_files(args.traces)
     # every output path checked before the replay (etweave.output.check_outputs: writable, not an input, distinct)
-    check_outputs([(flag, path) for flag, path in (("--timeline", args.timeline), ("--plot", args.plot))
-                   if path is not None], files)
+    outputs = (("--timeline", args.timeline), ("--plot", args.plot), ("--breakdown", args.breakdown),
+               ("--csv", args.csv), ("--steps-csv", args.steps_csv))
+    check_outputs([(flag, path) for flag, path in outputs if path is not None], files)
     edits = [parse_edit(action, text) for action, text in args.edits]  # bad syntax fails before loading
     if edits and args.model == "astra-sim":
         raise BadInput("simulate", "what-if edits (--scale, --set-duration, --comm-bandwidth) apply to the default "
@@ -137,16 +138,8 @@ def run(args: argparse.Namespace) -> int:
     # before the edits, which change durations: what the files hold
     unadjusted = coverage.unadjusted_collectives(ranks)
     applied = apply(ranks, edits)
-    try:
-        with stage("replaying"):
-            result = replay(ranks, groups)
-    except GraphError as exc:
-        where = ranks[exc.rank_index].source if exc.rank_index is not None else ", ".join(map(str, files))
-        problem = exc.problem
-        if isinstance(exc, UnknownGroup):
-            hint = str(group_file) if group_file else f"no {COMM_GROUP_FILE} beside the traces: pass --comm-group"
-            problem += f" ({hint})"
-        raise BadInput(where, problem) from exc
+    with stage("replaying"):
+        result = replay_files(ranks, groups, files, group_file)
 
     if result.stuck_count:
         if args.json:

@@ -12,7 +12,7 @@ from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import attr_value, iter_et
 from etweave.errors import BadInput
 from etweave.read.source import read_plain
-from etweave.simulate.engine import RankGraph, SimNode
+from etweave.simulate.engine import GraphError, RankGraph, Replay, SimNode, UnknownGroup, replay
 
 COMM_GROUP_FILE = "comm_group.json"
 _RANK_IN_NAME = re.compile(r"\.(\d+)\.et(?:\.gz)?$")
@@ -145,3 +145,18 @@ def load_comm_group(path: Path) -> dict[str, list[int]]:
             raise BadInput(path, f"group {key}: expected a list of integer ranks")
         groups[key] = ranks
     return groups
+
+
+def replay_files(ranks: list[RankGraph], groups: dict[str, list[int]], files: Sequence[Path],
+                 group_file: Path | None, group_option: str = "--comm-group") -> Replay:
+    """`replay` of loaded files, a graph the replay cannot run (an unknown group, a bad edge) reported as bad
+    input naming the file; the one home for that mapping (the CLI and `etweave.simulate_files`)."""
+    try:
+        return replay(ranks, groups)
+    except GraphError as exc:
+        where = ranks[exc.rank_index].source if exc.rank_index is not None else ", ".join(map(str, files))
+        problem = exc.problem
+        if isinstance(exc, UnknownGroup):
+            hint = str(group_file) if group_file else f"no {COMM_GROUP_FILE} beside the traces: pass {group_option}"
+            problem += f" ({hint})"
+        raise BadInput(where, problem) from exc
