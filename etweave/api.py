@@ -29,10 +29,11 @@ def example_run_dir() -> Path:
 
 def convert_pair(host: PathLike | None, device: PathLike | None, out: PathLike | None = None,
                  report: PathLike | None = None, *, rank: int | None = None, steps: str | None = None,
-                 window: str | None = None) -> Any:
+                 window: str | None = None, allow_mismatch: bool = False) -> Any:
     """One rank's host ET and/or Kineto trace -> a `Result` (`.report`, `.nodes`, `.graph`). With `out`, the
     `.et` file is written (`.gz` name: gzip) and `report` too, as `etweave convert` does; without, nothing is
-    written and the nodes are built on first use of `.nodes`. `steps` "A:B" / `window` "START:END" as the CLI."""
+    written and the nodes are built on first use of `.nodes`. `steps` "A:B" / `window` "START:END" and
+    `allow_mismatch` as the CLI's options."""
     from etweave.convert import convert, no_gc, run_pipeline
     from etweave.output import write_json
     from etweave.read.host_et import read_host_et
@@ -44,10 +45,10 @@ def convert_pair(host: PathLike | None, device: PathLike | None, out: PathLike |
     select = Selection.parse(steps, window)
     if out is not None:
         return convert(Path(host) if host else None, Path(device) if device else None, Path(out),
-                       Path(report) if report else None, rank, select)
+                       Path(report) if report else None, rank, select, allow_mismatch)
     with no_gc():
         result = run_pipeline(read_host_et(Path(host)) if host else None,
-                              read_kineto(Path(device)) if device else None, rank, select)
+                              read_kineto(Path(device)) if device else None, rank, select, allow_mismatch)
     if report is not None:
         write_json(Path(report), result.report)
     return result

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import node_attrs
-from etweave.model import GPU_KINDS, Graph
+from etweave.model import DELAY, GPU_KINDS, UNTRACED, WAKEUP, Graph
 
 
 @dataclass(slots=True)
@@ -97,7 +97,7 @@ def measure(nodes: Sequence[pb.Node]) -> Fidelity:
 # what it waited for (`delay`: an idle stream, or a thread before anything was handed to it), the measured latency of
 # a thread waking up after what it waited for (`wakeup`), and time a thread spent in code no profiler recorded
 # (`untraced`).
-NO_OP_KINDS = frozenset({"delay", "wakeup", "untraced"})
+NO_OP_KINDS = frozenset({DELAY, WAKEUP, UNTRACED})
 RANK_START_OFFSET = "[rank start offset]"  # an initial condition of a whole run, reported beside the share
 
 

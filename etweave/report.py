@@ -8,7 +8,7 @@ from etweave.collectives import CollectiveStats
 from etweave.deps import Dependencies
 from etweave.fidelity import PathNode, delay_share
 from etweave.link import DeviceSelection, HostLink, LeftOut
-from etweave.model import GPU_KINDS, HOST_OP, RUNTIME, THREAD_ROOT, WAKEUP, Graph
+from etweave.model import DELAY, GPU_KINDS, HOST_OP, RUNTIME, THREAD_ROOT, UNTRACED, WAKEUP, Graph
 from etweave.nodes import duration
 from etweave.read.host_et import PG_INIT_NAME, HostTrace
 from etweave.read.kineto import KinetoTrace
@@ -126,7 +126,7 @@ def delays(g: Graph, deps: Dependencies) -> dict[str, Any]:
     for i in ds.on_path:
         it = g.by_id[i]
         d = duration(it)
-        if it.kind in ("delay", "untraced") and d >= LONG_DELAY:
+        if it.kind in (DELAY, UNTRACED) and d >= LONG_DELAY:
             evidence = evidence or NoWaitEvidence(g)
             where = {"stream": it.stream} if it.stream is not None else {"tid": str(it.tid)}
             long.append({"node": i, "name": it.name, "kind": it.kind, **where, "start_micros": round(it.start),

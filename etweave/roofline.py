@@ -30,6 +30,7 @@ from typing import Any
 
 from etweave.model import GPU_KINDS, Graph, Item
 from etweave.read.host_et import IO, HostOp
+from etweave.read.widths import INT64_MAX
 
 DTYPE_BYTES: dict[str, int] = {
     "float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4, "short int": 2,
@@ -192,6 +193,8 @@ def op_work(op: HostOp) -> Work | None:
     nbytes = sum(t.nbytes for t in _all_tensors(op.inputs)) + sum(t.nbytes for t in _all_tensors(op.outputs))
     if flops is None or nbytes <= 0:
         return None
+    if flops > INT64_MAX or nbytes > INT64_MAX:  # corrupt shapes: no count the output could hold, so none
+        return None
     return Work(flops, nbytes)
 
 
@@ -224,13 +227,14 @@ def spread(total: int, weights: list[float]) -> list[int]:
     Equal shares when every weight is 0."""
     if not weights:
         return []
-    if sum(weights) <= 0:
-        weights = [1.0] * len(weights)
-    scale = sum(weights)
-    exact = [total * w / scale for w in weights]
-    shares = [int(x) for x in exact]
-    left = total - sum(shares)
-    order = sorted(range(len(weights)), key=lambda i: (-(exact[i] - shares[i]), i))
+    # integer arithmetic throughout (weights in ns): float shares of a large total round past it
+    ints = [max(0, round(w * 1000)) for w in weights]
+    if sum(ints) <= 0:
+        ints = [1] * len(ints)
+    scale = sum(ints)
+    shares = [total * w // scale for w in ints]
+    left = total - sum(shares)  # 0 <= left < len(weights)
+    order = sorted(range(len(ints)), key=lambda i: (-((total * ints[i]) % scale), i))
     for i in order[:left]:
         shares[i] += 1
     return shares

@@ -235,13 +235,14 @@ def _unrecorded_event_waits(g: Graph, records: _SyncRecords) -> None:
         if k >= len(seq):
             continue
         waiter = seq[k][1]
-        awaited = next((op for _, op in reversed(seq[:k]) if op.stream != waiter.stream
-                        and op.device == waiter.device), None)
+        earlier = (seq[j][1] for j in range(k - 1, -1, -1))  # walked back, not copied: one call is O(its reach)
+        awaited = next((op for op in earlier if op.stream != waiter.stream and op.device == waiter.device), None)
         if awaited is not None and awaited.start + awaited.dur > waiter.start + TOLERANCE:
             # The waiter started before that op ended: the event was recorded before it was enqueued, after an
             # earlier op of the same stream (back-to-back NCCL kernels, then work.wait() for the first).
-            awaited = next((op for _, op in reversed(seq[:k]) if op.stream == awaited.stream
-                            and op.device == waiter.device and op.start + op.dur <= waiter.start + TOLERANCE), None)
+            awaited = next((seq[j][1] for j in range(k - 1, -1, -1) if seq[j][1].stream == awaited.stream
+                            and seq[j][1].device == waiter.device
+                            and seq[j][1].start + seq[j][1].dur <= waiter.start + TOLERANCE), None)
         if awaited is None or (awaited.id, waiter.id) in done:
             continue
         if awaited.start + awaited.dur <= waiter.start + TOLERANCE and awaited.start < waiter.start:

@@ -18,7 +18,7 @@ from google.protobuf.json_format import MessageToDict, MessageToJson
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.errors import BadInput
-from etweave.output import stage, write_atomic
+from etweave.output import commit, stage
 from etweave.read.source import input_limit, open_binary
 
 SCHEMA_VERSION = "0.0.4"
@@ -84,8 +84,7 @@ def is_gz_name(path: Path | str) -> bool:
 
 def write_et(path: Path, metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node]) -> None:
     """Stream to a temporary file beside `path`, renamed only once complete; gzip when `path` ends in `.gz`."""
-    chunks = _stream(metadata, nodes)
-    write_atomic(path, gzipped(chunks) if is_gz_name(path) else chunks)
+    commit([(stage_et(path, metadata, nodes), path)])
 
 
 def stage_et(path: Path, metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node], clean: bool = True) -> Path:

@@ -6,7 +6,6 @@ Exit 0 when clean, 3 on any violation, 2 when a file cannot be read.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -16,15 +15,15 @@ from pathlib import Path
 import orjson
 
 from etweave.chakra import et_def_pb2 as pb
-from etweave.chakra.io import GZIP_MAGIC, attr_value, et_files, read_et
+from etweave.chakra.io import GZIP_MAGIC, et_files, read_et
 from etweave.check import COMM_NODE_TYPES, Violation, check_metadata, check_nodes, check_run
 from etweave.errors import BadInput
 from etweave.progress import counted
 from etweave.read.source import read_plain
 from etweave.simulate.coverage import missing_ranks, run_ranks
+from etweave.simulate.load import trace_rank
 
 EXIT_OK, EXIT_CHECK = 0, 3
-_RANK_NAME = re.compile(r"^.+\.(\d+)\.et(?:\.gz)?$")  # <prefix>.<rank>.et, also gzipped
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -53,18 +52,8 @@ def _inputs(paths: Sequence[Path]) -> tuple[list[Path], Path | None]:
 
 
 def _rank_of(path: Path, metadata: pb.GlobalMetadata, only_file: bool) -> int:
-    match = _RANK_NAME.match(path.name)
-    if match:
-        return int(match.group(1))
-    # A file not named by rank may still say it in its metadata (etweave writes a `rank` attr).
-    for attr in metadata.attr:
-        if attr.name == "rank":
-            value = attr_value(attr)
-            if isinstance(value, int) and not isinstance(value, bool):
-                return value
-    if only_file:
-        return 0
-    raise BadInput(path, "cannot tell its rank: name it <prefix>.<rank>.et")
+    # the rule `simulate` reads a file's rank by (metadata attr, then file name), so both see one folder alike
+    return trace_rank(metadata, path, 0 if only_file else None)
 
 
 def _load_comm_group(path: Path) -> dict[str, list[int]]:

@@ -13,7 +13,7 @@ import orjson
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import chakra_json, iter_et, message_dict
-from etweave.output import write_atomic
+from etweave.output import check_outputs, write_atomic
 from etweave.progress import counted
 
 FORMATS = """\
@@ -40,6 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.output is not None:
+        check_outputs([("-o", args.output)], [args.trace])  # never the input itself
     metadata, nodes = iter_et(args.trace)
     nodes = counted(nodes, f"jsonizing {args.trace.name}", unit="nodes")
     chunks = chakra_chunks(metadata, nodes) if args.format == "chakra" else etweave_chunks(metadata, nodes)

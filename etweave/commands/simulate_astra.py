@@ -59,10 +59,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def check_arguments(args: argparse.Namespace) -> None:
     """Options that only one model reads, given to the other: a usage error, not silently ignored."""
     if args.model == "astra-sim":
-        for flag, value in (("--timeline", args.timeline), ("--plot", args.plot),
-                            ("--breakdown", getattr(args, "breakdown", None))):
+        for flag, value in (("--timeline", args.timeline), ("--plot", args.plot), ("--breakdown", args.breakdown),
+                            ("--csv", args.csv), ("--steps-csv", args.steps_csv)):
             if value is not None:
                 raise BadInput(flag, "not available with --model astra-sim")
+        if args.write_network is not None and args.network == "fitted-per-type":
+            raise BadInput("--write-network", "ASTRA-sim's network file holds one latency/bandwidth pair: "
+                                              "not available with --network fitted-per-type")
         if args.npus is not None and args.npus < 2:
             raise BadInput("--npus", "ASTRA-sim's analytical network refuses fewer than 2 NPUs")
     else:
@@ -119,14 +122,14 @@ def run_astra(args: argparse.Namespace, files: list[Path], groups: dict[str, lis
     }
     if fit is not None:
         summary["network_fit"] = fit.summary()
-    if args.write_network is not None:
-        write_network_yml(args.write_network, network, len(ranks), fit)
     if runs[0].stuck_count:
         if args.json:  # the stuck nodes are in the object too, as with the default model
             print_json(summary)
         raise CheckFailed("\n".join([*finished_lines(runs[0]),
                                      f"astra-sim model: {runs[0].stuck_count} nodes never finish; first ones:",
                                      *(f"  {s}" for s in runs[0].stuck)]))
+    if args.write_network is not None:  # only for a run that finished: a failed one leaves no file
+        write_network_yml(args.write_network, network, len(ranks), fit)
     return summary
 
 

@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     files = et_files(args.traces)
     # every output path checked before the replay (etweave.output.check_outputs: writable, not an input, distinct)
     outputs = (("--timeline", args.timeline), ("--plot", args.plot), ("--breakdown", args.breakdown),
-               ("--csv", args.csv), ("--steps-csv", args.steps_csv))
+               ("--csv", args.csv), ("--steps-csv", args.steps_csv), ("--write-network", args.write_network))
     check_outputs([(flag, path) for flag, path in outputs if path is not None], files)
     edits = [parse_edit(action, text) for action, text in args.edits]  # bad syntax fails before loading
     if edits and args.model == "astra-sim":

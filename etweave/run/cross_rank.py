@@ -15,6 +15,7 @@ from etweave.check import Violation, check_nodes, check_run, comm_type_name
 from etweave.collectives import classify
 from etweave.convert import assign_group_ids
 from etweave.errors import BadInput, CheckFailed
+from etweave.fidelity import RANK_START_OFFSET
 from etweave.model import PROCESS_ROOT
 from etweave.nodes import DEP_EVIDENCE, MARKER_KINDS
 from etweave.run.discover import Discovery
@@ -395,9 +396,10 @@ def assemble_run(outputs: Sequence[dict[str, Any]], allow_mismatch: bool = False
             "comm_nodes_matched": stats["collectives"],
             "adjusted": stats["adjusted"],
             "max_adjustment_micros": biggest[0],
-            # comm nodes that are only the first period of their op (gloo ops with child ops): their wait partly
-            # sits in the op's later [self] nodes, which this adjustment does not touch
+            # comm nodes that are only the first period of their op (gloo ops with child ops): the rest of their
+            # wait for the slowest member is cut from the op's later [self] nodes (`parts_adjusted` of them)
             "split_ops": stats["split_ops"],
+            "parts_adjusted": stats["parts_adjusted"],
             "unmeasured_matches": stats["unmeasured"],
             "not_overlapping_matches": stats["not_overlapping"],
         },
@@ -432,7 +434,7 @@ def _add_start_offset(nodes: list[pb.Node], start: int, run_t0: int) -> int:
     markers = {n.id for n in nodes if n.type == pb.METADATA_NODE or _kind(n) in MARKER_KINDS}
     roots = {n.id for n in nodes if n.id in markers and not n.data_deps and not n.ctrl_deps
              and _kind(n) == PROCESS_ROOT}
-    delay = pb.Node(id=max(n.id for n in nodes) + 1, name="[rank start offset]", type=pb.COMP_NODE,
+    delay = pb.Node(id=max(n.id for n in nodes) + 1, name=RANK_START_OFFSET, type=pb.COMP_NODE,
                     data_deps=sorted(roots), start_time_micros=run_t0, duration_micros=offset)
     delay.attr.add(name="kind", string_val="delay")
     delay.attr.add(name="is_cpu_op", bool_val=True)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.errors import BadInput
+from etweave.output import write_atomic
 from etweave.simulate.astra import AstraRank
 from etweave.simulate.network import (
     DATASET_SPLITS,
@@ -283,14 +284,8 @@ def network_yml(net: Network, npus: int, fit: NetworkFit | None = None) -> str:
 
 
 def write_network_yml(path: Path, net: Network, npus: int, fit: NetworkFit | None = None) -> None:
-    """Written whole or not at all (a temporary file renamed over the target)."""
+    """Written whole or not at all (etweave.output.write_atomic)."""
     if net.per_type:
         raise BadInput(path, "a network fitted per collective type has no ASTRA-sim config (it takes one latency "
                              "and bandwidth): write --network fitted or fitted-robust")
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(network_yml(replace(net, npus_count=npus), npus, fit))
-        tmp.replace(path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise BadInput(path, f"cannot write: {exc.strerror}") from exc
+    write_atomic(Path(path), network_yml(replace(net, npus_count=npus), npus, fit).encode())

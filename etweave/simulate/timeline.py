@@ -33,7 +33,6 @@ from etweave.simulate.metrics import measured_window
 
 NO_RESOURCE = "no resource"
 CRITICAL_TRACK = "critical path"
-HOST_OP = "host_op"
 
 
 @dataclass(slots=True, frozen=True)
