@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: example test bench bench-ranks bench-whatif lint
+.PHONY: example test unit bench bench-ranks bench-whatif lint
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,12 @@ example: $(BIN)/python
 test: $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
 	$(BIN)/ruff check etweave tests bench examples
+	$(BIN)/mypy
 	$(BIN)/pytest
+
+unit: $(BIN)/python
+	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pytest tests/unit
 
 bench: $(BIN)/python
 	$(BIN)/pip install -q -e .

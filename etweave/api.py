@@ -8,12 +8,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from etweave.chakra.io import et_files
 from etweave.errors import BadInput, CheckFailed
 from etweave.simulate.engine import Replay
 from etweave.simulate.timeline import NodeDetail
+
+if TYPE_CHECKING:  # imported on first use at run time: `import etweave` stays cheap
+    from etweave.convert import Result
+    from etweave.run import RunResult
 
 PathLike = str | Path
 
@@ -29,7 +33,7 @@ def example_run_dir() -> Path:
 
 def convert_pair(host: PathLike | None, device: PathLike | None, out: PathLike | None = None,
                  report: PathLike | None = None, *, rank: int | None = None, steps: str | None = None,
-                 window: str | None = None, allow_mismatch: bool = False) -> Any:
+                 window: str | None = None, allow_mismatch: bool = False) -> Result:
     """One rank's host ET and/or Kineto trace -> a `Result` (`.report`, `.nodes`, `.graph`). With `out`, the
     `.et` file is written (`.gz` name: gzip) and `report` too, as `etweave convert` does; without, nothing is
     written and the nodes are built on first use of `.nodes`. `steps` "A:B" / `window` "START:END" and
@@ -55,7 +59,7 @@ def convert_pair(host: PathLike | None, device: PathLike | None, out: PathLike |
 
 
 def convert_run(run_dir: PathLike, out_dir: PathLike, *, prefix: str = "trace", allow_mismatch: bool = False,
-                jobs: int | None = None, scheduler: str | None = None) -> Any:
+                jobs: int | None = None, scheduler: str | None = None) -> RunResult:
     """Every rank of a run folder -> `out_dir` (`<prefix>.<rank>.et`, comm_group.json, report.json), as
     `etweave convert-run` does; returns the `RunResult` (`.report`, `.comm_group`, `.ranks`)."""
     from etweave.run import convert_run as run_whole

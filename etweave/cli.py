@@ -12,6 +12,7 @@ import re
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import NoReturn
 
 import etweave
 from etweave import __version__, progress
@@ -26,7 +27,7 @@ class _Parser(argparse.ArgumentParser):
 
     option_pool: list[str] = []  # noqa: RUF012 (set per parse in main: the options of the subcommand given)
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         super().error(message + _suggestion(message, self.option_pool or list(self._option_string_actions)))
 
 

@@ -218,7 +218,7 @@ def collect(run_dir: str | os.PathLike[str], rank: int | None = None, *, steps: 
         raise
     finally:
         # Exiting stops at the current step boundary; inside the active window it saves what was recorded.
-        prof.__exit__(None, None, None)
+        prof.__exit__(None, None, None)  # type: ignore[no-untyped-call]  # torch leaves profile.__exit__ unannotated
         observer.unregister_callback()  # no-op when on_trace_ready finalized it
         for tmp in (host_raw, host_tmp, kineto_tmp):
             tmp.unlink(missing_ok=True)

@@ -67,8 +67,9 @@ def measure(nodes: Sequence[pb.Node]) -> Fidelity:
     t1 = max((n.start_time_micros + n.duration_micros for n in measured), default=0)
     for n in measured:  # a comm node shortened to its transfer time still ended at its measured end
         a = node_attrs(n)
-        if "measured_duration_micros" in a:
-            t1 = max(t1, n.start_time_micros + int(a["measured_duration_micros"]))  # type: ignore[arg-type]
+        measured_duration = a.get("measured_duration_micros")
+        if isinstance(measured_duration, (int, float)):  # an int64_val attr, as convert-run writes it
+            t1 = max(t1, n.start_time_micros + int(measured_duration))
     span = float(t1 - t0)
     start = asap(nodes)
     cp = max((start[n.id] + n.duration_micros for n in nodes), default=0.0)
@@ -137,6 +138,18 @@ def critical_path(nodes: Sequence[PathNode], durations: dict[int, float] | None 
     if durations:
         for i, d in durations.items():
             dur[index[i]] = d
+    start, decided = _longest_starts(nodes, index, dur)
+    last = max(range(len(nodes)), key=lambda k: (start[k] + dur[k], -nodes[k].id))
+    path = [last]
+    while decided[path[-1]] >= 0:
+        path.append(decided[path[-1]])
+    path.reverse()
+    return start[last] + dur[last], [nodes[k].id for k in path]
+
+
+def _longest_starts(nodes: Sequence[PathNode], index: dict[int, int],
+                    dur: list[float]) -> tuple[list[float], list[int]]:
+    """Each node's latest predecessor end (unlimited resources), and the predecessor that decided it (-1: none)."""
     succ: list[list[int]] = [[] for _ in nodes]
     indeg = [0] * len(nodes)
     for k, n in enumerate(nodes):
@@ -155,12 +168,7 @@ def critical_path(nodes: Sequence[PathNode], durations: dict[int, float] | None 
             indeg[j] -= 1
             if indeg[j] == 0:
                 ready.append(j)
-    last = max(range(len(nodes)), key=lambda k: (start[k] + dur[k], -nodes[k].id))
-    path = [last]
-    while decided[path[-1]] >= 0:
-        path.append(decided[path[-1]])
-    path.reverse()
-    return start[last] + dur[last], [nodes[k].id for k in path]
+    return start, decided
 
 
 def delay_share(nodes: Sequence[PathNode]) -> DelayShare:

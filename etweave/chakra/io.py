@@ -10,9 +10,9 @@ import gzip
 import inspect
 import io
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, BinaryIO, cast
 
 from google.protobuf.json_format import MessageToDict, MessageToJson
 
@@ -25,6 +25,7 @@ SCHEMA_VERSION = "0.0.4"
 GZIP_MAGIC = b"\x1f\x8b"
 _CHUNK = 1 << 20  # bytes read at a time: memory stays bounded by the largest message, not the file
 _MAX_VARINT = 10  # bytes of a 64-bit varint
+_ByteStream = BinaryIO | gzip.GzipFile  # what the .et reader reads from: a file, a pipe's bytes, or a gunzip view
 
 
 def varint_bytes(value: int) -> bytes:
@@ -110,7 +111,7 @@ def et_files(paths: Iterable[Path]) -> list[Path]:
     return files
 
 
-def _raw_messages(stream: IO[bytes], path: Path | str) -> Iterator[bytes]:
+def _raw_messages(stream: _ByteStream, path: Path | str) -> Iterator[bytes]:
     """Each length-prefixed message's bytes, reading `stream` a chunk at a time."""
     buf, pos, base, eof = b"", 0, 0, False  # base: file offset of buf[0], for messages
     limit = input_limit()
@@ -142,14 +143,14 @@ def _raw_messages(stream: IO[bytes], path: Path | str) -> Iterator[bytes]:
         buf, pos = buf[pos:] + chunk, 0
 
 
-def _read(stream: IO[bytes], size: int, path: Path | str) -> bytes:
+def _read(stream: _ByteStream, size: int, path: Path | str) -> bytes:
     try:
         return stream.read(size)
     except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
         raise BadInput(path, f"corrupt gzip data: {exc}") from exc
 
 
-def _open(path: Path) -> tuple[IO[bytes], IO[bytes]]:
+def _open(path: Path) -> tuple[BinaryIO, _ByteStream]:
     """(the file, what to read from it): the file itself, or a gunzipping view of it."""
     raw = open_binary(path)  # a pipe is read whole first; a device or a folder is refused
     try:
@@ -158,7 +159,7 @@ def _open(path: Path) -> tuple[IO[bytes], IO[bytes]]:
     except OSError as exc:
         raw.close()
         raise BadInput(path, f"cannot read: {exc.strerror or exc}") from exc
-    return raw, (gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw)  # type: ignore[return-value]
+    return raw, (gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw)
 
 
 def _parse_stream(messages: Iterator[bytes], path: Path | str) -> Iterator[pb.GlobalMetadata | pb.Node]:
@@ -185,7 +186,7 @@ def iter_et(path: Path) -> tuple[pb.GlobalMetadata, Iterator[pb.Node]]:
     path = Path(path)
     raw, stream = _open(path)
 
-    def messages() -> Iterator[pb.GlobalMetadata | pb.Node]:
+    def messages() -> Generator[pb.GlobalMetadata | pb.Node, None, None]:
         with raw, stream:
             yield from _parse_stream(_raw_messages(stream, path), path)
 
@@ -195,7 +196,8 @@ def iter_et(path: Path) -> tuple[pb.GlobalMetadata, Iterator[pb.Node]]:
     except BaseException:
         it.close()
         raise
-    return metadata, it  # type: ignore[return-value]
+    # _parse_stream yields the GlobalMetadata first, then only Nodes
+    return cast(pb.GlobalMetadata, metadata), cast(Iterator[pb.Node], it)
 
 
 def read_et(path: Path) -> tuple[pb.GlobalMetadata, list[pb.Node]]:
@@ -208,7 +210,7 @@ def parse(data: bytes, path: Path | str = "<memory>") -> tuple[pb.GlobalMetadata
     """The inverse of `serialize`: a GlobalMetadata, then the nodes."""
     it = _parse_stream(_raw_messages(io.BytesIO(data), path), path)
     metadata = next(it)
-    return metadata, list(it)  # type: ignore[return-value, arg-type]
+    return cast(pb.GlobalMetadata, metadata), cast(list[pb.Node], list(it))  # metadata first, then only Nodes
 
 
 def attr_value(attr: pb.AttributeProto) -> object:
@@ -224,6 +226,17 @@ def node_attrs(node: pb.Node) -> dict[str, object]:
     return {a.name: attr_value(a) for a in node.attr}
 
 
+def node_type_name(value: int) -> str:
+    """The name of a NodeType value held as a plain int ("COMP_NODE"); ValueError for an unknown value."""
+    return pb.NodeType.Name(cast("pb.NodeType.ValueType", value))
+
+
+def comm_type_name(value: int) -> str:
+    """The name of a CollectiveCommType value held as a plain int ("ALL_REDUCE"); ValueError for an unknown
+    value."""
+    return pb.CollectiveCommType.Name(cast("pb.CollectiveCommType.ValueType", value))
+
+
 # protobuf renamed MessageToDict's "print fields left at their default" option in 5.26 (the old name is gone in
 # 6.x); etweave supports both sides of that (README: protobuf floor).
 _ALL_FIELDS: dict[str, Any] = (
@@ -234,7 +247,7 @@ _ALL_FIELDS: dict[str, Any] = (
 
 def message_dict(msg: pb.GlobalMetadata | pb.Node) -> dict[str, object]:
     """One message as `etweave jsonize` prints it: proto field names, fields at their default included."""
-    return MessageToDict(msg, preserving_proto_field_name=True, **_ALL_FIELDS)  # type: ignore[arg-type]
+    return MessageToDict(msg, preserving_proto_field_name=True, **_ALL_FIELDS)
 
 
 def to_json(metadata: pb.GlobalMetadata, nodes: list[pb.Node]) -> dict[str, object]:
@@ -245,4 +258,4 @@ def to_json(metadata: pb.GlobalMetadata, nodes: list[pb.Node]) -> dict[str, obje
 def chakra_json(msg: pb.GlobalMetadata | pb.Node) -> str:
     """One message exactly as Chakra's `chakra_jsonizer` writes it: `MessageToJson` with its defaults (JSON
     camelCase names, fields at their default left out, 64-bit integers as strings, indent 2)."""
-    return MessageToJson(msg)  # type: ignore[arg-type]
+    return MessageToJson(msg)

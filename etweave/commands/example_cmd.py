@@ -24,7 +24,7 @@ def example_dir() -> Path:
     return Path(str(resources.files("etweave") / "examples" / "gloo_w2"))
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("example", help="convert the bundled example run and print the audit summary")
     p.add_argument("-o", "--output", type=Path, default=Path("etweave-example"),
                    help="output folder (default: ./etweave-example)")

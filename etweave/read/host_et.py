@@ -125,6 +125,49 @@ def read_host_et(path: Path) -> HostTrace:
 
 
 def _op(path: Path, index: int, node: Any) -> HostOp:
+    node_id, name = _id_and_name(path, index, node)
+    nested = "attrs" in node
+    attrs: dict[str, Any]
+    if nested:  # 1.0.2-chakra and later: parent in ctrl_deps, fields in attrs
+        attrs = {a["name"]: a.get("value") for a in _attr_list(path, index, node["attrs"])}
+        parent_field = "ctrl_deps"
+        inputs, outputs = _io_nested(node.get("inputs")), _io_nested(node.get("outputs"))
+    else:  # 1.0.1 flat
+        attrs = node
+        parent_field = "parent"
+        inputs = IO(_list(node.get("inputs")), _list(node.get("input_shapes")), _list(node.get("input_types")))
+        outputs = IO(_list(node.get("outputs")), _list(node.get("output_shapes")), _list(node.get("output_types")))
+    _check_writable(path, index, node_id, inputs, outputs)
+    extra = {k: v for k, v in attrs.items() if k not in _CORE_ATTRS} if nested else {}
+
+    def field(name: str, default: int = 0) -> int:
+        value = node.get(name, default) if name == parent_field else attrs.get(name, default)
+        # Missing or mistyped optional fields default rather than reject: the field is not needed to keep the op.
+        if type(value) is not int:  # bool too
+            return default
+        if not widths.INT64_MIN <= value <= widths.INT64_MAX:
+            widths.int64(path, f"nodes[{index}] (id {node_id}): '{name}'", value)
+        return value
+
+    op_schema = attrs.get("op_schema", "")
+    return HostOp(
+        id=node_id,
+        name=name,
+        parent=field(parent_field),
+        et_tid=field("tid"),
+        rf_id=field("rf_id"),
+        seq_id=field("seq_id", -1),
+        fw_parent=field("fw_parent"),
+        fw_tid=field("fw_tid"),
+        scope=field("scope"),
+        op_schema=op_schema if isinstance(op_schema, str) else "",
+        inputs=inputs,
+        outputs=outputs,
+        extra=extra,
+    )
+
+
+def _id_and_name(path: Path, index: int, node: Any) -> tuple[int, str]:
     if not isinstance(node, dict):
         raise BadInput(path, f"nodes[{index}] is not an object")
     try:
@@ -136,47 +179,16 @@ def _op(path: Path, index: int, node: Any) -> HostOp:
         raise BadInput(path, f"nodes[{index}]: 'id' must be an integer and 'name' a string")
     if node_id < 0 or node_id >= 1 << 63:
         raise BadInput(path, f"nodes[{index}]: id {node_id} out of range")
-    if "attrs" in node:  # 1.0.2-chakra and later: parent in ctrl_deps, fields in attrs
-        attrs = {a.get("name"): a.get("value") for a in _attr_list(path, index, node["attrs"])}
-        parent_field = "ctrl_deps"
-        inputs, outputs = _io_nested(node.get("inputs")), _io_nested(node.get("outputs"))
-    else:  # 1.0.1 flat
-        attrs = node
-        parent_field = "parent"
-        inputs = IO(_list(node.get("inputs")), _list(node.get("input_shapes")), _list(node.get("input_types")))
-        outputs = IO(_list(node.get("outputs")), _list(node.get("output_shapes")), _list(node.get("output_types")))
+    return node_id, name
+
+
+def _check_writable(path: Path, index: int, node_id: int, inputs: IO, outputs: IO) -> None:
     for side, io in (("inputs", inputs), ("outputs", outputs)):
         try:  # the .et IOInfo is JSON written by orjson: what it cannot write is refused here (C-fast check)
             orjson.dumps((io.values, io.shapes, io.types))
         except TypeError as exc:
             raise BadInput(path, f"nodes[{index}] (id {node_id}): '{side}' nested more than "
                                  f"{widths.MAX_NESTING} levels deep") from exc
-    extra = {k: v for k, v in attrs.items() if k not in _CORE_ATTRS} if "attrs" in node else {}
-
-    def field(name: str, default: int = 0) -> int:
-        value = node.get(name, default) if name == parent_field else attrs.get(name, default)
-        # Missing or mistyped optional fields default rather than reject: the field is not needed to keep the op.
-        if type(value) is not int:  # bool too
-            return default
-        if not widths.INT64_MIN <= value <= widths.INT64_MAX:
-            widths.int64(path, f"nodes[{index}] (id {node_id}): '{name}'", value)
-        return value
-
-    return HostOp(
-        id=node_id,
-        name=name,
-        parent=field(parent_field),
-        et_tid=field("tid"),
-        rf_id=field("rf_id"),
-        seq_id=field("seq_id", -1),
-        fw_parent=field("fw_parent"),
-        fw_tid=field("fw_tid"),
-        scope=field("scope"),
-        op_schema=attrs.get("op_schema", "") if isinstance(attrs.get("op_schema", ""), str) else "",
-        inputs=inputs,
-        outputs=outputs,
-        extra=extra,
-    )
 
 
 def _attr_list(path: Path, index: int, attrs: Any) -> Iterator[dict[str, Any]]:

@@ -17,7 +17,7 @@ import stat
 import time
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import BinaryIO
 
 from etweave.errors import BadInput
 
@@ -92,7 +92,7 @@ def read_plain(path: Path, limit: int | None = None) -> bytes:
         raise BadInput(path, f"cannot read: {exc.strerror or exc}") from exc
 
 
-def open_binary(path: Path) -> Any:
+def open_binary(path: Path) -> BinaryIO:
     """A binary stream to read the file from (a reader that streams, like the .et reader): the file itself, or
     a pipe's bytes read whole first (under the input limit); a device or a folder is bad input."""
     try:
@@ -115,7 +115,7 @@ def _kind(path: Path) -> str:
     return "file"
 
 
-def _read_regular(f: Any, size: int, path: Path, limit: int) -> bytes:
+def _read_regular(f: BinaryIO, size: int, path: Path, limit: int) -> bytes:
     if size > limit:
         raise BadInput(path, f"larger than the {limit} byte input limit (ETWEAVE_MAX_INPUT_BYTES)")
     return f.read()
@@ -177,7 +177,30 @@ def _had_writer(fd: int) -> bool:
     return any(ev & select.POLLHUP for _, ev in poller.poll(0))
 
 
-def _gunzip(f: Any, size: int, path: Path, limit: int) -> bytearray:
+class _BoundedBuffer:
+    """Decompressed bytes in one buffer sized from a first guess; refuses to grow past the input limit."""
+
+    __slots__ = ("limit", "out", "path", "pos")
+
+    def __init__(self, guess: int, limit: int, path: Path) -> None:
+        self.out = bytearray(guess)
+        self.pos = 0
+        self.limit = limit
+        self.path = path
+
+    def put(self, data: bytes) -> None:
+        end = self.pos + len(data)
+        if end > self.limit:
+            raise BadInput(self.path, f"decompresses to more than the {self.limit} byte input limit (a gzip bomb? "
+                                      "ETWEAVE_MAX_INPUT_BYTES sets the limit)")
+        if end <= len(self.out):
+            self.out[self.pos:end] = data
+        else:  # the guess was short (over 4 GiB, or several members): grow
+            self.out[self.pos:] = data
+        self.pos = end
+
+
+def _gunzip(f: BinaryIO, size: int, path: Path, limit: int) -> bytearray:
     """Decompress in bounded chunks (a bomb fails at the limit instead of exhausting memory) into a buffer sized
     from the gzip trailer, so a large trace is held once, not copied on every growth or at the end. Every member
     of a multi-member file is read, each under the same limit."""
@@ -187,44 +210,36 @@ def _gunzip(f: Any, size: int, path: Path, limit: int) -> bytearray:
     expected = int.from_bytes(f.read(4), "little")  # ISIZE: the size mod 2**32; only a first guess
     f.seek(0)
     # deflate expands at most ~1032:1, so a lying trailer cannot make us allocate more than that
-    out = bytearray(min(expected, limit + 1, size * 1032))
-    pos = 0
-
-    def put(data: bytes) -> None:
-        nonlocal pos
-        end = pos + len(data)
-        if end > limit:
-            raise BadInput(path, f"decompresses to more than the {limit} byte input limit (a gzip bomb? "
-                                 "ETWEAVE_MAX_INPUT_BYTES sets the limit)")
-        if end <= len(out):
-            out[pos:end] = data
-        else:  # the guess was short (over 4 GiB, or several members): grow
-            out[pos:] = data
-        pos = end
-
-    d = zlib.decompressobj(wbits=31)
-    pending = b""
+    buf = _BoundedBuffer(min(expected, limit + 1, size * 1032), limit, path)
     try:
-        while True:
-            if not pending:
-                pending = f.read(_CHUNK)
-                if not pending:
-                    break
-            if d.eof:  # the previous member ended and bytes follow: the next member
-                d = zlib.decompressobj(wbits=31)
-            put(d.decompress(pending, _CHUNK))
-            pending = d.unused_data if d.eof else d.unconsumed_tail
-        while not d.eof:  # input ended: what zlib still holds, then the verdict
-            data = d.decompress(b"", _CHUNK)
-            if not data:
-                break
-            put(data)
-        if not d.eof:
+        if not _inflate_members(f, buf):
             raise BadInput(path, "truncated gzip stream")
     except (zlib.error, gzip.BadGzipFile, EOFError) as exc:
         raise BadInput(path, f"corrupt gzip data: {exc}") from exc
     except MemoryError as exc:
-        raise BadInput(path, f"does not fit in memory once decompressed ({pos} bytes so far)") from exc
-    del out[pos:]
-    return out
+        raise BadInput(path, f"does not fit in memory once decompressed ({buf.pos} bytes so far)") from exc
+    del buf.out[buf.pos:]
+    return buf.out
+
+
+def _inflate_members(f: BinaryIO, buf: _BoundedBuffer) -> bool:
+    """Every gzip member of `f`, decompressed `_CHUNK` bytes at a time into `buf`; False when the last member
+    has no end (a truncated stream)."""
+    d = zlib.decompressobj(wbits=31)
+    pending = b""
+    while True:
+        if not pending:
+            pending = f.read(_CHUNK)
+            if not pending:
+                break
+        if d.eof:  # the previous member ended and bytes follow: the next member
+            d = zlib.decompressobj(wbits=31)
+        buf.put(d.decompress(pending, _CHUNK))
+        pending = d.unused_data if d.eof else d.unconsumed_tail
+    while not d.eof:  # input ended: what zlib still holds, then the verdict
+        data = d.decompress(b"", _CHUNK)
+        if not data:
+            break
+        buf.put(data)
+    return d.eof
 

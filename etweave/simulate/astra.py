@@ -30,7 +30,7 @@ from pathlib import Path
 from sys import intern
 
 from etweave.chakra import et_def_pb2 as pb
-from etweave.chakra.io import attr_value, iter_et
+from etweave.chakra.io import attr_value, iter_et, node_type_name
 from etweave.errors import BadInput
 from etweave.simulate.engine import GraphError
 from etweave.simulate.load import trace_rank
@@ -162,225 +162,298 @@ def simulate(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[int]], ne
     if collectives not in COLLECTIVE_TIMING:
         raise ValueError(f"collectives must be one of {COLLECTIVE_TIMING}")
     ranks = list(ranks)
-    rank_of = [rg.rank for rg in ranks]
-    index_of_rank = {r: ri for ri, r in enumerate(rank_of)}
+    index_of_rank = {rg.rank: ri for ri, rg in enumerate(ranks)}
     if len(index_of_rank) != len(ranks):
         raise GraphError(None, "a rank is given more than once")
-    npus = len(ranks)
-    notes: list[str] = []
+    flat = _flatten(ranks, slots, slotless_kinds)
+    instances = _collective_instances(ranks, flat, groups, index_of_rank)
+    peer, alone = _send_recv_peers(ranks, flat, index_of_rank)
+    notes = [f"{alone} send/recv nodes have no peer among the NPUs given: replayed alone"] if alone else []
+    loop = _EventLoop(ranks, flat, instances, peer, network, collectives)
+    loop.run()
+    n = len(flat.kind)
+    finished: list[int | None] = []
+    for ri, rg in enumerate(ranks):
+        span = range(flat.offset[ri], flat.offset[ri] + len(rg.nodes))
+        finished.append(None if any(not loop.done[g] for g in span) else max((loop.end[g] for g in span), default=0))
+    run = AstraRun(ranks=ranks, collectives=collectives, slots=slots, finished_ns=finished,
+                   slot_wait_ns=loop.slot_wait, blocked_by=[dict(b) for b in loop.blocked], notes=notes)
+    stuck = [g for g in range(n) if not loop.done[g]]
+    run.stuck_count = len(stuck)
+    run.stuck = _stuck_lines(ranks, flat, loop, stuck)
+    return run
 
-    # --- flatten: global index g = offset[rank index] + node index
+
+@dataclass(slots=True)
+class _Flat:
+    """Every node of every rank at one global index g = offset[rank index] + node index, in parallel lists."""
+
+    offset: list[int]
+    kind: list[int]  # _COMP, _COLL, ...
+    slot: list[int]  # CPU, GPU, COMM or FREE
+    dur_ns: list[int]  # own time: duration_micros × 1000, 0 → 1 ns
+    node_id: list[int]
+    owner: list[int]  # rank index
+    indeg: list[int]
+    children: list[list[int]]
+
+    def node(self, ranks: Sequence[AstraRank], g: int) -> AstraNode:
+        ri = self.owner[g]
+        return ranks[ri].nodes[g - self.offset[ri]]
+
+
+def _flatten(ranks: Sequence[AstraRank], slots: bool, slotless_kinds: Collection[str]) -> _Flat:
     offset, n = [], 0
     for rg in ranks:
         offset.append(n)
         n += len(rg.nodes)
-    kind = [_COMP] * n
-    slot = [CPU] * n
-    dur_ns = [0] * n  # own time: duration_micros × 1000, 0 → 1 ns
-    node_id = [0] * n
-    owner = [0] * n
-    indeg = [0] * n
-    children: list[list[int]] = [[] for _ in range(n)]
+    flat = _Flat(offset=offset, kind=[_COMP] * n, slot=[CPU] * n, dur_ns=[0] * n, node_id=[0] * n, owner=[0] * n,
+                 indeg=[0] * n, children=[[] for _ in range(n)])
     for ri, rg in enumerate(ranks):
-        pos: dict[int, int] = {}
-        for i, nd in enumerate(rg.nodes):
-            if nd.id in pos:
-                raise GraphError(ri, f"node id {nd.id} appears twice")
-            pos[nd.id] = offset[ri] + i
+        pos = _positions(ri, rg, offset[ri])
         for i, nd in enumerate(rg.nodes):
             g = offset[ri] + i
-            kind[g], slot[g] = _kind_and_slot(nd, ri)
+            flat.kind[g], flat.slot[g] = _kind_and_slot(nd, ri)
             if nd.kind in slotless_kinds:
-                slot[g] = FREE
-            dur_ns[g] = max(1, nd.duration_us * 1000)
-            node_id[g] = nd.id
-            owner[g] = ri
+                flat.slot[g] = FREE
+            flat.dur_ns[g] = max(1, nd.duration_us * 1000)
+            flat.node_id[g] = nd.id
+            flat.owner[g] = ri
             for d in set(nd.deps):
                 p = pos.get(d)
                 if p is None:
                     raise GraphError(ri, f"node {nd.id} depends on node {d}, which is not in the file")
-                children[p].append(g)
-                indeg[g] += 1
+                flat.children[p].append(g)
+                flat.indeg[g] += 1
     if not slots:
-        slot = [FREE] * n
+        flat.slot = [FREE] * n
+    return flat
 
-    # --- collective instances: the k-th of a group on each member rank (ascending id)
-    inst_of = [-1] * n
-    inst_nodes: list[list[int]] = []
-    inst_size: list[int] = []  # members among the NPUs given
+
+def _positions(ri: int, rg: AstraRank, base: int) -> dict[int, int]:
+    """Node id -> global index, for one rank; a repeated id is a GraphError."""
+    pos: dict[int, int] = {}
+    for i, nd in enumerate(rg.nodes):
+        if nd.id in pos:
+            raise GraphError(ri, f"node id {nd.id} appears twice")
+        pos[nd.id] = base + i
+    return pos
+
+
+@dataclass(slots=True)
+class _Instances:
+    """Collective instances: the k-th collective of a group on each member rank (ascending id)."""
+
+    of: list[int]  # per global index: its instance, -1 = none
+    nodes: list[list[int]] = field(default_factory=list)  # per instance: its nodes among the NPUs given
+    size: list[int] = field(default_factory=list)  # per instance: the group's members among the NPUs given
+
+
+def _collective_instances(ranks: Sequence[AstraRank], flat: _Flat, groups: Mapping[str, Sequence[int]],
+                          index_of_rank: Mapping[int, int]) -> _Instances:
+    instances = _Instances(of=[-1] * len(flat.kind))
     per_pg: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
-    for g in range(n):
-        if kind[g] == _COLL:
-            ri = owner[g]
-            per_pg[ranks[ri].nodes[g - offset[ri]].pg][ri].append(g)
+    for g, k in enumerate(flat.kind):
+        if k == _COLL:
+            per_pg[flat.node(ranks, g).pg][flat.owner[g]].append(g)
     for pg, by_rank in sorted(per_pg.items()):
-        if pg in ("", "0"):
-            members = list(range(npus))
-        elif pg not in groups:
-            ri = min(by_rank)
-            raise GraphError(ri, f"collective node {node_id[by_rank[ri][0]]} uses pg_name {pg!r}, which the "
-                                 "comm-group map does not list")
-        else:
-            members = sorted(index_of_rank[r] for r in groups[pg] if r in index_of_rank)
-            outside = [ri for ri in by_rank if ri not in members]
-            if outside:
-                raise GraphError(outside[0], f"rank {rank_of[outside[0]]} issues collectives of pg {pg!r}, "
-                                             f"whose members are {sorted(groups[pg])}")
+        members = _members(ranks, flat, pg, by_rank, groups, index_of_rank)
         for lst in by_rank.values():
-            lst.sort(key=lambda g: node_id[g])
+            lst.sort(key=lambda g: flat.node_id[g])
         for k in range(max(len(v) for v in by_rank.values())):
             inst = [by_rank[ri][k] for ri in members if k < len(by_rank.get(ri, []))]
             for g in inst:
-                inst_of[g] = len(inst_nodes)
-            inst_nodes.append(inst)
-            inst_size.append(len(members))
+                instances.of[g] = len(instances.nodes)
+            instances.nodes.append(inst)
+            instances.size.append(len(members))
+    return instances
 
-    # --- send/recv channels
-    peer = [_ALONE] * n
+
+def _members(ranks: Sequence[AstraRank], flat: _Flat, pg: str, by_rank: Mapping[int, list[int]],
+             groups: Mapping[str, Sequence[int]], index_of_rank: Mapping[int, int]) -> list[int]:
+    """The rank indices of group `pg`'s members among the NPUs given; a collective of a group the comm-group map
+    does not list, or issued by a rank outside the group, is a GraphError."""
+    if pg in ("", "0"):
+        return list(range(len(ranks)))
+    if pg not in groups:
+        ri = min(by_rank)
+        raise GraphError(ri, f"collective node {flat.node_id[by_rank[ri][0]]} uses pg_name {pg!r}, which the "
+                             "comm-group map does not list")
+    members = sorted(index_of_rank[r] for r in groups[pg] if r in index_of_rank)
+    outside = [ri for ri in by_rank if ri not in members]
+    if outside:
+        raise GraphError(outside[0], f"rank {ranks[outside[0]].rank} issues collectives of pg {pg!r}, "
+                                     f"whose members are {sorted(groups[pg])}")
+    return members
+
+
+def _send_recv_peers(ranks: Sequence[AstraRank], flat: _Flat,
+                     index_of_rank: Mapping[int, int]) -> tuple[list[int], int]:
+    """Per global index, the matching send or recv (_ALONE: none among the NPUs given, _NEVER: never issued), and
+    how many send/recv nodes have no peer among the NPUs given."""
+    peer = [_ALONE] * len(flat.kind)
     sends: dict[tuple[int, int, int], list[int]] = defaultdict(list)
     recvs: dict[tuple[int, int, int], list[int]] = defaultdict(list)
-    for g in range(n):
-        if kind[g] in (_SEND, _RECV):
-            ri = owner[g]
-            nd = ranks[ri].nodes[g - offset[ri]]
+    for g, k in enumerate(flat.kind):
+        if k in (_SEND, _RECV):
+            nd = flat.node(ranks, g)
             if nd.comm_src is None or nd.comm_dst is None or nd.comm_tag is None:
-                raise GraphError(ri, f"send/recv node {nd.id} lacks comm_src, comm_dst or comm_tag")
-            (sends if kind[g] == _SEND else recvs)[(nd.comm_src, nd.comm_dst, nd.comm_tag)].append(g)
+                raise GraphError(flat.owner[g], f"send/recv node {nd.id} lacks comm_src, comm_dst or comm_tag")
+            (sends if k == _SEND else recvs)[(nd.comm_src, nd.comm_dst, nd.comm_tag)].append(g)
     alone = 0
     for table, other_table, peer_side in ((sends, recvs, 1), (recvs, sends, 0)):
         for key, lst in table.items():
-            lst.sort(key=lambda g: node_id[g])
-            other = sorted(other_table.get(key, []), key=lambda g: node_id[g])
+            lst.sort(key=lambda g: flat.node_id[g])
+            other = sorted(other_table.get(key, []), key=lambda g: flat.node_id[g])
             for k, g in enumerate(lst):
-                own = key[1 - peer_side]
-                if ranks[owner[g]].replica or key[peer_side] not in index_of_rank or own != rank_of[owner[g]]:
+                rg = ranks[flat.owner[g]]
+                if rg.replica or key[peer_side] not in index_of_rank or key[1 - peer_side] != rg.rank:
                     alone += 1
                 else:
                     peer[g] = other[k] if k < len(other) else _NEVER
-    if alone:
-        notes.append(f"{alone} send/recv nodes have no peer among the NPUs given: replayed alone")
+    return peer, alone
 
-    def coll_ns(g: int) -> int:
-        if collectives == "duration":
-            return dur_ns[g]
-        nd = ranks[owner[g]].nodes[g - offset[owner[g]]]
-        return collective_ns(network, nd.comm_type or 0, nd.comm_size, inst_size[inst_of[g]])
 
-    def p2p_ns(g: int) -> int:
-        if collectives == "duration":
-            return dur_ns[g]
-        nd = ranks[owner[g]].nodes[g - offset[owner[g]]]
-        return send_ns(network, nd.comm_size, nd.comm_src or 0, nd.comm_dst or 0, npus)
+class _EventLoop:
+    """The replay: events (time, sequence, g) complete in time order, equal times in the order they were
+    scheduled; whenever a node of a rank finishes, that rank's ready nodes issue as ASTRA-sim issues them."""
 
-    # --- the event loop: (time, sequence, g); equal times complete in the order they were scheduled
-    issue_t = [-1] * n
-    ready_t = [-1] * n
-    end = [-1] * n
-    done = [False] * n
-    busy = [[False] * 3 for _ in ranks]
-    ready: list[list[list[tuple[int, int]]]] = [[[] for _ in range(4)] for _ in ranks]  # (node id, g) heaps
-    arrived = [0] * len(inst_nodes)
-    slot_wait = [[0] * 3 for _ in ranks]
-    holder = [[-1] * 3 for _ in ranks]
-    since = [[0] * 3 for _ in ranks]  # when each slot's (holder, someone waiting) state was last accounted
-    blocked: list[dict[tuple[int, str], int]] = [defaultdict(int) for _ in ranks]
-    kind_name = [nd.kind or pb.NodeType.Name(nd.type) for rg in ranks for nd in rg.nodes]
-    events: list[tuple[int, int, int]] = []
-    seq = 0
-    push, pop = heapq.heappush, heapq.heappop
+    def __init__(self, ranks: Sequence[AstraRank], flat: _Flat, instances: _Instances, peer: list[int],
+                 network: Network, collectives: str) -> None:
+        n = len(flat.kind)
+        self.ranks, self.flat, self.instances, self.peer = ranks, flat, instances, peer
+        self.network, self.collectives = network, collectives
+        self.issue_t = [-1] * n
+        self.ready_t = [-1] * n
+        self.end = [-1] * n
+        self.done = [False] * n
+        self.busy = [[False] * 3 for _ in ranks]
+        self.ready: list[list[list[tuple[int, int]]]] = [[[] for _ in range(4)] for _ in ranks]  # (node id, g)
+        self.arrived = [0] * len(instances.nodes)
+        self.slot_wait = [[0] * 3 for _ in ranks]  # per rank index and slot: ready → issue, summed
+        self.holder = [[-1] * 3 for _ in ranks]
+        self.since = [[0] * 3 for _ in ranks]  # when each slot's (holder, someone waiting) state was last accounted
+        self.blocked: list[dict[tuple[int, str], int]] = [defaultdict(int) for _ in ranks]
+        self.kind_name = [nd.kind or node_type_name(nd.type) for rg in ranks for nd in rg.nodes]
+        self.events: list[tuple[int, int, int]] = []
+        self.seq = 0
 
-    def finish_at(g: int, t: int) -> None:
-        nonlocal seq
-        end[g] = t
-        seq += 1
-        push(events, (t, seq, g))
+    def run(self) -> None:
+        flat, indeg, children, slot = self.flat, self.flat.indeg, self.flat.children, self.flat.slot
+        for g in range(len(flat.kind)):
+            if indeg[g] == 0:
+                self.make_ready(g, 0)
+        for ri in range(len(self.ranks)):
+            self.issue_ready(ri, 0)
+        events, pop = self.events, heapq.heappop
+        while events:
+            t, _, g = pop(events)
+            self.done[g] = True
+            ri = flat.owner[g]
+            self.account_slots(ri, t)
+            if slot[g] != FREE:
+                self.busy[ri][slot[g]] = False
+                self.holder[ri][slot[g]] = -1
+            for c in children[g]:
+                indeg[c] -= 1
+                if indeg[c] == 0:
+                    self.make_ready(c, t)
+            self.issue_ready(ri, t)
 
-    def recv_done(r: int, s: int) -> None:  # recv r issued, its send s issued: r ends when the message arrived
-        finish_at(r, max(issue_t[r], issue_t[s] + p2p_ns(s)) if collectives == "network"
-                  else max(issue_t[r] + dur_ns[r], issue_t[s] + dur_ns[s]))
+    def account_slots(self, ri: int, t: int) -> None:
+        """The rank's slot states change only at its own events: account the time up to now."""
+        holder, ready, since, blocked = self.holder[ri], self.ready[ri], self.since[ri], self.blocked[ri]
+        for s in (CPU, GPU, COMM):
+            h = holder[s]
+            if h >= 0 and ready[s]:
+                blocked[s, self.kind_name[h]] += t - since[s]
+            since[s] = t
 
-    def issue(g: int, t: int) -> None:
-        issue_t[g] = t
-        s = slot[g]
+    def coll_ns(self, g: int) -> int:
+        if self.collectives == "duration":
+            return self.flat.dur_ns[g]
+        nd = self.flat.node(self.ranks, g)
+        return collective_ns(self.network, nd.comm_type or 0, nd.comm_size,
+                             self.instances.size[self.instances.of[g]])
+
+    def p2p_ns(self, g: int) -> int:
+        if self.collectives == "duration":
+            return self.flat.dur_ns[g]
+        nd = self.flat.node(self.ranks, g)
+        return send_ns(self.network, nd.comm_size, nd.comm_src or 0, nd.comm_dst or 0, len(self.ranks))
+
+    def finish_at(self, g: int, t: int) -> None:
+        self.end[g] = t
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, g))
+
+    def recv_done(self, r: int, s: int) -> None:
+        """Recv r issued, its send s issued: r ends when the message arrived."""
+        issue_t, dur_ns = self.issue_t, self.flat.dur_ns
+        self.finish_at(r, max(issue_t[r], issue_t[s] + self.p2p_ns(s)) if self.collectives == "network"
+                       else max(issue_t[r] + dur_ns[r], issue_t[s] + dur_ns[s]))
+
+    def issue(self, g: int, t: int) -> None:
+        flat = self.flat
+        self.issue_t[g] = t
+        s = flat.slot[g]
         if s != FREE:
-            busy[owner[g]][s] = True
-            holder[owner[g]][s] = g
-            slot_wait[owner[g]][s] += t - ready_t[g]
-        k = kind[g]
+            ri = flat.owner[g]
+            self.busy[ri][s] = True
+            self.holder[ri][s] = g
+            self.slot_wait[ri][s] += t - self.ready_t[g]
+        k = flat.kind[g]
         if k in (_COMP, _BCAST):
-            finish_at(g, t + dur_ns[g])
+            self.finish_at(g, t + flat.dur_ns[g])
         elif k == _COLL:
-            inst = inst_of[g]
-            arrived[inst] += 1
-            if arrived[inst] == inst_size[inst]:
-                for m in inst_nodes[inst]:
-                    finish_at(m, t + coll_ns(m))
+            self.arrive(g, t)
         elif k == _SEND:
-            finish_at(g, t + p2p_ns(g))
-            r = peer[g]
-            if r >= 0 and issue_t[r] >= 0:
-                recv_done(r, g)
+            self.finish_at(g, t + self.p2p_ns(g))
+            r = self.peer[g]
+            if r >= 0 and self.issue_t[r] >= 0:
+                self.recv_done(r, g)
         else:  # recv
-            s2 = peer[g]
+            s2 = self.peer[g]
             if s2 == _ALONE:
-                finish_at(g, t + dur_ns[g])
-            elif s2 >= 0 and issue_t[s2] >= 0:
-                recv_done(g, s2)
+                self.finish_at(g, t + flat.dur_ns[g])
+            elif s2 >= 0 and self.issue_t[s2] >= 0:
+                self.recv_done(g, s2)
 
-    def issue_ready(ri: int, t: int) -> None:
+    def arrive(self, g: int, t: int) -> None:
+        """Collective g issued: its instance starts when the last member issued it."""
+        inst = self.instances.of[g]
+        self.arrived[inst] += 1
+        if self.arrived[inst] == self.instances.size[inst]:
+            for m in self.instances.nodes[inst]:
+                self.finish_at(m, t + self.coll_ns(m))
+
+    def issue_ready(self, ri: int, t: int) -> None:
         # ASTRA-sim visits the ready nodes in ascending id and issues each whose slot is free: per slot that is
         # its lowest ready node; every slot-free node issues. Issue them in id order (it orders equal-time events).
-        heaps = ready[ri]
+        heaps, busy = self.ready[ri], self.busy[ri]
         picked: list[tuple[int, int]] = []
         for s in (CPU, GPU, COMM):
-            if heaps[s] and not busy[ri][s]:
-                picked.append(pop(heaps[s]))
+            if heaps[s] and not busy[s]:
+                picked.append(heapq.heappop(heaps[s]))
         picked += heaps[FREE]
         heaps[FREE] = []
         for _, g in sorted(picked):
-            issue(g, t)
+            self.issue(g, t)
 
-    def make_ready(g: int, t: int) -> None:
-        ready_t[g] = t
-        push(ready[owner[g]][slot[g]], (node_id[g], g))
+    def make_ready(self, g: int, t: int) -> None:
+        self.ready_t[g] = t
+        heapq.heappush(self.ready[self.flat.owner[g]][self.flat.slot[g]], (self.flat.node_id[g], g))
 
-    for g in range(n):
-        if indeg[g] == 0:
-            make_ready(g, 0)
-    for ri in range(npus):
-        issue_ready(ri, 0)
-    while events:
-        t, _, g = pop(events)
-        done[g] = True
-        ri = owner[g]
-        for s in (CPU, GPU, COMM):  # the rank's slot states change only at its own events: account up to now
-            h = holder[ri][s]
-            if h >= 0 and ready[ri][s]:
-                blocked[ri][s, kind_name[h]] += t - since[ri][s]
-            since[ri][s] = t
-        if slot[g] != FREE:
-            busy[ri][slot[g]] = False
-            holder[ri][slot[g]] = -1
-        for c in children[g]:
-            indeg[c] -= 1
-            if indeg[c] == 0:
-                make_ready(c, t)
-        issue_ready(ri, t)
 
-    finished: list[int | None] = []
-    for ri, rg in enumerate(ranks):
-        span = range(offset[ri], offset[ri] + len(rg.nodes))
-        finished.append(None if any(not done[g] for g in span) else max((end[g] for g in span), default=0))
-    run = AstraRun(ranks=ranks, collectives=collectives, slots=slots, finished_ns=finished, slot_wait_ns=slot_wait,
-                   blocked_by=[dict(b) for b in blocked], notes=notes)
-    stuck = [g for g in range(n) if not done[g]]
-    run.stuck_count = len(stuck)
-    for g in sorted(stuck, key=lambda g: (issue_t[g] < 0, ready_t[g] < 0, owner[g], node_id[g]))[:MAX_STUCK]:
-        ri = owner[g]
+def _stuck_lines(ranks: Sequence[AstraRank], flat: _Flat, loop: _EventLoop, stuck: list[int]) -> list[str]:
+    """"rank R node N name: why" for the first MAX_STUCK nodes that never finished: issued first, then ready."""
+    lines = []
+    issue_t, ready_t = loop.issue_t, loop.ready_t
+    for g in sorted(stuck, key=lambda g: (issue_t[g] < 0, ready_t[g] < 0, flat.owner[g], flat.node_id[g]))[:MAX_STUCK]:
         why = ("issued, waits for its peers" if issue_t[g] >= 0 else
-               f"ready, waits for the {SLOT_NAMES[slot[g]]} slot" if ready_t[g] >= 0 else "waits for its deps")
-        run.stuck.append(f"rank {rank_of[ri]} node {node_id[g]} {ranks[ri].nodes[g - offset[ri]].name!r}: {why}")
-    return run
+               f"ready, waits for the {SLOT_NAMES[flat.slot[g]]} slot" if ready_t[g] >= 0 else "waits for its deps")
+        lines.append(f"rank {ranks[flat.owner[g]].rank} node {flat.node_id[g]} {flat.node(ranks, g).name!r}: {why}")
+    return lines
 
 
 def replicate(rank: AstraRank, npus: int) -> list[AstraRank]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import orjson
 
 from etweave.chakra import et_def_pb2 as pb
-from etweave.simulate.engine import RankGraph
+from etweave.simulate.engine import RankGraph, SimNode
 
 REPORT_FILE = "report.json"  # written by `etweave convert-run` beside the .et files (etweave.run.REPORT_FILE)
 _RANK_FILE = re.compile(r"^(.*)\.(\d+)\.et(?:\.gz)?$")
@@ -79,28 +79,15 @@ def unadjusted_collectives(ranks: Sequence[RankGraph]) -> str | None:
     every start measured, the members overlapping."""
     if len(ranks) < 2:
         return None
-    per_pg: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
-    for ri, rg in enumerate(ranks):
-        for i, nd in enumerate(rg.nodes):
-            if nd.type == pb.COMM_COLL_NODE:
-                per_pg[nd.pg or ""][ri].append(i)
     instances = counted = 0
     extra = 0
-    for by_rank in per_pg.values():
+    for by_rank in _collectives_in_issue_order(ranks).values():
         if len(by_rank) < 2:
             continue
-        for ri, lst in by_rank.items():
-            lst.sort(key=lambda i, ri=ri: ranks[ri].nodes[i].id)  # issue order = ascending id, as the replay
         for k in range(min(len(v) for v in by_rank.values())):
-            members = [ranks[ri].nodes[lst[k]] for ri, lst in by_rank.items()]
             instances += 1
-            if any(nd.measured_start <= 0 or nd.duration != nd.measured_duration for nd in members):
-                continue
-            latest = max(nd.measured_start for nd in members)
-            if latest >= min(nd.measured_start + nd.measured_duration for nd in members):
-                continue
-            waits = [nd.duration - max(1, nd.measured_start + nd.measured_duration - latest) for nd in members]
-            if max(waits) > 0:
+            waits = _peer_waits([ranks[ri].nodes[lst[k]] for ri, lst in by_rank.items()])
+            if max(waits, default=0) > 0:
                 counted += 1
                 extra += sum(w for w in waits if w > 0)
     if not counted:
@@ -108,3 +95,28 @@ def unadjusted_collectives(ranks: Sequence[RankGraph]) -> str | None:
     return (f"{counted} of {instances} collectives keep the wait for their slowest peer in their durations "
             f"({extra} us over all members; no transfer_duration_micros: the ranks were not converted together), "
             "and the replay waits for the peers again: convert the ranks together with `etweave convert-run`")
+
+
+def _collectives_in_issue_order(ranks: Sequence[RankGraph]) -> dict[str, dict[int, list[int]]]:
+    """Per process group and rank (an index into `ranks`), the indices of its collective nodes in issue order."""
+    per_pg: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for ri, rg in enumerate(ranks):
+        for i, nd in enumerate(rg.nodes):
+            if nd.type == pb.COMM_COLL_NODE:
+                per_pg[nd.pg or ""][ri].append(i)
+    for by_rank in per_pg.values():
+        for ri, lst in by_rank.items():
+            nodes = ranks[ri].nodes
+            lst.sort(key=lambda i: nodes[i].id)  # issue order = ascending id, as the replay
+    return per_pg
+
+
+def _peer_waits(members: list[SimNode]) -> list[int]:
+    """How much of each member's duration convert-run's cut would remove (the wait for the slowest peer); empty
+    when the cut does not apply: a start not measured, a duration already cut, or members that do not overlap."""
+    if any(nd.measured_start <= 0 or nd.duration != nd.measured_duration for nd in members):
+        return []
+    latest = max(nd.measured_start for nd in members)
+    if latest >= min(nd.measured_start + nd.measured_duration for nd in members):
+        return []
+    return [nd.duration - max(1, nd.measured_start + nd.measured_duration - latest) for nd in members]

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from etweave.chakra import et_def_pb2 as pb
+from etweave.chakra.io import comm_type_name
 from etweave.errors import BadInput
 from etweave.output import write_atomic
 from etweave.simulate.astra import AstraRank
@@ -138,7 +139,7 @@ def samples_of(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[int]], 
                 if p <= 1:
                     continue
                 a, b, c = _coefficients(topology, nd.comm_type, nd.comm_size, p)
-                comm = pb.CollectiveCommType.Name(nd.comm_type)
+                comm = comm_type_name(nd.comm_type)
             elif (nd.type == pb.COMM_SEND_NODE and not rg.replica and nd.comm_src is not None
                   and nd.comm_dst in given and nd.comm_src != nd.comm_dst):
                 a, b, c, p = float(hops(probe, nd.comm_src, nd.comm_dst, npus)), float(nd.comm_size), 0.0, 2

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from etweave.chakra import et_def_pb2 as pb
+from etweave.chakra.io import comm_type_name
 from etweave.errors import BadInput
 
 # system_replay.json: the system layer's knobs that the formula uses
@@ -87,7 +88,7 @@ def collective_ns(net: Network, comm_type: int, comm_size: int, group_size: int)
     if comm_size <= 0 or group_size <= 1:
         return 0
     if net.per_type:
-        net = net.for_type(pb.CollectiveCommType.Name(comm_type))
+        net = net.for_type(comm_type_name(comm_type))
     steps, msg = ring_schedule(comm_type, comm_size, group_size)
     step = message_ns(net, max(1, math.floor(msg)), step_hops(net.topology)) + ENDPOINT_DELAY_NS
     return round(DATASET_SPLITS * steps * step)
@@ -131,14 +132,7 @@ def load_network(path: Path) -> Network:
         text = Path(path).read_text()
     except OSError as exc:
         raise BadInput(path, f"cannot read: {exc.strerror}") from exc
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        m = _LINE.match(line)
-        if m is None:
-            raise BadInput(path, f"not a network config line: {line.strip()!r}")
-        fields[m.group(1)] = m.group(2)
+    fields = _config_fields(path, text)
     for key in ("topology", "bandwidth", "latency"):
         if key not in fields:
             raise BadInput(path, f"no {key!r}: expected an ASTRA-sim analytical network config")
@@ -160,3 +154,16 @@ def load_network(path: Path) -> Network:
         except ValueError as exc:
             raise BadInput(path, f"npus_count must be an integer: {exc}") from exc
     return Network(topology, bandwidth, latency, source=Path(path).name, npus_count=npus_count)
+
+
+def _config_fields(path: Path, text: str) -> dict[str, str]:
+    """`key: [ value ]` lines of a network yml: key -> the value text (blank and comment lines skipped)."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        m = _LINE.match(line)
+        if m is None:
+            raise BadInput(path, f"not a network config line: {line.strip()!r}")
+        fields[m.group(1)] = m.group(2)
+    return fields
