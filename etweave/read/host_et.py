@@ -1,4 +1,4 @@
-"""Host execution trace reader: every schema of FORMATS.md normalized into `HostOp` records."""
+"""Host execution trace reader: every schema (docs/FACTS.md §H1) normalized into `HostOp` records."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`etweave simulate --model astra-sim`: ASTRA-sim's issue rules, so etweave predicts what ASTRA-sim computes.
 
-The rules, as measured on the real simulator (docs: FORMATS.md section 3b):
+The rules, as measured on the real simulator (docs/FACTS.md §A2, §A3, §A4):
 - Per NPU (rank) one CPU slot (every `is_cpu_op` COMP node, whatever its thread), one GPU-compute slot (every
   other COMP node, whatever its stream) and one comm slot (collectives and sends, by node type whatever their
   `is_cpu_op`); COMM_RECV takes no slot.
@@ -457,7 +457,7 @@ def _stuck_lines(ranks: Sequence[AstraRank], flat: _Flat, loop: _EventLoop, stuc
 
 
 def replicate(rank: AstraRank, npus: int) -> list[AstraRank]:
-    """One rank's trace replayed as `npus` NPUs (ASTRA-sim refuses one NPU: FORMATS.md 3b.7)."""
+    """One rank's trace replayed as `npus` NPUs (ASTRA-sim refuses one NPU: docs/FACTS.md §A7)."""
     return [AstraRank(rank=r, nodes=rank.nodes, source=rank.source, replica=True) for r in range(npus)]
 
 

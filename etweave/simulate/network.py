@@ -33,7 +33,7 @@ from etweave.errors import BadInput
 DATASET_SPLITS = 4
 ENDPOINT_DELAY_NS = 10
 
-# Collectives the network times from comm_size; BROADCAST is replayed from its duration (FORMATS.md 3b.4)
+# Collectives the network times from comm_size; BROADCAST is replayed from its duration (docs/FACTS.md §A4)
 NETWORK_TIMED = frozenset({pb.ALL_REDUCE, pb.ALL_GATHER, pb.REDUCE_SCATTER, pb.ALL_TO_ALL})
 TOPOLOGIES = ("Ring", "Switch")
 

@@ -1,0 +1,72 @@
+"""simulate/astra.py: ASTRA-sim's issue rules (docs/FACTS.md §A2, §A4) on graphs of a few nodes."""
+
+from __future__ import annotations
+
+import pytest
+
+from etweave.chakra import et_def_pb2 as pb
+from etweave.simulate.astra import AstraNode, AstraRank, replicate, simulate
+from etweave.simulate.engine import GraphError
+
+
+def comp(id: int, us: int, *deps: int, cpu: bool = True) -> AstraNode:
+    return AstraNode(id=id, name=f"n{id}", type=pb.COMP_NODE, deps=deps, duration_us=us, is_cpu_op=cpu)
+
+
+def coll(id: int, *deps: int, pg: str = "", size: int = 0, us: int = 0) -> AstraNode:
+    return AstraNode(id=id, name=f"c{id}", type=pb.COMM_COLL_NODE, deps=deps, duration_us=us, is_cpu_op=False,
+                     comm_type=pb.ALL_REDUCE, comm_size=size, pg=pg)
+
+
+def test_one_cpu_slot_serializes_threads() -> None:
+    rank = AstraRank(0, [comp(1, 10), comp(2, 20), comp(3, 5, cpu=False)])
+    with_slots = simulate(replicate(rank, 2), {})
+    assert with_slots.finished_ns == [30_000, 30_000]  # 1 then 2 on the CPU slot; 3 beside them on the GPU slot
+    assert with_slots.slot_wait_ns[0] == [10_000, 0, 0]
+    assert simulate(replicate(rank, 2), {}, slots=False).makespan_ns == 20_000
+
+
+def test_zero_duration_lasts_one_ns() -> None:
+    assert simulate(replicate(AstraRank(0, [comp(1, 0)]), 2), {}).makespan_ns == 1
+
+
+def test_collective_starts_when_the_last_member_issued_it() -> None:
+    ranks = [AstraRank(0, [comp(1, 10), coll(2, 1, us=1)]), AstraRank(1, [comp(1, 30), coll(2, 1, us=1)])]
+    run = simulate(ranks, {}, collectives="network")  # comm_size 0: the network makes it free
+    assert run.finished_ns == [30_000, 30_000]
+    run = simulate(ranks, {}, collectives="duration")
+    assert run.finished_ns == [31_000, 31_000]
+
+
+def test_send_and_recv_meet() -> None:
+    send = AstraNode(id=2, name="s", type=pb.COMM_SEND_NODE, deps=(1,), duration_us=4, is_cpu_op=False,
+                     comm_src=0, comm_dst=1, comm_tag=0)
+    recv = AstraNode(id=1, name="r", type=pb.COMM_RECV_NODE, deps=(), duration_us=1, is_cpu_op=False,
+                     comm_src=0, comm_dst=1, comm_tag=0)
+    run = simulate([AstraRank(0, [comp(1, 10), send]), AstraRank(1, [recv])], {}, collectives="duration")
+    assert run.finished_ns == [14_000, 14_000] and run.notes == []
+
+
+def test_a_peer_outside_the_npus_given_runs_alone() -> None:
+    send = AstraNode(id=2, name="s", type=pb.COMM_SEND_NODE, deps=(), duration_us=4, is_cpu_op=False,
+                     comm_src=0, comm_dst=1, comm_tag=0)
+    run = simulate(replicate(AstraRank(0, [send]), 2), {}, collectives="duration")
+    assert run.notes == ["2 send/recv nodes have no peer among the NPUs given: replayed alone"]
+
+
+def test_a_stuck_collective_is_named() -> None:
+    ranks = [AstraRank(0, [coll(1, pg="5")]), AstraRank(1, [comp(1, 1)])]
+    run = simulate(ranks, {"5": [0, 1]})
+    assert run.finished_ns == [None, 1000] and run.stuck_count == 1
+    assert run.stuck == ["rank 0 node 1 'c1': issued, waits for its peers"]
+
+
+@pytest.mark.parametrize(("ranks", "groups", "message"), [
+    ([AstraRank(0, [comp(1, 1)]), AstraRank(0, [comp(1, 1)])], {}, "more than once"),
+    ([AstraRank(0, [comp(1, 1, 9)]), AstraRank(1, [])], {}, "depends on node 9"),
+    ([AstraRank(0, [coll(1, pg="7")]), AstraRank(1, [])], {}, "does not list"),
+    ([AstraRank(0, [coll(1, pg="7")]), AstraRank(1, [])], {"7": [1]}, "issues collectives of pg '7'"),
+])
+def test_graphs_it_cannot_run(ranks: list[AstraRank], groups: dict[str, list[int]], message: str) -> None:
+    with pytest.raises(GraphError, match=message):
+        simulate(ranks, groups)

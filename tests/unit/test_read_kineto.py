@@ -1,0 +1,67 @@
+"""read/kineto.py: Kineto events decoded once into typed `Event`s, on small hand-built traces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from etweave.errors import BadInput
+from etweave.read.kineto import KinetoTrace, read_kineto
+from tests.unit.build import host_trace, kineto_event, kineto_trace, write_json
+
+EVENTS = [
+    kineto_event("aten::mm", 100.0, 20.5, args={"External id": 7, "Record function id": 10, "Sequence number": 3}),
+    kineto_event("cudaLaunchKernel", 105.0, 2.0, cat="cuda_runtime", args={"correlation": 55}),
+    kineto_event("gemm", 108.0, 9.0, cat="kernel", tid=7, pid=0, args={"device": 0, "stream": 7, "correlation": 55}),
+    kineto_event("process_name", 0.0, None, ph="M", cat="__metadata"),
+]
+
+
+def _read(tmp_path: Path, doc: object, gz: bool = False) -> KinetoTrace:
+    return read_kineto(write_json(tmp_path / "kineto.json", doc, gz=gz))
+
+
+@pytest.mark.parametrize("eager_bytes", ["", "0"])  # decoded once and kept, or re-decoded from raw JSON
+def test_duration_events_and_their_args(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, eager_bytes: str) -> None:
+    monkeypatch.setenv("ETWEAVE_EAGER_BYTES", eager_bytes)
+    trace = _read(tmp_path, kineto_trace(EVENTS, rank=1, world_size=2), gz=True)
+    assert [(e.name, e.cat, e.ts, e.dur) for e in trace.events] == [
+        ("aten::mm", "cpu_op", 100.0, 20.5), ("cudaLaunchKernel", "cuda_runtime", 105.0, 2.0),
+        ("gemm", "kernel", 108.0, 9.0)]  # the metadata event (ph "M") is not kept
+    mm, launch, kernel = trace.events
+    assert (mm.args.external_id, mm.args.rf_id, mm.args.seq_number) == (7, 10, 3)
+    assert launch.args.correlation == kernel.args.correlation == 55
+    assert (kernel.args.device, kernel.args.stream) == (0, 7)
+    assert trace.rank == 1 and trace.warnings == {}
+
+
+def test_bare_array_form(tmp_path: Path) -> None:
+    assert [e.name for e in _read(tmp_path, EVENTS).events] == ["aten::mm", "cudaLaunchKernel", "gemm"]
+
+
+def test_missing_and_negative_durations_read_as_zero_and_counted(tmp_path: Path) -> None:
+    trace = _read(tmp_path, kineto_trace([kineto_event("a", 1.0, None), kineto_event("b", 2.0, -3.0),
+                                          kineto_event("c", 3.0, 1.0)]))
+    assert [e.dur for e in trace.events] == [0.0, 0.0, 1.0]
+    assert trace.warnings == {"missing_durations": 1, "negative_durations": 1}
+
+
+def test_exact_duplicates_dropped_and_counted(tmp_path: Path) -> None:
+    ev = kineto_event("a", 1.0, 2.0)
+    trace = _read(tmp_path, kineto_trace([ev, ev, kineto_event("a", 1.0, 3.0)]))
+    assert [e.dur for e in trace.events] == [2.0, 3.0]
+    assert trace.warnings == {"duplicate_kineto_events": 1}
+
+
+@pytest.mark.parametrize(("doc", "message"), [
+    (host_trace([]), "looks like a host execution trace"),
+    ({"foo": 1}, "no traceEvents"),
+    ({"traceEvents": [{"ph": "X", "ts": "soon"}]}, r"traceEvents\[0\]"),
+    (kineto_trace([kineto_event("a", 1e300, 1.0)]), r"traceEvents\[0\]\.ts"),
+    (kineto_trace([kineto_event("a", 1.0, 1.0, args={"In msg nelems": -5})]), "is not an element count"),
+    (kineto_trace([], rank=-1), "distributedInfo.rank"),
+])
+def test_bad_traces_are_bad_input(tmp_path: Path, doc: object, message: str) -> None:
+    with pytest.raises(BadInput, match=message):
+        _read(tmp_path, doc)
