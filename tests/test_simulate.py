@@ -286,14 +286,12 @@ def test_replay_200k_node_chain_and_fan() -> None:
     assert max(result.end[0][chain_end + 1:]) == 2 * -(-(n - chain_end - 1) // 8)
 
 
-SIMPLE_ADD = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "gpu" / "simple-add"
-
-
-def test_convert_then_simulate_simple_add(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_convert_then_simulate_simple_add(tmp_path: Path, capsys: pytest.CaptureFixture[str], traces: Path) -> None:
     from etweave.convert import convert
 
+    simple_add = traces / "gpu" / "simple-add"
     out = tmp_path / "simple-add.0.et"
-    convert(SIMPLE_ADD / "host.json.gz", SIMPLE_ADD / "kineto.json.gz", out)
+    convert(simple_add / "host.json.gz", simple_add / "kineto.json.gz", out)
     capsys.readouterr()
     timeline = tmp_path / "timeline.json"
     rc, stdout, _ = run_cli(["simulate", str(out), "--json", "--timeline", str(timeline)], capsys)
