@@ -197,6 +197,21 @@ def line(r: Row) -> str:
             f"{fmt(r.floor_cpu_s, '6.2f')}/{fmt(r.convert_cpu_s, '<6.2f')}  {r.note}")
 
 
+def _run_case(name: str, make: Callable[[Row], list[Pair]], tries: int, work: Path) -> Row:
+    """One case's row: its pairs made (a generator failure costs this case, not the run) and measured."""
+    row = Row(name)
+    try:
+        pairs = make(row)
+    except RuntimeError as exc:
+        row.note = str(exc).splitlines()[0]
+        return row
+    measure(row, pairs, work, tries, counted=name.startswith("linear"))
+    if name.startswith("kineto-only") and row.convert_s is None and row.note.startswith("convert failed"):
+        row.note = "kineto-only: not supported yet"
+    shutil.rmtree(work / "scaled", ignore_errors=True)  # disk: one scaled pair at a time
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="skip the >= 1 GB scaled trace")
@@ -235,20 +250,9 @@ def main(argv: list[str] | None = None) -> int:
             if name == "linear 1GB" and shutil.disk_usage(tmp).free < DISK_MARGIN:
                 notes.append(f"skipped {name}: less than {DISK_MARGIN / 1e9:.0f} GB free in {tmp}")
                 continue
-            row = Row(name)
-            try:
-                pairs = make(row)
-            except RuntimeError as exc:  # a generator failure costs this case, not the run
-                row.note = str(exc).splitlines()[0]
-                rows.append(row)
-                print(line(row), flush=True)
-                continue
-            measure(row, pairs, work, tries, counted=name.startswith("linear"))
-            if name.startswith("kineto-only") and row.convert_s is None and row.note.startswith("convert failed"):
-                row.note = "kineto-only: not supported yet"
+            row = _run_case(name, make, tries, work)
             rows.append(row)
             print(line(row), flush=True)
-            shutil.rmtree(work / "scaled", ignore_errors=True)  # disk: one scaled pair at a time
     scaled = [r for r in rows if r.case.startswith("linear x") and r.us_per_event]
     spread = None
     if len(scaled) >= 2:

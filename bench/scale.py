@@ -237,45 +237,59 @@ def write_kineto(kineto: dict[str, Any], s: Strides, path: Path, k: int | None =
     return copies, out.count, size
 
 
+@dataclass(slots=True)
+class _Shift:
+    """How copy k moves a host ET node's references: ids by k strides, the written-once roots kept."""
+
+    k: int
+    s: Strides
+    once: set[int]
+
+    def ref(self, v: Any) -> Any:
+        n = _int(v)
+        return v if n is None or n in self.once or n == 0 else n + self.k * self.s.host_ids
+
+    def attr(self, name: str, v: Any) -> Any:
+        if name == "rf_id":
+            return _add(v, self.k * self.s.rf, lowest=1)
+        if name == "seq_id":
+            return _add(v, self.k * self.s.seq)
+        if name == "fw_parent":
+            return self.ref(v)
+        return v
+
+
 def shift_node(node: dict[str, Any], k: int, s: Strides, once: set[int]) -> dict[str, Any]:
     """Copy k of a host ET node: ids offset, references to the written-once roots kept."""
     off = k * s.host_ids
-
-    def ref(v: Any) -> Any:
-        n = _int(v)
-        return v if n is None or n in once or n == 0 else n + off
-
-    def attr(name: str, v: Any) -> Any:
-        if name == "rf_id":
-            return _add(v, k * s.rf, lowest=1)
-        if name == "seq_id":
-            return _add(v, k * s.seq)
-        if name == "fw_parent":
-            return ref(v)
-        return v
-
+    shift = _Shift(k, s, once)
     n = dict(node)
     n["id"] = node["id"] + off
     for key in ("parent", "ctrl_deps"):
         if key in n:
-            n[key] = ref(n[key])
+            n[key] = shift.ref(n[key])
     if isinstance(node.get("attrs"), list):
-        n["attrs"] = [dict(a, value=attr(a.get("name", ""), a.get("value"))) if isinstance(a, dict) else a
+        n["attrs"] = [dict(a, value=shift.attr(a.get("name", ""), a.get("value"))) if isinstance(a, dict) else a
                       for a in node["attrs"]]
     else:
         for key in ("rf_id", "seq_id", "fw_parent"):
             if key in n:
-                n[key] = attr(key, n[key])
+                n[key] = shift.attr(key, n[key])
     for side in ("inputs", "outputs"):
-        values, types = _io(node, side)
-        moved = [_move_tensors(v, off) if isinstance(t, str) and "Tensor" in t else v
-                 for v, t in zip(values, types, strict=False)]
-        moved += values[len(moved):]  # values without a type: kept as they are
-        if isinstance(node.get(side), dict):
-            n[side] = dict(node[side], values=moved)
-        elif side in n:
-            n[side] = moved
+        _shift_io(node, n, side, off)
     return n
+
+
+def _shift_io(node: dict[str, Any], n: dict[str, Any], side: str, off: int) -> None:
+    """The tensors among `node`'s inputs or outputs with their tensor and storage ids offset, into `n`."""
+    values, types = _io(node, side)
+    moved = [_move_tensors(v, off) if isinstance(t, str) and "Tensor" in t else v
+             for v, t in zip(values, types, strict=False)]
+    moved += values[len(moved):]  # values without a type: kept as they are
+    if isinstance(node.get(side), dict):
+        n[side] = dict(node[side], values=moved)
+    elif side in n:
+        n[side] = moved
 
 
 def _move_tensors(value: Any, off: int) -> Any:

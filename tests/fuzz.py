@@ -112,78 +112,95 @@ def _mutate_json(rng: random.Random, cls: str, doc: Any) -> tuple[bytes, str]:
             if not leaves:
                 break
             c, k = rng.choice(leaves)
-            if cls == "type":
-                c[k] = rng.choice(_ODD_VALUES)
-                note = f"{k}={c[k]!r}"[:40]
-            elif cls == "width":
-                value = rng.choice(_WIDE)
-                if value == "30000tid":
-                    c[k] = "t" * 30000
-                elif isinstance(value, str) or not -(2**63) <= value <= 2**64 - 1:
-                    # what orjson cannot write (numbers past 64 bits, 1e400) goes in as raw text
-                    mark = _MARK.format(len(marks))
-                    marks[mark] = str(value).encode()
-                    c[k] = mark
-                else:
-                    c[k] = value
-                note = f"{k}"
-            else:
-                depth = rng.choice([50, 256, 300, 1100, 20000])
-                mark = _MARK.format(len(marks))
-                marks[mark] = b"[" * depth + b"]" * depth
-                c[k] = mark
-                note = f"depth {depth}"
+            note = _mutate_leaf(rng, cls, c, k, marks)
     elif cls in ("delete", "duplicate", "reorder"):
-        lists = [lst for lst in _records(doc) if lst]
-        if lists:
-            lst = rng.choice(lists)
-            n = rng.randint(1, max(1, len(lst) // rng.choice([2, 10, 50])))
-            if cls == "delete":
-                for _ in range(min(n, len(lst))):
-                    lst.pop(rng.randrange(len(lst)))
-            elif cls == "duplicate":
-                for _ in range(n):
-                    lst.insert(rng.randrange(len(lst) + 1), orjson.loads(orjson.dumps(rng.choice(lst))))
-            else:
-                if rng.random() < 0.5:
-                    rng.shuffle(lst)
-                else:
-                    i, j = rng.randrange(len(lst)), rng.randrange(len(lst))
-                    lst[i], lst[j] = lst[j], lst[i]
-            note = f"{n} records"
+        note = _mutate_records(rng, cls, doc) or note
     elif cls == "structure":
-        choice = rng.randrange(4)
-        if choice == 0 and isinstance(doc, dict) and doc:
-            doc.pop(rng.choice(list(doc)))
-        elif choice == 1:
-            doc = rng.choice([[doc], [], "x", 1, None])
-        elif choice == 2:
-            raw = orjson.dumps(doc)
-            return raw[: rng.randrange(len(raw))], "truncated"
-        elif isinstance(doc, dict):
-            doc[rng.choice(["nodes", "traceEvents", "distributedInfo", "schema", "pid"])] = rng.choice(_ODD_VALUES)
+        doc, truncated = _mutate_structure(rng, doc)
+        if truncated is not None:
+            return truncated, "truncated"
     data = _serialize(doc, marks)
     if cls == "encoding":
-        pos = rng.randrange(len(data))
-        q = data.find(b'"', pos)
-        q = q if q >= 0 else data.find(b'"')
-        kind = rng.randrange(5)
-        if kind == 0:
-            data = data[: q + 1] + b"\xff\xfe" + data[q + 1:]
-            note = "invalid UTF-8"
-        elif kind == 1:
-            data = b"\xef\xbb\xbf" + data
-            note = "BOM"
-        elif kind == 2:
-            data = data.decode("utf-8").encode("utf-16")
-            note = "UTF-16"
-        elif kind == 3:
-            data = data[: q + 1] + b"\\ud800" + data[q + 1:]
-            note = "lone surrogate"
-        else:
-            data = data[: q + 1] + b"\x00" + data[q + 1:]
-            note = "NUL"
+        data, note = _mutate_encoding(rng, data)
     return data, note
+
+
+def _mutate_leaf(rng: random.Random, cls: str, c: Any, k: Any, marks: dict[str, bytes]) -> str:
+    """One leaf `c[k]` made odd (cls "type"), wide ("width") or deeply nested ("nesting"); what was done."""
+    if cls == "type":
+        c[k] = rng.choice(_ODD_VALUES)
+        return f"{k}={c[k]!r}"[:40]
+    if cls == "width":
+        value = rng.choice(_WIDE)
+        if value == "30000tid":
+            c[k] = "t" * 30000
+        elif isinstance(value, str) or not -(2**63) <= value <= 2**64 - 1:
+            # what orjson cannot write (numbers past 64 bits, 1e400) goes in as raw text
+            mark = _MARK.format(len(marks))
+            marks[mark] = str(value).encode()
+            c[k] = mark
+        else:
+            c[k] = value
+        return f"{k}"
+    depth = rng.choice([50, 256, 300, 1100, 20000])
+    mark = _MARK.format(len(marks))
+    marks[mark] = b"[" * depth + b"]" * depth
+    c[k] = mark
+    return f"depth {depth}"
+
+
+def _mutate_records(rng: random.Random, cls: str, doc: Any) -> str:
+    """Records of one list deleted, duplicated or reordered; what was done ("" when there is no list)."""
+    lists = [lst for lst in _records(doc) if lst]
+    if not lists:
+        return ""
+    lst = rng.choice(lists)
+    n = rng.randint(1, max(1, len(lst) // rng.choice([2, 10, 50])))
+    if cls == "delete":
+        for _ in range(min(n, len(lst))):
+            lst.pop(rng.randrange(len(lst)))
+    elif cls == "duplicate":
+        for _ in range(n):
+            lst.insert(rng.randrange(len(lst) + 1), orjson.loads(orjson.dumps(rng.choice(lst))))
+    elif rng.random() < 0.5:
+        rng.shuffle(lst)
+    else:
+        i, j = rng.randrange(len(lst)), rng.randrange(len(lst))
+        lst[i], lst[j] = lst[j], lst[i]
+    return f"{n} records"
+
+
+def _mutate_structure(rng: random.Random, doc: Any) -> tuple[Any, bytes | None]:
+    """The document with a key dropped, wrapped, replaced or a top-level field made odd; or its JSON cut short
+    (then the cut bytes are returned beside it)."""
+    choice = rng.randrange(4)
+    if choice == 0 and isinstance(doc, dict) and doc:
+        doc.pop(rng.choice(list(doc)))
+    elif choice == 1:
+        doc = rng.choice([[doc], [], "x", 1, None])
+    elif choice == 2:
+        raw = orjson.dumps(doc)
+        return doc, raw[: rng.randrange(len(raw))]
+    elif isinstance(doc, dict):
+        doc[rng.choice(["nodes", "traceEvents", "distributedInfo", "schema", "pid"])] = rng.choice(_ODD_VALUES)
+    return doc, None
+
+
+def _mutate_encoding(rng: random.Random, data: bytes) -> tuple[bytes, str]:
+    """The JSON bytes with an encoding fault: invalid UTF-8, a BOM, UTF-16, a lone surrogate or a NUL."""
+    pos = rng.randrange(len(data))
+    q = data.find(b'"', pos)
+    q = q if q >= 0 else data.find(b'"')
+    kind = rng.randrange(5)
+    if kind == 0:
+        return data[: q + 1] + b"\xff\xfe" + data[q + 1:], "invalid UTF-8"
+    if kind == 1:
+        return b"\xef\xbb\xbf" + data, "BOM"
+    if kind == 2:
+        return data.decode("utf-8").encode("utf-16"), "UTF-16"
+    if kind == 3:
+        return data[: q + 1] + b"\\ud800" + data[q + 1:], "lone surrogate"
+    return data[: q + 1] + b"\x00" + data[q + 1:], "NUL"
 
 
 def _gzip_variant(rng: random.Random, data: bytes) -> tuple[bytes, str]:
@@ -409,19 +426,23 @@ class Runner:
         if after != before:
             return "files_left"
         if code != 0:
-            if left:
-                return "files_left"
-            if code == 3 and (not err or err.startswith("etweave: check failed: ")):
-                return "check"  # a violation may list its cases (check and simulate on stdout, a deadlock's nodes)
-            if err.count("\n") != 1 or "Traceback" in err:
-                return "bad_message"
-            if code == 2 and not err.startswith("etweave: error: "):
-                return "bad_message"
-            if not any(name in err for name in named):  # the message names the file (or the run folder)
-                return "bad_message"
-        elif any(p.name.startswith(".") for p in left):
+            return "files_left" if left else _judge_failure(code, err, named)
+        if any(p.name.startswith(".") for p in left):
             return "files_left"
-        return {0: "ok", 2: "bad_input", 3: "check"}.get(code, "internal") if isinstance(code, int) else "internal"
+        return "ok"
+
+
+def _judge_failure(code: int | str, err: str, named: list[str]) -> str:
+    """A command that failed and left nothing: a check failure, or bad input said in one line naming the file."""
+    if code == 3 and (not err or err.startswith("etweave: check failed: ")):
+        return "check"  # a violation may list its cases (check and simulate on stdout, a deadlock's nodes)
+    if err.count("\n") != 1 or "Traceback" in err:
+        return "bad_message"
+    if code == 2 and not err.startswith("etweave: error: "):
+        return "bad_message"
+    if not any(name in err for name in named):  # the message names the file (or the run folder)
+        return "bad_message"
+    return {0: "ok", 2: "bad_input", 3: "check"}.get(code, "internal") if isinstance(code, int) else "internal"
 
 
 def fuzz(cases: int, seed: int = 0, workdir: Path | None = None, hang_seconds: float = 60.0,
