@@ -75,11 +75,12 @@ class Result:
         return self._nodes
 
     def __repr__(self) -> str:  # the default would print every node and the whole report
-        r = self.report
-        counts = ", ".join(f"{k} {r[k]['output']}/{r[k]['input']}" for k in
-                           ("host_ops", "cpu_ops", "device_ops", "runtime_calls", "collectives") if k in r)
-        return (f"Result(rank {r.get('rank')}: {r.get('nodes')} nodes, {r.get('edges', {}).get('total')} edges, "
-                f"{counts} (output/input), linked by {r.get('link', {}).get('method')})")
+        a = self.audit
+        kinds = [("host_ops", a.host_ops), ("cpu_ops", a.cpu_ops), ("device_ops", a.device_ops),
+                 ("runtime_calls", a.runtime_calls), ("collectives", a.collectives)]
+        counts = ", ".join(f"{kind} {n.output}/{n.input}" for kind, n in kinds if n is not None)
+        return (f"Result(rank {a.rank}: {a.nodes} nodes, {a.edges.total} edges, {counts} (output/input), "
+                f"linked by {a.link.method})")
 
     def checked_nodes(self) -> Iterator[pb.Node]:
         """The nodes one at a time; after the last, the whole graph is checked. A violation is an etweave bug:
