@@ -39,10 +39,10 @@ def convert_pair(host: PathLike | None, device: PathLike | None, out: PathLike |
     written and the nodes are built on first use of `.nodes`. `steps` "A:B" / `window` "START:END" and
     `allow_mismatch` as the CLI's options."""
     from etweave.convert import convert, no_gc, run_pipeline
+    from etweave.link import Selection
     from etweave.output import write_json
     from etweave.read.host_et import read_host_et
     from etweave.read.kineto import read_kineto
-    from etweave.read.kineto_host import Selection
 
     if host is None and device is None:
         raise BadInput("convert_pair", "give a host ET, a Kineto trace, or both")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from etweave.conversion import Conversion, need
 from etweave.link import DeviceSelection, HostLink
 from etweave.model import (
     DELAY,
@@ -18,9 +19,11 @@ from etweave.model import (
     SELF_PART,
     THREAD_ROOT,
     Graph,
+    Ids,
+    InputFiles,
     Item,
 )
-from etweave.read.host_et import HostTrace
+from etweave.read.host_et import HostOp
 from etweave.read.kineto import KinetoTrace, as_int
 from etweave.repair import Repair
 
@@ -30,27 +33,28 @@ _GPU_KIND = {"kernel": KERNEL, "Kernel": KERNEL, "gpu_memcpy": MEMCPY, "Memcpy":
 _EPS = 1e-3
 
 
-def assemble(host: HostTrace | None, kineto: KinetoTrace | None, link: HostLink, device: DeviceSelection | None,
-             rep: Repair | None, next_id: int, rank: int) -> Graph:
+def assemble(c: Conversion) -> Graph:
+    """The graph of the conversion's linked and repaired ops and its device events, ids from its allocator."""
+    kineto, device = c.kineto, c.device
     items: list[Item] = []
-    if host is not None and rep is not None:
-        items.extend(_host_items(host, kineto, link, rep))
+    if c.repair is not None:
+        items.extend(_host_items(c.ops, kineto, need(c.link, "link"), c.repair))
     if kineto is not None and device is not None:
-        items.extend(_device_items(kineto, device, next_id, items))
+        items.extend(_device_items(kineto, device, c.ids))
     items.sort(key=lambda it: it.id)
-    g = Graph(items=items, by_id={it.id: it for it in items}, rank=rank,
-              next_id=max([next_id, *(it.id + 1 for it in items)]))
-    if kineto is not None:  # the waits stage reads them: which stream or event a sync call waited on
-        g.extra["cuda_sync"] = [kineto.events[i] for i in kineto.events.sync]
+    files = InputFiles(c.host.path if c.host is not None else "", kineto.path if kineto is not None else "")
+    # the waits stage reads the sync calls: which stream or event a sync call waited on
+    sync = [kineto.events[i] for i in kineto.events.sync] if kineto is not None else []
+    g = Graph(items=items, by_id={it.id: it for it in items}, ids=c.ids, rank=c.rank, files=files, sync_events=sync)
     _thread_order(g)
     _stream_order(g)
     return g
 
 
-def _host_items(host: HostTrace, kineto: KinetoTrace | None, link: HostLink, rep: Repair) -> list[Item]:
+def _host_items(ops: list[HostOp], kineto: KinetoTrace | None, link: HostLink, rep: Repair) -> list[Item]:
     events = kineto.events if kineto is not None else []
     items: list[Item] = []
-    for op in host.ops:
+    for op in ops:
         kind = PROCESS_ROOT if op.is_process_root else THREAD_ROOT if op.is_thread_root else HOST_OP
         it = Item(id=op.id, kind=kind, name=op.name, host=op, parent=rep.parent_of.get(op.id),
                   orphan_parent=rep.orphan_parent.get(op.id))
@@ -63,22 +67,21 @@ def _host_items(host: HostTrace, kineto: KinetoTrace | None, link: HostLink, rep
         items.append(it)
     for et_tid, root_id in sorted(rep.synthesized_roots.items()):
         items.append(Item(id=root_id, kind=THREAD_ROOT, name=f"[etweave|synthesized|thread {et_tid}]",
-                          tid=link.kthread_of.get(et_tid, et_tid), parent=_process_root_id(host)))
+                          tid=link.kthread_of.get(et_tid, et_tid), parent=_process_root_id(ops)))
     return items
 
 
-def _process_root_id(host: HostTrace) -> int | None:
-    return next((op.id for op in host.ops if op.is_process_root), None)
+def _process_root_id(ops: list[HostOp]) -> int | None:
+    return next((op.id for op in ops if op.is_process_root), None)
 
 
-def _device_items(kineto: KinetoTrace, device: DeviceSelection, next_id: int, host_items: list[Item]) -> list[Item]:
+def _device_items(kineto: KinetoTrace, device: DeviceSelection, ids: Ids) -> list[Item]:
     events = kineto.events
-    # Fresh ids above every host id, in measured order so that ids (the simulator's issue order) follow time.
+    # Fresh ids (above every host id), in measured order so that ids (the simulator's issue order) follow time.
     # (start, outer before inner, runtime before GPU): the same order the thread and stream chains use.
     chosen = sorted(device.runtime + device.gpu,
                     key=lambda i: (events[i].ts, -events[i].dur, events[i].cat in _GPU_KIND, i))
-    start_id = max([next_id, *(it.id + 1 for it in host_items)])
-    id_of = {i: start_id + n for n, i in enumerate(chosen)}
+    id_of = {i: ids.next() for i in chosen}
     items: list[Item] = []
     for i in chosen:
         ev = events[i]

@@ -226,9 +226,8 @@ def _make_comm(g: Graph, it: Item, call: Item | None, groups: dict[str, str], st
 
 
 def _input_file(g: Graph, it: Item) -> str:
-    """The file an item's fields came from (run_pipeline records both inputs), for messages about bad input."""
-    files = g.extra.get("input_files", {})
-    return str((files.get("host") if it.host is not None else None) or files.get("device") or "input")
+    """The file an item's fields came from, for messages about bad input."""
+    return (g.files.host if it.host is not None else "") or g.files.device or "input"
 
 
 def _short_name(name: str) -> str:

@@ -1,11 +1,13 @@
-"""The pipeline: read -> link -> repair -> assemble -> collectives -> infer dependencies -> build nodes -> check
--> write. `convert()` is the Python API; `etweave convert` is a thin wrapper around it."""
+"""The pipeline: read -> link -> repair -> assemble -> collectives -> infer dependencies -> roofline -> report,
+then build nodes -> check -> write. `STAGES` are applied in turn to one `Conversion`; `convert()` is the Python
+API; `etweave convert` is a thin wrapper around it."""
 
 from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator, Sequence
+import itertools
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,19 +18,28 @@ from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import SCHEMA_VERSION, stage_et
 from etweave.check import NodeChecker, is_group_id
 from etweave.collectives import find_collectives
+from etweave.conversion import Conversion, need
 from etweave.deps import Dependencies, infer
-from etweave.errors import BadInput, CheckFailed
-from etweave.link import HostLink, link_host, mismatch_evidence, select_device
+from etweave.errors import CheckFailed
+from etweave.link import (
+    HostLink,
+    Selection,
+    add_unlinked_cpu_ops,
+    kineto_host,
+    link_host,
+    mismatch_evidence,
+    restrict,
+    select_device,
+)
 from etweave.model import Graph
 from etweave.nodes import build_nodes
 from etweave.output import check_outputs, commit, discard, json_bytes, stage
 from etweave.progress import counted
-from etweave.read import widths
 from etweave.read.host_et import HostTrace, read_host_et
 from etweave.read.kineto import KinetoTrace, read_kineto
-from etweave.read.kineto_host import Selection, add_unlinked_cpu_ops, kineto_host, restrict
 from etweave.repair import repair
-from etweave.report import build_report
+from etweave.report import Report, build_report
+from etweave.roofline import Roofline
 from etweave.waits import resolve_waits
 
 
@@ -36,9 +47,25 @@ from etweave.waits import resolve_waits
 class Result:
     graph: Graph
     deps: Dependencies
-    report: dict[str, Any]
+    report: dict[str, Any]  # the audit as JSON: `audit.to_json()`
     metadata: pb.GlobalMetadata
+    audit: Report
+    roofline: Roofline  # num_ops / tensor_size of GPU COMP nodes
     _nodes: list[pb.Node] | None = None
+
+    @classmethod
+    def of(cls, c: Conversion) -> Result:
+        """The result of a conversion whose stages have all run."""
+        audit = need(c.report, "report")
+        metadata = pb.GlobalMetadata(version=SCHEMA_VERSION)
+        metadata.attr.extend([
+            pb.AttributeProto(name="etweave_version", string_val=__version__),
+            pb.AttributeProto(name="rank", int64_val=c.rank),
+            pb.AttributeProto(name="source_host", string_val=Path(c.host.path).name if c.host else ""),
+            pb.AttributeProto(name="source_device", string_val=Path(c.kineto.path).name if c.kineto else ""),
+        ])
+        return cls(need(c.graph, "graph"), need(c.deps, "dependencies"), audit.to_json(), metadata, audit,
+                   need(c.roofline, "roofline"))
 
     @property
     def nodes(self) -> list[pb.Node]:
@@ -48,18 +75,19 @@ class Result:
         return self._nodes
 
     def __repr__(self) -> str:  # the default would print every node and the whole report
-        r = self.report
-        counts = ", ".join(f"{k} {r[k]['output']}/{r[k]['input']}" for k in
-                           ("host_ops", "cpu_ops", "device_ops", "runtime_calls", "collectives") if k in r)
-        return (f"Result(rank {r.get('rank')}: {r.get('nodes')} nodes, {r.get('edges', {}).get('total')} edges, "
-                f"{counts} (output/input), linked by {r.get('link', {}).get('method')})")
+        a = self.audit
+        kinds = [("host_ops", a.host_ops), ("cpu_ops", a.cpu_ops), ("device_ops", a.device_ops),
+                 ("runtime_calls", a.runtime_calls), ("collectives", a.collectives)]
+        counts = ", ".join(f"{kind} {n.output}/{n.input}" for kind, n in kinds if n is not None)
+        return (f"Result(rank {a.rank}: {a.nodes} nodes, {a.edges.total} edges, {counts} (output/input), "
+                f"linked by {a.link.method})")
 
     def checked_nodes(self) -> Iterator[pb.Node]:
         """The nodes one at a time; after the last, the whole graph is checked. A violation is an etweave bug:
         raising there leaves no output, since the writer renames its temporary file only once this ends."""
         rank = self.graph.rank
         checker = NodeChecker(f"rank {rank}")
-        for node in build_nodes(self.graph, self.deps):
+        for node in build_nodes(self.graph, self.deps, self.roofline):
             checker.add(node)
             yield node
         violations = checker.violations()
@@ -109,62 +137,96 @@ def assign_group_ids(names: Sequence[str]) -> dict[str, str]:
     return ids
 
 
+# The stages, each a small function of the conversion: it reads what earlier stages set and sets its own field.
+
+def link(c: Conversion) -> None:
+    """Host ops to Kineto events (or the Kineto cpu ops as host ops), and the ops the graph is built from. A host ET
+    and a Kineto trace that the evidence says are not of one run and rank raise CheckFailed naming both files,
+    unless `allow_mismatch` (then the report says so)."""
+    host, kineto = c.host, c.kineto
+    if host is None:
+        assert kineto is not None  # Conversion.start refuses neither
+        c.ops, c.link = kineto_host(kineto, c.window, c.ids)  # Kineto only: its cpu ops stand in for the host ops
+        return
+    c.ops = host.ops
+    if kineto is None:
+        c.link = HostLink("none", {}, {})
+        return
+    c.link = link_host(host, kineto)
+    c.mismatch = mismatch_evidence(host, kineto, c.link)
+    if c.mismatch and not c.allow_mismatch:
+        raise CheckFailed(f"{host.path} and {kineto.path} are not of the same run and rank: "
+                          f"{'; '.join(c.mismatch)} (--allow-mismatch converts them anyway)")
+    if c.window is not None:
+        c.link.window = restrict(c.link.window, c.window)
+    c.added_ops = add_unlinked_cpu_ops(host, kineto, c.link, c.ids)
+    if c.added_ops:
+        c.ops = [*host.ops, *c.added_ops]
+
+
+def select_device_events(c: Conversion) -> None:
+    if c.kineto is not None:
+        c.device = select_device(c.kineto, need(c.link, "link").window)
+
+
+def repair_parents(c: Conversion) -> None:
+    c.repair = repair(c.ops, c.ids)
+
+
+def build_graph(c: Conversion) -> None:
+    c.graph = assemble(c)
+
+
+def mark_collectives(c: Conversion) -> None:
+    c.collectives = find_collectives(need(c.graph, "graph"), process_groups(c.host, c.kineto))
+
+
+def infer_dependencies(c: Conversion) -> None:
+    g = need(c.graph, "graph")
+    resolve_waits(g)
+    c.deps = infer(g)
+
+
+def assign_roofline(c: Conversion) -> None:
+    c.roofline = roofline.assign(need(c.graph, "graph"))
+
+
+def audit(c: Conversion) -> None:
+    c.report = build_report(c)
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    run: Callable[[Conversion], None]
+    progress: str  # what the progress line says while it runs; stages in a row with one label share the line
+
+    @property
+    def name(self) -> str:
+        return self.run.__name__
+
+
+_LINKING, _BUILDING, _INFERRING = "linking host ops to device events", "building the graph", "inferring dependencies"
+STAGES: list[Stage] = [
+    Stage(link, _LINKING), Stage(select_device_events, _LINKING),
+    Stage(repair_parents, _BUILDING), Stage(build_graph, _BUILDING), Stage(mark_collectives, _BUILDING),
+    Stage(infer_dependencies, _INFERRING), Stage(assign_roofline, _INFERRING), Stage(audit, _INFERRING),
+]
+
+
 def run_pipeline(host: HostTrace | None, kineto: KinetoTrace | None, rank: int | None = None,
                  select: Selection | None = None, allow_mismatch: bool = False) -> Result:
-    """The stages in turn. A host ET and a Kineto trace that the evidence says are not of one run and rank
-    raise CheckFailed naming both files, unless `allow_mismatch` (then the report says so)."""
-    if host is None and kineto is None:
-        raise BadInput("convert", "give a host ET (--host), a Kineto trace (--device), or both")
-    if rank is None:
-        rank = (kineto.rank if kineto is not None else None) or 0
-    widths.rank("--rank", "rank", rank)
-    window = None
-    mismatch: list[str] = []
-    if select is not None:
-        if kineto is None:
-            raise BadInput("convert", "--steps and --window select part of a Kineto trace: give --device")
-        window = select.resolve(kineto)
-    with progress.stage("linking host ops to device events"):
-        if host is None and kineto is not None:  # Kineto only: its cpu ops stand in for the host ops
-            host, link = kineto_host(kineto, window)
-        else:
-            link = link_host(host, kineto) if host is not None else HostLink("none", {}, {})
-            mismatch = mismatch_evidence(host, kineto, link) if host is not None and kineto is not None else []
-            if mismatch and not allow_mismatch:
-                assert host is not None and kineto is not None
-                raise CheckFailed(f"{host.path} and {kineto.path} are not of the same run and rank: "
-                                  f"{'; '.join(mismatch)} (--allow-mismatch converts them anyway)")
-            if window is not None:
-                link.window = restrict(link.window, window)
-            if host is not None and kineto is not None:
-                add_unlinked_cpu_ops(host, kineto, link)
-        device = select_device(kineto, link.window) if kineto is not None else None
-    next_id = max((op.id for op in host.ops), default=0) + 1 if host is not None else 1
-    rep = None
-    with progress.stage("building the graph"):
-        if host is not None:
-            rep, next_id = repair(host, next_id)
-        g = assemble(host, kineto, link, device, rep, next_id, rank)
-        g.extra["input_files"] = {"host": host.path if host is not None else None,
-                                  "device": kineto.path if kineto is not None else None}
-        stats = find_collectives(g, process_groups(host, kineto))
-    with progress.stage("inferring dependencies"):
-        resolve_waits(g)
-        deps = infer(g)
-        g.extra["roofline"] = roofline.assign(g)  # read by the report and by build_nodes
-        report = build_report(host, kineto, link, device, rep, g, deps, stats)
-    if mismatch:  # converted because allowed: say so where the link is described
-        report["warnings"]["inputs_mismatched"] = 1
-        report["link"]["mismatch"] = mismatch
-        report["link"].pop("note", None)  # "the structurally identical iteration" would claim too much
-    metadata = pb.GlobalMetadata(version=SCHEMA_VERSION)
-    metadata.attr.extend([
-        pb.AttributeProto(name="etweave_version", string_val=__version__),
-        pb.AttributeProto(name="rank", int64_val=rank),
-        pb.AttributeProto(name="source_host", string_val=Path(host.path).name if host else ""),
-        pb.AttributeProto(name="source_device", string_val=Path(kineto.path).name if kineto else ""),
-    ])
-    return Result(g, deps, report, metadata)
+    """The stages in turn on one conversion of these inputs (see `Conversion.start` and `link`)."""
+    c = Conversion.start(host, kineto, rank, select, allow_mismatch)
+    run_stages(c)
+    return Result.of(c)
+
+
+def run_stages(c: Conversion, stages: Sequence[Stage] = STAGES) -> None:
+    """Each stage in turn, under its progress line."""
+    for label, in_turn in itertools.groupby(stages, key=lambda s: s.progress):
+        with progress.stage(label):
+            for s in in_turn:
+                s.run(c)
 
 
 def convert(host: Path | None, device: Path | None, out: Path, report_path: Path | None = None,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from etweave.read.host_et import HostOp
 from etweave.read.kineto import Event
@@ -68,20 +67,50 @@ class Edge:
     inferred: bool = False  # True when the evidence is indirect (timing, partial records)
 
 
+class Ids:
+    """The one source of fresh ids in a conversion: made once, above every host ET id, and handed to every stage
+    that synthesizes ops or items (Kineto cpu ops as ops, thread roots, device items, periods)."""
+
+    __slots__ = ("_next",)
+
+    def __init__(self, first: int) -> None:
+        self._next = first
+
+    def next(self) -> int:
+        """A fresh id: the smallest not handed out yet."""
+        n = self._next
+        self._next = n + 1
+        return n
+
+    def peek(self) -> int:
+        """The id `next()` would hand out (nothing is taken)."""
+        return self._next
+
+
+@dataclass(frozen=True, slots=True)
+class InputFiles:
+    """The files a graph was built from ("" for none), for messages that name the file a bad field came from."""
+
+    host: str = ""
+    device: str = ""
+
+
 @dataclass(slots=True)
 class Graph:
     items: list[Item]  # in id order once built
     by_id: dict[int, Item]
+    ids: Ids  # the conversion's allocator: synthesized items take their ids from it
     rank: int = 0
     threads: dict[int | str, list[int]] = field(default_factory=dict)  # tid -> item ids in program order
     streams: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (device, stream) -> ids in order
-    extra: dict[str, Any] = field(default_factory=dict)  # per-stage findings the report shows
-    next_id: int = 0  # the next free id for synthesized items
+    files: InputFiles = field(default_factory=InputFiles)
+    # The Kineto synchronization calls (cudaStreamSynchronize, cudaEventSynchronize, cudaStreamWaitEvent, ...):
+    # the waits stage reads which stream or event each one waited on.
+    sync_events: list[Event] = field(default_factory=list)
 
     def add(self, it: Item) -> Item:
-        """Add a synthesized item (its id is taken from next_id)."""
-        it.id = self.next_id
-        self.next_id += 1
+        """Add a synthesized item (its id is taken from the conversion's allocator)."""
+        it.id = self.ids.next()
         self.items.append(it)
         self.by_id[it.id] = it
         return it

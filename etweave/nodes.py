@@ -73,9 +73,9 @@ def duration(it: Item) -> int:
     return max(0, round(it.seg_end) - round(it.start))
 
 
-def build_nodes(g: Graph, deps: Dependencies) -> Iterator[pb.Node]:
-    """Nodes in ascending id, built lazily so the writer can stream them."""
-    roofline: Roofline | None = g.extra.get("roofline")
+def build_nodes(g: Graph, deps: Dependencies, roofline: Roofline | None = None) -> Iterator[pb.Node]:
+    """Nodes in ascending id, built lazily so the writer can stream them; GPU COMP nodes take num_ops and
+    tensor_size from `roofline` (zeros without)."""
     work = roofline.values if roofline is not None else {}
     for it in g.items:
         preds = deps.preds.get(it.id, ())

@@ -4,9 +4,11 @@ their own thread's root, or under a synthesized thread root when the host ET has
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from etweave.read.host_et import HostOp, HostTrace
+from etweave.model import Ids
+from etweave.read.host_et import HostOp
 
 
 @dataclass(slots=True)
@@ -36,63 +38,73 @@ def is_collective_call(op: HostOp) -> bool:
     return base not in ("wait", "") and not base.startswith(("allreduce_coalesced_wait", "_wait"))
 
 
-def repair(host: HostTrace, next_id: int) -> tuple[Repair, int]:
-    """Returns the repair and the next free id (synthesized roots take ids from `next_id` upwards)."""
-    ids = {op.id for op in host.ops}
+def repair(ops: Sequence[HostOp], ids: Ids) -> Repair:
+    """Every op's effective parent; synthesized thread roots take their ids from `ids`."""
     thread_root_of: dict[int, int] = {}
-    for op in host.ops:
+    for op in ops:
         if op.is_thread_root:
             thread_root_of.setdefault(op.et_tid, op.id)
-    process_root = next((op.id for op in host.ops if op.is_process_root), None)
-    parent_of: dict[int, int | None] = {}
-    rep = Repair(parent_of, thread_root_of)
+    rep = Repair({}, thread_root_of)
+    children, missing = _recorded_parents(ops, rep.parent_of)
+    for missing_id in sorted(missing):
+        for op in missing[missing_id]:
+            root = thread_root_of.get(op.et_tid)
+            if root is None:
+                root = thread_root_of[op.et_tid] = rep.synthesized_roots[op.et_tid] = ids.next()
+            rep.parent_of[op.id] = root
+            rep.orphan_parent[op.id] = missing_id
+    rep.cycles = _break_cycles(ops, rep.parent_of, children, thread_root_of)
+    by_id = {op.id: op for op in ops}
+    rep.missing = [_missing_parent(missing_id, missing[missing_id], children, by_id) for missing_id in sorted(missing)]
+    return rep
+
+
+def _recorded_parents(ops: Sequence[HostOp], parent_of: dict[int, int | None]) -> tuple[
+        dict[int, list[int]], dict[int, list[HostOp]]]:
+    """Sets the parent of every op whose parent is in the file (a thread root without one: the process root);
+    returns the children of each op and the orphans below each missing parent id."""
+    known = {op.id for op in ops}
+    process_root = next((op.id for op in ops if op.is_process_root), None)
     children: dict[int, list[int]] = defaultdict(list)
     missing: dict[int, list[HostOp]] = defaultdict(list)
-    for op in host.ops:
+    for op in ops:
         if op.is_process_root:
             parent_of[op.id] = None
         elif op.parent == op.id:  # a one-node parent cycle: broken below like the longer ones
             parent_of[op.id] = op.id
-        elif op.parent in ids:
+        elif op.parent in known:
             parent_of[op.id] = op.parent
             children[op.parent].append(op.id)
         elif op.is_thread_root:
             parent_of[op.id] = process_root
         else:
             missing[op.parent].append(op)
-    for missing_id in sorted(missing):
-        for op in missing[missing_id]:
-            root = thread_root_of.get(op.et_tid)
-            if root is None:
-                root = thread_root_of[op.et_tid] = rep.synthesized_roots[op.et_tid] = next_id
-                next_id += 1
-            parent_of[op.id] = root
-            rep.orphan_parent[op.id] = missing_id
-    rep.cycles = _break_cycles(host, parent_of, children, thread_root_of)
-    by_id = {op.id: op for op in host.ops}
-    for missing_id in sorted(missing):
-        orphans = missing[missing_id]
-        below: list[int] = []
-        stack = [op.id for op in orphans]
-        while stack:  # iterative: a deep tree must not hit the recursion limit
-            nid = stack.pop()
-            below.append(nid)
-            stack.extend(children.get(nid, ()))
-        rep.missing.append(MissingParent(
-            id=missing_id,
-            thread=orphans[0].et_tid,
-            orphans=[op.id for op in orphans],
-            nodes_below=len(below),
-            collectives=sorted(by_id[n].name for n in below if is_collective_call(by_id[n])),
-        ))
-    return rep, next_id
+    return children, missing
 
 
-def _break_cycles(host: HostTrace, parent_of: dict[int, int | None], children: dict[int, list[int]],
+def _missing_parent(missing_id: int, orphans: list[HostOp], children: dict[int, list[int]],
+                    by_id: dict[int, HostOp]) -> MissingParent:
+    """What hangs below a missing parent id: its orphans, every op in their subtrees, the collective calls."""
+    below: list[int] = []
+    stack = [op.id for op in orphans]
+    while stack:  # iterative: a deep tree must not hit the recursion limit
+        nid = stack.pop()
+        below.append(nid)
+        stack.extend(children.get(nid, ()))
+    return MissingParent(
+        id=missing_id,
+        thread=orphans[0].et_tid,
+        orphans=[op.id for op in orphans],
+        nodes_below=len(below),
+        collectives=sorted(by_id[n].name for n in below if is_collective_call(by_id[n])),
+    )
+
+
+def _break_cycles(ops: Sequence[HostOp], parent_of: dict[int, int | None], children: dict[int, list[int]],
                   thread_root_of: dict[int, int]) -> int:
     """Each op has at most one parent, so a cycle is found by walking up with three colours, O(N)."""
     state: dict[int, int] = {}  # 1 = on the current walk, 2 = done
-    by_id = {op.id: op for op in host.ops}
+    by_id = {op.id: op for op in ops}
     cycles = 0
     for start in sorted(parent_of):
         path: list[int] = []

@@ -159,7 +159,7 @@ class _SyncRecords:
                 corr = as_int(it.event.args.correlation)
                 if corr is not None:
                     self.runtime[corr] = it
-        for ev in g.extra.get("cuda_sync", ()):
+        for ev in g.sync_events:
             corr = as_int(ev.args.correlation)
             if corr is not None:
                 self.by_call[corr] = ev
@@ -196,7 +196,7 @@ class _SyncRecords:
 def _event_waits(g: Graph, records: _SyncRecords) -> None:
     """cudaStreamWaitEvent with its `Stream Wait Event` record: the first op enqueued on the waiting stream after
     the call waits for the op the event was recorded after (recorded evidence)."""
-    for ev in g.extra.get("cuda_sync", ()):
+    for ev in g.sync_events:
         if ev.args.sync_kind != "Stream Wait Event":
             continue
         awaited = records.recorded_op(ev)

@@ -22,9 +22,9 @@ from etweave.cli import main
 from etweave.collectives import _DTYPE_BYTES, classify
 from etweave.convert import Result, run_pipeline
 from etweave.fidelity import measure
+from etweave.link import Selection
 from etweave.read.host_et import read_host_et
 from etweave.read.kineto import read_kineto
-from etweave.read.kineto_host import Selection
 from etweave.report import reconciles
 
 KINETO_ONLY = sorted(p.name.removesuffix(".json.gz") for p in (traces_root() / "kineto-only").glob("*.json.gz")) \

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from etweave.convert import convert
 from etweave.errors import BadInput
-from etweave.read.kineto_host import Selection
+from etweave.link import Selection
 from etweave.report import summary
 
 

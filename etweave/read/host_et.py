@@ -61,7 +61,6 @@ class HostTrace:
     pid: int
     ops: list[HostOp]  # sorted by id
     warnings: dict[str, int] = field(default_factory=dict)
-    from_kineto: int = 0  # how many of `ops` were made from Kineto cpu ops that no host ET node stands for
 
     def process_groups(self) -> list[dict[str, Any]] | None:
         """The `## process_group:init ##` list, or None when absent or unreadable (counted as a warning). A group

@@ -1,4 +1,4 @@
-"""Stage 2, link: host ET ops to Kineto cpu events, and the window of Kineto events that belongs to the host ET.
+"""Host ET ops to Kineto cpu events, and the window (µs) of the Kineto events that belongs to the host ET.
 
 Two linkers: by `rf_id` = `Record function id` where both traces carry it, else by aligning each host thread's
 op sequence with a Kineto thread (names, order, nesting by start order, and `seq_id` <-> `Sequence number`).
@@ -60,13 +60,13 @@ def _link_by_rf_id(ops: list[HostOp], events: EventTable) -> HostLink:
     event_of: dict[int, int] = {}
     mismatched = 0
     for op in ops:
-        i = by_rf.get(op.rf_id) if op.rf_id else None
-        if i is None:
+        at = by_rf.get(op.rf_id) if op.rf_id else None
+        if at is None:
             continue
-        if events[i].name != op.name:
+        if events[at].name != op.name:
             mismatched += 1
             continue
-        event_of[op.id] = i
+        event_of[op.id] = at
     link = HostLink("rf_id", event_of, _thread_map(ops, event_of, events))
     if mismatched:
         link.warnings["rf_id_name_mismatch"] = mismatched
@@ -215,70 +215,6 @@ def _walk(host_ops: list[HostOp], idx: list[int], events: Sequence[Event], h: in
         else:
             h += step
             k += step
-
-
-@dataclass(slots=True)
-class LeftOut:
-    count: int = 0
-    examples: list[str] = field(default_factory=list)
-
-    def add_at(self, events: EventTable, i: int) -> None:
-        self.count += 1
-        if len(self.examples) < 5:  # decode and format only the examples kept: there can be millions left out
-            ev = events[i]
-            self.examples.append(f"{ev.name[:80]} @ {ev.ts}")
-
-
-@dataclass(slots=True)
-class DeviceSelection:
-    """The Kineto runtime calls and GPU events that belong to the linked window, and what was left out, why."""
-
-    runtime: list[int]  # event indices, file order
-    gpu: list[int]
-    launcher_of: dict[int, int]  # GPU event index -> runtime event index
-    gpu_input: int = 0
-    runtime_input: int = 0
-    left_out: dict[tuple[str, str], LeftOut] = field(default_factory=dict)  # (kind, reason) -> what
-
-    def leave_out(self, kind: str, reason: str, events: EventTable, i: int) -> None:
-        self.left_out.setdefault((kind, reason), LeftOut()).add_at(events, i)
-
-
-def select_device(kineto: KinetoTrace, window: tuple[float, float] | None) -> DeviceSelection:
-    # Columns only: at a few GB of trace, decoding every event here again would cost more than the rest.
-    events = kineto.events
-    ts, correlation = events.ts, events.correlation
-    runtime_by_corr = {correlation[r]: r for r in events.runtime if correlation[r] >= 0}
-    sel = DeviceSelection([], [], {}, gpu_input=len(events.gpu), runtime_input=len(events.runtime))
-    lo, hi = window if window is not None else (float("-inf"), float("inf"))
-    kept_runtime: set[int] = set()
-    launcherless: list[int] = []
-    gpu_end = hi
-    for i in events.gpu:
-        corr = correlation[i]
-        r = runtime_by_corr.get(corr) if corr >= 0 else None
-        if r is None:
-            launcherless.append(i)
-        elif lo <= ts[r] <= hi:
-            sel.gpu.append(i)
-            sel.launcher_of[i] = r
-            kept_runtime.add(r)
-            gpu_end = max(gpu_end, ts[i] + events[i].dur)
-        else:
-            sel.leave_out("device_ops", "outside_window", events, i)
-    # A GPU event with no launch record belongs to the window when it ran in it (its GPU tail included).
-    for i in launcherless:
-        if lo <= ts[i] <= gpu_end:
-            sel.gpu.append(i)
-        else:
-            sel.leave_out("device_ops", "outside_window", events, i)
-    sel.gpu.sort()
-    for r in events.runtime:
-        if r in kept_runtime or lo <= ts[r] <= hi:
-            sel.runtime.append(r)
-        else:
-            sel.leave_out("runtime_calls", "outside_window", events, r)
-    return sel
 
 
 # Evidence that a host ET and a Kineto trace are not of one run and rank. On every pair of the shared traces

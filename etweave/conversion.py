@@ -1,0 +1,85 @@
+"""One rank's conversion as the stages see it: the inputs, then what each stage adds, in the order they run
+(`etweave.convert.STAGES`). A stage reads the fields of the stages before it and sets its own; nothing else is
+passed between stages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
+
+from etweave.errors import BadInput
+from etweave.model import Ids
+from etweave.read import widths
+
+if TYPE_CHECKING:  # annotations only: these modules are the stages, which read this one
+    from etweave.collectives import CollectiveStats
+    from etweave.deps import Dependencies
+    from etweave.link import DeviceSelection, HostLink, Selection, Window
+    from etweave.model import Graph
+    from etweave.read.host_et import HostOp, HostTrace
+    from etweave.read.kineto import KinetoTrace
+    from etweave.repair import Repair
+    from etweave.report import Report
+    from etweave.roofline import Roofline
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class Conversion:
+    # The inputs
+    host: HostTrace | None
+    kineto: KinetoTrace | None
+    rank: int
+    selection: Selection | None = None
+    allow_mismatch: bool = False
+    window: Window | None = None  # the selection resolved on the Kineto trace's clock (µs)
+    ids: Ids = field(default_factory=lambda: Ids(1))  # every fresh id of this conversion comes from here
+    # link
+    link: HostLink | None = None
+    ops: list[HostOp] = field(default_factory=list)  # every op the graph is built from: the host ET's, then added
+    added_ops: list[HostOp] = field(default_factory=list)  # made from Kineto cpu ops that no host op stands for
+    mismatch: list[str] = field(default_factory=list)  # evidence that host and Kineto are not of one run and rank
+    device: DeviceSelection | None = None  # None without a Kineto trace
+    # repair
+    repair: Repair | None = None
+    # assemble (the graph is then changed in place: collectives, waits and deps mark, split and order its items)
+    graph: Graph | None = None
+    # collectives
+    collectives: CollectiveStats | None = None
+    # infer dependencies (waits first)
+    deps: Dependencies | None = None
+    # roofline
+    roofline: Roofline | None = None
+    # report
+    report: Report | None = None
+
+    @classmethod
+    def start(cls, host: HostTrace | None, kineto: KinetoTrace | None, rank: int | None = None,
+              selection: Selection | None = None, allow_mismatch: bool = False) -> Conversion:
+        """The inputs checked, the rank chosen (given, else the Kineto trace's, else 0), the selection resolved,
+        and the id allocator made: fresh ids start above every host ET id."""
+        if host is None and kineto is None:
+            raise BadInput("convert", "give a host ET (--host), a Kineto trace (--device), or both")
+        if rank is None:
+            rank = (kineto.rank if kineto is not None else None) or 0
+        widths.rank("--rank", "rank", rank)
+        window = None
+        if selection is not None:
+            if kineto is None:
+                raise BadInput("convert", "--steps and --window select part of a Kineto trace: give --device")
+            window = selection.resolve(kineto)
+        first_id = max((op.id for op in host.ops), default=0) + 1 if host is not None else 1
+        return cls(host, kineto, rank, selection, allow_mismatch, window, Ids(first_id))
+
+    @property
+    def kineto_only(self) -> bool:
+        """No host ET: the Kineto cpu ops stand in for the host ops."""
+        return self.link is not None and self.link.method == "kineto"
+
+
+def need(value: T | None, what: str) -> T:
+    """A field a stage needs from an earlier stage; a stage run out of order is an etweave bug."""
+    if value is None:
+        raise RuntimeError(f"the conversion has no {what} yet: a stage ran before the stage that makes it")
+    return value

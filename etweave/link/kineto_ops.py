@@ -1,0 +1,140 @@
+"""Kineto cpu ops (`cpu_op` and `user_annotation` events) as host ops, where no host ET node stands for them.
+
+`kineto_host`: a Kineto trace without a host ET. The cpu ops in a window stand in for host ops (a process root, one
+thread root per Kineto thread, ops with fresh ids in entry order, parents by time containment on their thread),
+with the `HostLink` that links each op to its own event, so the rest of the pipeline runs unchanged.
+
+`add_unlinked_cpu_ops`: with a host ET, the cpu ops of the linked window that no host op stands for. Both return
+new ops; neither changes the reader's `HostTrace`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from etweave.link.host import HostLink
+from etweave.link.window import Window
+from etweave.model import Ids
+from etweave.read.host_et import IO, PROCESS_ROOT_NAMES, THREAD_ROOT_NAMES, HostOp, HostTrace
+from etweave.read.kineto import Event, EventTable, KinetoTrace, as_int
+
+# Kineto rounds to the µs on old traces: a child may seem to end a hair after its parent (as in assemble).
+_EPS = 1e-3
+
+
+def _window_threads(events: EventTable, window: Window | None) -> dict[int | str, list[int]]:
+    """The cpu ops per Kineto thread, file order: those that start in `window` (all when None)."""
+    threads: dict[int | str, list[int]] = {}
+    lo, hi = window if window is not None else (-math.inf, math.inf)
+    for i in events.cpu:
+        if lo <= events.ts[i] <= hi:  # a cpu op belongs to the window when it starts in it
+            threads.setdefault(events.tid[i], []).append(i)
+    return threads
+
+
+def kineto_host(kineto: KinetoTrace, window: Window | None, ids: Ids) -> tuple[list[HostOp], HostLink]:
+    """The ops that stand in for a host ET: of the cpu ops that start in `window` (all when None), ids from `ids`
+    (a process root, the thread roots, then the ops in entry order), and their link."""
+    events = kineto.events
+    threads = _window_threads(events, window)
+    # ET thread ids are ints: a Kineto tid that is not one gets a number above every int tid.
+    tids = sorted(threads, key=lambda t: (not isinstance(t, int), str(t)))
+    spare = max((t for t in tids if isinstance(t, int)), default=0) + 1
+    et_tid = {t: (t if isinstance(t, int) else spare + n) for n, t in enumerate(tids)}
+    no = {t: n for n, t in enumerate(tids)}
+    empty = IO([], [], [])
+    root_id = ids.next()
+    ops = [_op(root_id, PROCESS_ROOT_NAMES[0], root_id, 0, empty)]
+    thread_root = {t: ids.next() for t in tids}
+    ops += [_op(thread_root[t], THREAD_ROOT_NAMES[0], root_id, et_tid[t], empty) for t in tids]
+    # Fresh ids in entry order, as the host ET's counter hands them out at op entry: start time across threads,
+    # and within a thread Kineto's entry order (outer before inner at equal starts).
+    order = sorted(((t, i) for t, idx in threads.items() for i in idx),
+                   key=lambda ti: (events.ts[ti[1]], no[ti[0]], events.entry_key(ti[1])))
+    id_of = {i: ids.next() for _, i in order}
+    parent_of, partial = _parents(events, threads, id_of, thread_root)
+    ops += [_cpu_op(events[i], id_of[i], parent_of[i], et_tid[t]) for t, i in order]
+    link = HostLink("kineto", {id_of[i]: i for _, i in order}, {et_tid[t]: t for t in tids}, window=window)
+    if partial:
+        link.warnings["kineto_cpu_ops_partly_overlapping"] = partial
+    return ops, link
+
+
+def add_unlinked_cpu_ops(host: HostTrace, kineto: KinetoTrace, link: HostLink, ids: Ids) -> list[HostOp]:
+    """Kineto cpu ops in the linked window that no host ET node stands for (recorded while the observer was
+    off, or on a thread it did not see) become ops too, with fresh ids from `ids` (above the host's): nothing is
+    lost. Returns them; each is linked to its own event in `link`.
+
+    Each one's parent is the innermost op containing it on its Kineto thread (a host op where that one is
+    linked), else its thread's root; its ET tid is the host thread linked to that Kineto thread, else the
+    Kineto tid itself."""
+    if link.window is None:
+        return []
+    events = kineto.events
+    linked = {i: op_id for op_id, i in link.event_of.items()}
+    threads = _window_threads(events, link.window)
+    new = sorted((i for idx in threads.values() for i in idx if i not in linked),
+                 key=lambda i: (events.ts[i], events.entry_key(i)))
+    if not new:
+        return []
+    et_of = {ktid: et for et, ktid in link.kthread_of.items()}
+    roots = {op.et_tid: op.id for op in host.ops if op.is_thread_root}
+    process_root = next((op.id for op in host.ops if op.is_process_root), 0)
+    id_of = dict(linked)
+    for i in new:
+        id_of[i] = ids.next()
+    fallback = {t: roots.get(et_of[t], process_root) if t in et_of else process_root for t in threads}
+    parent_of, _ = _parents(events, threads, id_of, fallback)
+    added = []
+    for i in new:
+        ev = events[i]
+        op = _cpu_op(ev, id_of[i], parent_of[i], et_of.get(ev.tid, ev.tid if isinstance(ev.tid, int) else 0))
+        added.append(op)
+        link.event_of[op.id] = i
+    return added
+
+
+def _cpu_op(ev: Event, op_id: int, parent: int, tid: int) -> HostOp:
+    """A Kineto cpu op as a host op: its `Record function id`, `Sequence number` and input shapes and types."""
+    args = ev.args
+    op = _op(op_id, ev.name, parent, tid, IO([], _list(args.input_dims), _list(args.input_type)))
+    op.rf_id = as_int(args.rf_id, 0) or 0
+    seq = as_int(args.seq_number, -1)
+    op.seq_id = seq if seq is not None else -1
+    return op
+
+
+def _parents(events: EventTable, threads: dict[int | str, list[int]], id_of: dict[int, int],
+             thread_root: dict[int | str, int]) -> tuple[dict[int, int], int]:
+    """Each op's parent id: the innermost op on its thread whose time contains it, else the thread root."""
+    parent_of: dict[int, int] = {}
+    partial = 0
+    for t, idx in threads.items():
+        stack: list[int] = []
+        for i in sorted(idx, key=events.entry_key):
+            ev = events[i]
+            end = ev.ts + ev.dur
+            # Epoch-µs floats near 1.7e15 hold only quarter µs: allow a couple of units in the last place.
+            tol = max(_EPS, 2 * math.ulp(end))
+            while stack and events[stack[-1]].ts + events[stack[-1]].dur <= ev.ts + _EPS:
+                stack.pop()
+            # An op that starts inside another but ends after it (unbalanced annotations) is not contained: its
+            # parent is the innermost op that does contain it.
+            k = len(stack) - 1
+            while k >= 0 and events[stack[k]].ts + events[stack[k]].dur < end - tol:
+                k -= 1
+            if k != len(stack) - 1:
+                partial += 1
+            parent_of[i] = id_of[stack[k]] if k >= 0 else thread_root[t]
+            stack.append(i)
+    return parent_of, partial
+
+
+def _op(op_id: int, name: str, parent: int, tid: int, inputs: IO) -> HostOp:
+    return HostOp(id=op_id, name=name, parent=parent, et_tid=tid, rf_id=0, seq_id=-1, fw_parent=0, fw_tid=0,
+                  scope=0, op_schema="", inputs=inputs, outputs=IO([], [], []))
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
