@@ -54,6 +54,21 @@ from typing import Any
 import orjson
 
 from etweave.chakra import et_def_pb2 as pb
+from etweave.chakra.accepts import (
+    ATTR_TYPES,
+    COLLECTIVE_ATTRS,
+    COMM_NODE_TYPES,
+    MEM_NODE_TYPES,
+    P2P_ATTRS,
+    ROOFLINE_ATTRS,
+    SIMULATOR_MAPPING,
+    SIZE_TIMED_COLLECTIVES,
+    SUPPORTED_COLLECTIVES,
+    VALID_NODE_TYPES,
+    comm_type_name,
+    is_group_id,
+)
+from etweave.model import GPU_KINDS
 from etweave.read.host_et import PG_INIT_NAME
 
 
@@ -69,68 +84,7 @@ class Violation:
         return f"{self.where}{at}: {self.rule}: {self.message}"
 
 
-# The oneof each attr must use. FORMATS.md section 3 item 3 (what the simulator reads) plus the attrs OUTPUT.md
-# documents for etweave's own output, so a converter that drifts from its own documentation is caught too.
-ATTR_TYPES: dict[str, str] = {
-    # read by ASTRA-sim / its feeder
-    "is_cpu_op": "bool_val",
-    "comm_type": "int64_val",
-    "comm_size": "int64_val",
-    "num_ops": "int64_val",
-    "pg_name": "string_val",
-    "comm_src": "int32_val",
-    "comm_dst": "int32_val",
-    "comm_tag": "int32_val",
-    "comm_priority": "int32_val",
-    "involved_dim": "bool_list",
-    "tensor_size": "uint64_val",
-    "pg_config": "string_val",
-    # etweave's replay resources (OUTPUT.md)
-    "tid": "int64_val",
-    "device": "int64_val",
-    "stream": "int64_val",
-    # etweave's provenance attrs (OUTPUT.md)
-    "kind": "string_val",
-    "et_tid": "int64_val",
-    "et_parent": "int64_val",
-    "orphan_parent": "int64_val",
-    "linked": "bool_val",
-    "rf_id": "int64_val",
-    "seq_id": "int64_val",
-    "collective_name": "string_val",
-    "comm_seq": "int64_val",
-}
-
-COMM_NODE_TYPES = frozenset({pb.COMM_SEND_NODE, pb.COMM_RECV_NODE, pb.COMM_COLL_NODE})
-# Types ASTRA-sim issues (3b.1: METADATA_NODE aborts it; INVALID_NODE is skipped, so its work would be lost)
-VALID_NODE_TYPES = frozenset({pb.COMP_NODE, pb.MEM_LOAD_NODE, pb.MEM_STORE_NODE, *COMM_NODE_TYPES})
-MEM_NODE_TYPES = frozenset({pb.MEM_LOAD_NODE, pb.MEM_STORE_NODE})
-# Collectives the network model times from comm_size alone (BROADCAST replays duration_micros), 3b.4
-SIZE_TIMED_COLLECTIVES = frozenset({pb.ALL_REDUCE, pb.ALL_GATHER, pb.REDUCE_SCATTER, pb.ALL_TO_ALL})
-ROOFLINE_ATTRS = ("num_ops", "tensor_size")
-GPU_KINDS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
-
-# Collectives the simulator runs (BROADCAST is replayed from duration_micros), and what etweave writes instead
-# of each one it throws on. The converter should import this mapping so the two never disagree.
-SUPPORTED_COLLECTIVES = frozenset({pb.ALL_REDUCE, pb.ALL_GATHER, pb.REDUCE_SCATTER, pb.ALL_TO_ALL, pb.BROADCAST})
-SIMULATOR_MAPPING: dict[int, int] = {
-    pb.BARRIER: pb.ALL_REDUCE,  # a barrier behaves like a tiny all-reduce: everyone waits for everyone
-    pb.REDUCE: pb.ALL_REDUCE,  # same traffic to the root, plus the result fanned back out
-    pb.GATHER: pb.ALL_GATHER,  # same per-rank input; every rank receives instead of only the root
-    pb.SCATTER: pb.BROADCAST,  # one root fans out; BROADCAST replays the measured duration, so time stays faithful
-    pb.REDUCE_SCATTER_BLOCK: pb.REDUCE_SCATTER,  # same operation with equal blocks
-}
-
-_COLL_REQUIRED = ("comm_type", "comm_size")
-_P2P_REQUIRED = ("comm_src", "comm_dst", "comm_tag", "comm_size")
 _CYCLE_SHOWN = 8
-
-
-def comm_type_name(value: int) -> str:
-    try:
-        return pb.CollectiveCommType.Name(value)
-    except ValueError:
-        return str(value)
 
 
 def _typed_attrs(node: pb.Node, where: str, out: list[Violation] | None) -> dict[str, Any]:
@@ -149,11 +103,6 @@ def _typed_attrs(node: pb.Node, where: str, out: list[Violation] | None) -> dict
             continue
         values[name] = getattr(attr, kind)
     return values
-
-
-def is_group_id(name: str) -> bool:
-    """A comm-group id ASTRA-sim accepts: decimal digits, value >= 1 (CommunicatorGroup asserts id > 0)."""
-    return name.isascii() and name.isdecimal() and int(name) >= 1
 
 
 def pg_init_problem(values: str) -> str | None:
@@ -217,7 +166,7 @@ def _check_node_semantics(node: pb.Node, where: str, out: list[Violation],
                              node.id))
     # "Missing" means absent altogether; an attr present in the wrong oneof is already an attr-type violation.
     present = {a.name for a in node.attr}
-    required = _COLL_REQUIRED if ntype == pb.COMM_COLL_NODE else _P2P_REQUIRED
+    required = COLLECTIVE_ATTRS if ntype == pb.COMM_COLL_NODE else P2P_ATTRS
     missing = [name for name in required if name not in present]
     if missing:
         kind = pb.NodeType.Name(ntype)
@@ -407,7 +356,7 @@ def check_run(ranks: Mapping[int, Sequence[pb.Node]], comm_group: Mapping[str, S
                     per_rank = collectives.setdefault(group, {})
                     per_rank.setdefault(rank, Counter())[int(attrs["comm_type"])] += 1
                 continue
-            if not all(name in attrs for name in _P2P_REQUIRED):
+            if not all(name in attrs for name in P2P_ATTRS):
                 continue  # check_nodes reports it; it cannot be matched
             src, dst = int(attrs["comm_src"]), int(attrs["comm_dst"])
             tag, size = int(attrs["comm_tag"]), int(attrs["comm_size"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +14,7 @@ from etweave import __version__, progress, roofline
 from etweave.assemble import assemble
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import SCHEMA_VERSION, stage_et
-from etweave.check import NodeChecker, is_group_id
+from etweave.check import NodeChecker
 from etweave.collectives import find_collectives
 from etweave.deps import Dependencies, infer
 from etweave.errors import BadInput, CheckFailed
@@ -22,6 +22,7 @@ from etweave.link import HostLink, link_host, mismatch_evidence, select_device
 from etweave.model import Graph
 from etweave.nodes import build_nodes
 from etweave.output import check_outputs, commit, discard, json_bytes, stage
+from etweave.process_groups import local_group_ids
 from etweave.progress import counted
 from etweave.read import widths
 from etweave.read.host_et import HostTrace, read_host_et
@@ -67,48 +68,6 @@ class Result:
             raise RuntimeError(f"output failed its own check: {violations[0]}")
 
 
-def process_groups(host: HostTrace | None, kineto: KinetoTrace | None) -> dict[str, str]:
-    """Trace process-group name -> comm-group id: "" for a group of all ranks, else a decimal id >= 1."""
-    groups: list[dict[str, Any]] = []
-    if host is not None:
-        groups = host.process_groups() or []
-    if not groups and kineto is not None:
-        cfg = kineto.distributed.get("pg_config")
-        groups = cfg if isinstance(cfg, list) else []
-    world = kineto.distributed.get("world_size") if kineto is not None else None
-    out: dict[str, str] = {}
-    subgroups: list[str] = []
-    for n, grp in enumerate(g for g in groups if isinstance(g, dict)):
-        name = str(grp.get("pg_name", n))
-        ranks = grp.get("ranks") or []
-        if ranks in ([], "all") or (isinstance(world, int) and len(ranks) == world):
-            out[name] = ""
-        else:
-            subgroups.append(name)
-    out.update(assign_group_ids(subgroups))
-    return out
-
-
-def assign_group_ids(names: Sequence[str]) -> dict[str, str]:
-    """Comm-group ids for subgroup names, in the order given: a name that is already an id ASTRA-sim accepts
-    (decimal, >= 1, no leading zero) keeps it, the others get the smallest free ids from 1 up (FORMATS.md 3b.5:
-    CommunicatorGroup asserts id > 0; PyTorch names its default group "0")."""
-    ids: dict[str, str] = {}
-    for name in names:
-        if is_group_id(name) and str(int(name)) == name:
-            ids.setdefault(name, name)
-    taken = set(ids.values())
-    next_id = 1
-    for name in names:
-        if name in ids:
-            continue
-        while str(next_id) in taken:
-            next_id += 1
-        ids[name] = str(next_id)
-        taken.add(ids[name])
-    return ids
-
-
 def run_pipeline(host: HostTrace | None, kineto: KinetoTrace | None, rank: int | None = None,
                  select: Selection | None = None, allow_mismatch: bool = False) -> Result:
     """The stages in turn. A host ET and a Kineto trace that the evidence says are not of one run and rank
@@ -147,7 +106,7 @@ def run_pipeline(host: HostTrace | None, kineto: KinetoTrace | None, rank: int |
         g = assemble(host, kineto, link, device, rep, next_id, rank)
         g.extra["input_files"] = {"host": host.path if host is not None else None,
                                   "device": kineto.path if kineto is not None else None}
-        stats = find_collectives(g, process_groups(host, kineto))
+        stats = find_collectives(g, local_group_ids(host, kineto))
     with progress.stage("inferring dependencies"):
         resolve_waits(g)
         deps = infer(g)

@@ -8,20 +8,19 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
 import orjson
 
 from etweave.chakra import et_def_pb2 as pb
+from etweave.chakra.accepts import COMM_NODE_TYPES
 from etweave.chakra.io import GZIP_MAGIC, et_files, read_et
-from etweave.check import COMM_NODE_TYPES, Violation, check_metadata, check_nodes, check_run
+from etweave.check import Violation, check_metadata, check_nodes, check_run
 from etweave.errors import BadInput
 from etweave.progress import counted
-from etweave.read.source import read_plain
+from etweave.runfolder import file_rank, find_comm_group, lone_file_rank, read_comm_groups
 from etweave.simulate.coverage import missing_ranks, run_ranks
-from etweave.simulate.load import trace_rank
 
 EXIT_OK, EXIT_CHECK = 0, 3
 
@@ -35,47 +34,22 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                                    "listed with counts and do not fail. Exit 0 clean, 3 on violations, 2 on bad "
                                    "input.")
     p.add_argument("paths", type=Path, nargs="+", metavar="OUT_DIR_or_FILE",
-                   help="a folder (every *.et and *.et.gz in it, plus its comm_group.json) or .et files named "
-                        "<prefix>.<rank>.et (a gzipped .et is read, with a warning: ASTRA-sim reads no gzip)")
+                   help="a folder (every *.et and *.et.gz in it) or .et files named <prefix>.<rank>.et (the rank; "
+                        "a name without one: the GlobalMetadata attr rank); the comm_group.json beside them is "
+                        "read (a gzipped .et is read, with a warning: ASTRA-sim reads no gzip)")
     p.add_argument("--comm-group", type=Path, metavar="FILE",
-                   help="the comm-group JSON map (overrides a comm_group.json found in the folder)")
+                   help="the comm-group JSON map (overrides the comm_group.json beside the files)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     p.add_argument("--max-per-rule", type=int, default=50, metavar="N",
                    help="show at most N violations of each rule (default 50, 0 = all); counts stay exact")
     p.set_defaults(run=run)
 
 
-def _inputs(paths: Sequence[Path]) -> tuple[list[Path], Path | None]:
-    """The .et files to read, and the comm_group.json of the first folder that has one."""
-    folders = [p / "comm_group.json" for p in paths if p.is_dir()]
-    return et_files(paths), next((g for g in folders if g.is_file()), None)
-
-
-def _rank_of(path: Path, metadata: pb.GlobalMetadata, only_file: bool) -> int:
-    # the rule `simulate` reads a file's rank by (metadata attr, then file name), so both see one folder alike
-    return trace_rank(metadata, path, 0 if only_file else None)
-
-
-def _load_comm_group(path: Path) -> dict[str, list[int]]:
-    try:
-        data = orjson.loads(read_plain(path))
-    except orjson.JSONDecodeError as exc:
-        raise BadInput(path, f"not JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise BadInput(path, 'must be a JSON object {"<group id>": [ranks, ...]}')
-    groups: dict[str, list[int]] = {}
-    for key, ranks in data.items():
-        if not isinstance(ranks, list) or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
-            raise BadInput(path, f"group {key!r} must map to a list of integer ranks")
-        groups[key] = ranks
-    return groups
-
-
 def run(args: argparse.Namespace) -> int:
-    files, group_file = _inputs(args.paths)
-    if args.comm_group is not None:
-        group_file = args.comm_group
-    comm_group = _load_comm_group(group_file) if group_file is not None else None
+    files = et_files(args.paths)
+    # the rules simulate reads a folder by (etweave.runfolder): where the map is, its keys, each file's rank
+    group_file = args.comm_group if args.comm_group is not None else find_comm_group(files)
+    comm_group = read_comm_groups(group_file).members if group_file is not None else None
 
     violations: list[Violation] = []
     notes: list[Violation] = []
@@ -87,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     for path in counted(files, "checking", len(files), "files", chunk=1):
         _warn_if_gzip(path)
         metadata, nodes = read_et(path)
-        rank = _rank_of(path, metadata, len(files) == 1)
+        rank = file_rank(metadata, path, lone_file_rank(files))
         if rank in rank_files:
             raise BadInput(path, f"rank {rank} again (also {rank_files[rank]}); give one run's files at a time")
         rank_files[rank] = path

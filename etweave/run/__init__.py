@@ -41,8 +41,8 @@ atomically; a failed run writes nothing.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -59,22 +59,21 @@ from etweave.run.cross_rank import (
     check_sequences,
 )
 from etweave.run.discover import Discovery, RankFiles, discover
-from etweave.run.workers import convert_rank, convert_ranks
+from etweave.run.workers import ConvertedRank, RankFailure, convert_rank, convert_ranks
+from etweave.runfolder import COMM_GROUP_FILE, REPORT_FILE, CommGroups, et_file_name, split_rank_name
 
-COMM_GROUP_FILE, REPORT_FILE = "comm_group.json", "report.json"
-
-__all__ = ["COMM_GROUP_FILE", "REPORT_FILE", "CollSig", "Discovery", "RankFiles", "RunResult", "assemble_run",
-           "build_comm_group", "check_sequences", "convert_rank", "convert_ranks", "convert_run", "discover",
-           "stale_outputs", "summary", "write_run"]
+__all__ = ["COMM_GROUP_FILE", "REPORT_FILE", "CollSig", "CommGroups", "ConvertedRank", "Discovery", "RankFailure",
+           "RankFiles", "RunResult", "assemble_run", "build_comm_group", "check_sequences", "convert_rank",
+           "convert_ranks", "convert_run", "discover", "stale_outputs", "summary", "write_run"]
 
 
 def stale_outputs(out_dir: Path, prefix: str, ranks: Iterable[int]) -> list[Path]:
     """`<prefix>.<N>.et` files in out_dir for ranks not in this run: `etweave check OUT_DIR` would mix them in."""
     if not out_dir.is_dir():
         return []
-    keep = {f"{prefix}.{r}.et" for r in ranks}
-    pattern = re.compile(rf"^{re.escape(prefix)}\.\d+\.et$")
-    return sorted(p for p in out_dir.iterdir() if pattern.match(p.name) and p.name not in keep)
+    keep = {et_file_name(prefix, r) for r in ranks}
+    return sorted(p for p in out_dir.iterdir() if p.suffix == ".et" and p.name not in keep
+                  and (split_rank_name(p) or ("", 0))[0] == prefix)
 
 
 def write_run(out_dir: Path, prefix: str, result: RunResult) -> list[Path]:
@@ -84,10 +83,10 @@ def write_run(out_dir: Path, prefix: str, result: RunResult) -> list[Path]:
     staged: list[tuple[Path, Path]] = []
     try:
         for rank in sorted(result.ranks):
-            target = out_dir / f"{prefix}.{rank}.et"
+            target = out_dir / et_file_name(prefix, rank)
             # the stream write_et would write, kept as bytes by the cross-rank pass; cleaned once locked
             staged.append((stage(target, result.ranks.stream(rank), clean=False), target))
-        for name, obj in ((COMM_GROUP_FILE, result.comm_group), (REPORT_FILE, result.report)):
+        for name, obj in ((COMM_GROUP_FILE, result.comm_group.to_json()), (REPORT_FILE, result.report)):
             staged.append((stage(out_dir / name, json_bytes(obj), clean=False), out_dir / name))
     except BaseException:
         discard([tmp for tmp, _ in staged])
@@ -121,10 +120,9 @@ def _convert_locked(run_dir: Path, found: Discovery, out_dir: Path, prefix: str,
         raise BadInput(out_dir, f"holds {len(stale)} .et file(s) of ranks not in this run ("
                                 f"{', '.join(p.name for p in stale[:5])}{more}): remove them or choose another "
                                 "output folder or --prefix")
-    outputs = convert_ranks(found.ranks, jobs, scheduler, progress, allow_mismatch)
-    for out, rf in zip(outputs, found.ranks, strict=True):
-        out["host"] = _relative(rf.host, run_dir)
-        out["kineto"] = _relative(rf.kineto, run_dir)
+    outputs = [replace(out, host=_relative(rf.host, run_dir), kineto=_relative(rf.kineto, run_dir))
+               for out, rf in zip(convert_ranks(found.ranks, jobs, scheduler, progress, allow_mismatch), found.ranks,
+                                  strict=True)]
     found.ignored = [str(_relative(Path(p), run_dir)) for p in found.ignored]
     with progress_ui.stage("cross-rank checks"):
         result = assemble_run(outputs, allow_mismatch, found)
