@@ -5,6 +5,8 @@ by `COMM_NODE_TYPES`."""
 
 from __future__ import annotations
 
+from typing import cast
+
 from etweave.chakra import et_def_pb2 as pb
 
 # Nodes that communicate: the replay synchronises them across ranks, ASTRA-sim's `issue_comm` takes them.
@@ -80,6 +82,7 @@ def is_group_id(name: str) -> bool:
 def comm_type_name(value: int) -> str:
     """CollectiveCommType name of `value`, or the number when it names none."""
     try:
-        return pb.CollectiveCommType.Name(value)
+        # the mypy-protobuf stub types Name's argument as the enum's ValueType, a NewType of int
+        return pb.CollectiveCommType.Name(cast("pb.CollectiveCommType.ValueType", value))
     except ValueError:
         return str(value)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import orjson
@@ -45,19 +45,37 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(run=run)
 
 
+@dataclass(slots=True)
+class _Findings:
+    """What reading and checking the files found."""
+
+    violations: list[Violation] = field(default_factory=list)
+    notes: list[Violation] = field(default_factory=list)
+    warnings: list[Violation] = field(default_factory=list)  # runs in ASTRA-sim, but not as measured: never a failure
+    rank_files: dict[int, Path] = field(default_factory=dict)
+    nodes: int = 0
+    partial: bool = False  # ranks of the run are missing (a note names them)
+
+
 def run(args: argparse.Namespace) -> int:
     files = et_files(args.paths)
     # the rules simulate reads a folder by (etweave.runfolder): where the map is, its keys, each file's rank
     group_file = args.comm_group if args.comm_group is not None else find_comm_group(files)
     comm_group = read_comm_groups(group_file).members if group_file is not None else None
+    found = _check_files(files, comm_group)
+    limit = args.max_per_rule if args.max_per_rule > 0 else None
+    if args.json:
+        _print_json(found, files, group_file, limit)
+    else:
+        _print_lines(found, len(files), limit)
+    return EXIT_CHECK if found.violations else EXIT_OK
 
-    violations: list[Violation] = []
-    notes: list[Violation] = []
-    warnings: list[Violation] = []  # runs in ASTRA-sim, but not as measured: listed, never a failure
+
+def _check_files(files: list[Path], comm_group: dict[str, list[int]] | None) -> _Findings:
+    found = _Findings()
     # Only comm nodes go on to the cross-rank checks, so each file's other nodes can be freed once checked.
     comm_nodes: dict[int, list[pb.Node]] = {}
-    rank_files: dict[int, Path] = {}
-    total_nodes = 0
+    rank_files = found.rank_files
     for path in counted(files, "checking", len(files), "files", chunk=1):
         _warn_if_gzip(path)
         metadata, nodes = read_et(path)
@@ -65,9 +83,9 @@ def run(args: argparse.Namespace) -> int:
         if rank in rank_files:
             raise BadInput(path, f"rank {rank} again (also {rank_files[rank]}); give one run's files at a time")
         rank_files[rank] = path
-        total_nodes += len(nodes)
-        violations.extend(check_metadata(metadata, str(path)))
-        violations.extend(check_nodes(nodes, str(path), warnings))
+        found.nodes += len(nodes)
+        found.violations.extend(check_metadata(metadata, str(path)))
+        found.violations.extend(check_nodes(nodes, str(path), found.warnings))
         comm_nodes[rank] = [n for n in nodes if n.type in COMM_NODE_TYPES]
         del nodes
 
@@ -78,47 +96,48 @@ def run(args: argparse.Namespace) -> int:
             return replace(v, where=str(rank_files[int(rank)]))
         return v
 
-    violations.extend(located(v) for v in check_run(comm_nodes, comm_group, notes, warnings))
+    found.violations.extend(located(v) for v in check_run(comm_nodes, comm_group, found.notes, found.warnings))
     missing = missing_ranks(sorted(rank_files), run_ranks(files))
     if missing is not None:  # a part of a run checks clean on its own, but is not the run
-        notes.append(Violation("missing-ranks", str(files[0].parent), missing))
-    notes = [located(v) for v in notes]
-    warnings = [located(v) for v in warnings]
-    warning_counts = Counter(v.rule for v in warnings)
+        found.notes.append(Violation("missing-ranks", str(files[0].parent), missing))
+        found.partial = True
+    found.notes = [located(v) for v in found.notes]
+    found.warnings = [located(v) for v in found.warnings]
+    return found
 
-    counts = Counter(v.rule for v in violations)
-    limit = args.max_per_rule if args.max_per_rule > 0 else None
-    shown = _capped(violations, limit)
-    if args.json:
-        report = {
-            "ok": not violations,
-            "partial_run": missing is not None,
-            "files": [str(p) for p in files],
-            "comm_group": str(group_file) if group_file is not None else None,
-            "nodes": total_nodes,
-            "counts": dict(sorted(counts.items())),
-            "violations": [_as_dict(v) for v in shown],
-            "notes": [_as_dict(v) for v in notes],
-            "warning_counts": dict(sorted(warning_counts.items())),
-            "warnings": [_as_dict(v) for v in _capped(warnings, limit)],
-        }
-        sys.stdout.buffer.write(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
-    else:
-        for v in shown:
-            print(v)
-        for rule, count in sorted(counts.items()):
-            if limit is not None and count > limit:
-                print(f"... {count - limit} more {rule} violation(s) not shown (--max-per-rule 0 shows all)")
-        for v in notes:
-            print(f"note: {v}")
-        for v in _capped(warnings, limit):
-            print(f"warning: {v}")
-        for rule, count in sorted(warning_counts.items()):
-            print(f"warnings: {rule} {count}" + (f" ({count - limit} not shown)" if limit is not None
-                                                  and count > limit else ""))
-        print(_summary(len(files), total_nodes, counts, len(notes), sum(warning_counts.values()),
-                       missing is not None))
-    return EXIT_CHECK if violations else EXIT_OK
+
+def _print_json(found: _Findings, files: list[Path], group_file: Path | None, limit: int | None) -> None:
+    report = {
+        "ok": not found.violations,
+        "partial_run": found.partial,
+        "files": [str(p) for p in files],
+        "comm_group": str(group_file) if group_file is not None else None,
+        "nodes": found.nodes,
+        "counts": dict(sorted(Counter(v.rule for v in found.violations).items())),
+        "violations": [_as_dict(v) for v in _capped(found.violations, limit)],
+        "notes": [_as_dict(v) for v in found.notes],
+        "warning_counts": dict(sorted(Counter(v.rule for v in found.warnings).items())),
+        "warnings": [_as_dict(v) for v in _capped(found.warnings, limit)],
+    }
+    sys.stdout.buffer.write(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
+
+
+def _print_lines(found: _Findings, files: int, limit: int | None) -> None:
+    counts = Counter(v.rule for v in found.violations)
+    warning_counts = Counter(v.rule for v in found.warnings)
+    for v in _capped(found.violations, limit):
+        print(v)
+    for rule, count in sorted(counts.items()):
+        if limit is not None and count > limit:
+            print(f"... {count - limit} more {rule} violation(s) not shown (--max-per-rule 0 shows all)")
+    for v in found.notes:
+        print(f"note: {v}")
+    for v in _capped(found.warnings, limit):
+        print(f"warning: {v}")
+    for rule, count in sorted(warning_counts.items()):
+        print(f"warnings: {rule} {count}" + (f" ({count - limit} not shown)" if limit is not None
+                                              and count > limit else ""))
+    print(_summary(files, found.nodes, counts, len(found.notes), sum(warning_counts.values()), found.partial))
 
 
 def _warn_if_gzip(path: Path) -> None:

@@ -51,7 +51,10 @@ def to_sim_node(node: pb.Node, path: Path) -> SimNode:
         name = a.name
         if name in _WANTED:
             which = a.WhichOneof("value")  # attr_value, inlined: this loop runs for every attr of every node
-            value = getattr(a, which) if which is not None else None
+            if which is None:
+                attrs[name] = None
+                continue
+            value = getattr(a, which)
             attrs[name] = list(value.values) if which in _LIST_FIELDS else value
     ntype = node.type
     duration = node.duration_micros
