@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -120,9 +120,3 @@ def read_comm_groups(path: Path) -> CommGroups:
         raise BadInput(path, f"not JSON: {exc}") from exc
     return parse_comm_groups(data, path)
 
-
-def group_map(groups: CommGroups | Mapping[str, list[int]] | None) -> dict[str, list[int]]:
-    """The id -> ranks map of `groups` (the replay and the checks take the plain map); {} for none."""
-    if groups is None:
-        return {}
-    return dict(groups.members) if isinstance(groups, CommGroups) else dict(groups)

@@ -95,3 +95,32 @@ def test_id_0_reads_and_check_reports_it(tmp_path: Path, capsys: pytest.CaptureF
     assert code == 3 and "comm group map: pg-id: group id '0' is not a decimal id >= 1" in out
     code, _, err = run(capsys, "simulate", str(tmp_path))
     assert code == 0, err
+
+
+def write_plain(path: Path, rank: pb.AttributeProto | None, send: bool) -> None:
+    metadata = pb.GlobalMetadata(version="0.0.4")
+    if rank is not None:
+        metadata.attr.append(rank)
+    write_et(path, metadata, rank_nodes(send))
+
+
+@pytest.mark.parametrize("case", ["metadata rank not an integer", "group not a list", "no rank anywhere"])
+def test_check_and_simulate_refuse_a_bad_folder_alike(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                      case: str) -> None:
+    """docs/ERRORS.md's rows on run folders: the same exit 2 and the same line from both commands."""
+    swapped_folder(tmp_path, {"1": [0, 1]})
+    if case == "metadata rank not an integer":
+        write_plain(tmp_path / "trace.0.et", pb.AttributeProto(name="rank", string_val="zero"), send=True)
+        problem = f"{tmp_path / 'trace.0.et'}: GlobalMetadata attr rank is 'zero', not an integer"
+    elif case == "group not a list":
+        (tmp_path / "comm_group.json").write_bytes(b'{"1": "all"}')
+        problem = f"{tmp_path / 'comm_group.json'}: group 1: expected a list of integer ranks"
+    else:
+        for named in (0, 1):
+            (tmp_path / f"trace.{named}.et").unlink()
+            write_plain(tmp_path / f"part{named}.et", None, send=named == 0)
+        problem = f"{tmp_path / 'part0.et'}: no rank: neither a name like <prefix>.<rank>.et nor a GlobalMetadata"
+    for command in ("check", "simulate"):
+        code, out, err = run(capsys, command, str(tmp_path))
+        assert (code, out) == (2, ""), command
+        assert err.startswith(f"etweave: error: {problem}"), (command, err)

@@ -16,13 +16,14 @@ Discovery (`discover`), in RUN_DIR:
   Kineto trace (or only a host ET) is converted from that one file. Bad input (exit 2): no rank found, a rank
   with two host ETs or two Kineto traces.
 
-Per rank, `convert_rank` (a top-level function returning plain data, so a process pool and a Dask cluster give
-byte-identical results) runs the single-rank pipeline. Then, on all ranks together:
+Per rank, `convert_rank` (a top-level function returning a frozen, picklable `ConvertedRank`, or a `RankFailure`,
+so a process pool and a Dask cluster give byte-identical results) runs the single-rank pipeline. Then, on all
+ranks together (`assemble_run`):
   - process groups: the host ET `## process_group:init ##`, Kineto `distributedInfo.pg_config` and the
-    `Process Group Name`/`Process Group Ranks` event args of every rank give one map trace name -> global ranks;
-    the world group is "", every other group gets one decimal id (its trace name when that is decimal), written
-    to `comm_group.json`, and every comm node's `pg_name` is rewritten to it, so one group has one id on every
-    rank.
+    `Process Group Name`/`Process Group Ranks` event args of every rank (read once, `etweave.process_groups`)
+    give one map trace name -> global ranks; the world group is "", every other group gets one decimal id (its
+    trace name when that is decimal): a `CommGroups` (`etweave.runfolder`) written to `comm_group.json`, and
+    every comm node's `pg_name` is rewritten to it, so one group has one id on every rank.
   - collective sequences: in each group, every member rank must issue the same collectives in the same order
     (ascending node id, the order the simulator matches them in): same kind (from `collective_name`), same
     `comm_seq` where both have one, and same size for the kinds that need equal sizes (all_reduce, reduce,
