@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from etweave.chakra import et_def_pb2 as pb
+from etweave.chakra.accepts import SIZE_TIMED_COLLECTIVES
 from etweave.errors import BadInput
 
 # system_replay.json: the system layer's knobs that the formula uses
@@ -33,7 +34,7 @@ DATASET_SPLITS = 4
 ENDPOINT_DELAY_NS = 10
 
 # Collectives the network times from comm_size; BROADCAST is replayed from its duration (FORMATS.md 3b.4)
-NETWORK_TIMED = frozenset({pb.ALL_REDUCE, pb.ALL_GATHER, pb.REDUCE_SCATTER, pb.ALL_TO_ALL})
+NETWORK_TIMED = SIZE_TIMED_COLLECTIVES  # their one home: etweave.chakra.accepts
 TOPOLOGIES = ("Ring", "Switch")
 
 
