@@ -146,9 +146,9 @@ def _check_node_semantics(node: pb.Node, where: str, out: list[Violation],
     elif ntype in MEM_NODE_TYPES and warnings is not None:
         warnings.append(Violation("mem-node", where, f"{pb.NodeType.Name(ntype)} is timed by ASTRA-sim's "
                                   "remote-memory model from tensor_size, not from duration_micros", node.id))
-    if ntype == pb.COMP_NODE:
-        _check_missing(node, ROOFLINE_ATTRS, where, out, "roofline-attr", "COMP_NODE lacks {}: ASTRA-sim's "
-                       "roofline mode throws")
+    if ntype == pb.COMP_NODE and (missing := _absent(node, ROOFLINE_ATTRS)):
+        out.append(Violation("roofline-attr", where, f"COMP_NODE lacks {', '.join(missing)}: ASTRA-sim's "
+                             "roofline mode throws", node.id))
     if node.name == PG_INIT_NAME:
         problem = pg_init_problem(node.inputs.values)
         if problem is not None:
@@ -161,14 +161,10 @@ def _check_node_semantics(node: pb.Node, where: str, out: list[Violation],
         _check_comm_node(node, attrs, where, out, warnings)
 
 
-def _check_missing(node: pb.Node, required: Sequence[str], where: str, out: list[Violation], rule: str,
-                   message: str) -> None:
-    """`rule` when attrs of `required` are absent altogether (`message` formatted with their names); an attr
-    present in the wrong oneof is an attr-type violation already."""
+def _absent(node: pb.Node, required: Sequence[str]) -> list[str]:
+    """The attrs of `required` absent altogether; one present in the wrong oneof is an attr-type violation."""
     present = {a.name for a in node.attr}
-    missing = [name for name in required if name not in present]
-    if missing:
-        out.append(Violation(rule, where, message.format(", ".join(missing)), node.id))
+    return [name for name in required if name not in present]
 
 
 def _check_comm_node(node: pb.Node, attrs: Mapping[str, Any], where: str, out: list[Violation],
@@ -178,8 +174,10 @@ def _check_comm_node(node: pb.Node, attrs: Mapping[str, Any], where: str, out: l
     if group and not is_group_id(group):
         out.append(Violation("pg-id", where, f"pg_name {group!r} is not a decimal group id >= 1 (\"\" = all ranks)",
                              node.id))
-    required = COLLECTIVE_ATTRS if ntype == pb.COMM_COLL_NODE else P2P_ATTRS
-    _check_missing(node, required, where, out, "comm-missing-attr", f"{pb.NodeType.Name(ntype)} lacks {{}}")
+    missing = _absent(node, COLLECTIVE_ATTRS if ntype == pb.COMM_COLL_NODE else P2P_ATTRS)
+    if missing:
+        out.append(Violation("comm-missing-attr", where, f"{pb.NodeType.Name(ntype)} lacks {', '.join(missing)}",
+                             node.id))
     if ntype == pb.COMM_COLL_NODE and "comm_type" in attrs:
         _check_collective_type(node, int(attrs["comm_type"]), attrs.get("comm_size"), where, out, warnings)
 

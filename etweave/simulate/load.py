@@ -42,10 +42,8 @@ def _int(value: object, path: Path, node_id: int, name: str) -> int:
 _INF = float("inf")
 
 
-def to_sim_node(node: pb.Node, path: Path) -> SimNode:
-    # Names, kinds and resource labels are interned: a rank repeats a few hundred of them over thousands of
-    # nodes, and a run repeats them over its ranks, so they cost memory per distinct string, not per node.
-    # pick only the attrs the replay reads: node_attrs() would build a dict of every attr per node
+def _wanted_attrs(node: pb.Node) -> dict[str, object]:
+    """Only the attrs the replay reads: node_attrs() would build a dict of every attr per node."""
     attrs: dict[str, object] = {}
     for a in node.attr:
         name = a.name
@@ -56,6 +54,13 @@ def to_sim_node(node: pb.Node, path: Path) -> SimNode:
                 continue
             value = getattr(a, which)
             attrs[name] = list(value.values) if which in _LIST_FIELDS else value
+    return attrs
+
+
+def to_sim_node(node: pb.Node, path: Path) -> SimNode:
+    # Names, kinds and resource labels are interned: a rank repeats a few hundred of them over thousands of
+    # nodes, and a run repeats them over its ranks, so they cost memory per distinct string, not per node.
+    attrs = _wanted_attrs(node)
     ntype = node.type
     duration = node.duration_micros
     if ntype in COMM_NODE_TYPES and "transfer_duration_micros" in attrs:
