@@ -73,8 +73,13 @@ def stale_outputs(out_dir: Path, prefix: str, ranks: Iterable[int]) -> list[Path
     if not out_dir.is_dir():
         return []
     keep = {et_file_name(prefix, r) for r in ranks}
-    return sorted(p for p in out_dir.iterdir() if p.suffix == ".et" and p.name not in keep
-                  and (split_rank_name(p) or ("", 0))[0] == prefix)
+    return sorted(p for p in out_dir.iterdir()
+                  if p.suffix == ".et" and p.name not in keep and _prefix_of(p) == prefix)
+
+
+def _prefix_of(path: Path) -> str | None:
+    named = split_rank_name(path)
+    return named[0] if named is not None else None
 
 
 def write_run(out_dir: Path, prefix: str, result: RunResult) -> list[Path]:
