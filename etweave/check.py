@@ -48,12 +48,27 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from etweave.chakra import et_def_pb2 as pb
+from etweave.chakra.accepts import (
+    ATTR_TYPES,
+    COLLECTIVE_ATTRS,
+    COMM_NODE_TYPES,
+    MEM_NODE_TYPES,
+    P2P_ATTRS,
+    ROOFLINE_ATTRS,
+    SIMULATOR_MAPPING,
+    SIZE_TIMED_COLLECTIVES,
+    SUPPORTED_COLLECTIVES,
+    VALID_NODE_TYPES,
+    comm_type_name,
+    is_group_id,
+)
+from etweave.model import GPU_KINDS
 from etweave.read.host_et import PG_INIT_NAME
 
 
@@ -69,68 +84,7 @@ class Violation:
         return f"{self.where}{at}: {self.rule}: {self.message}"
 
 
-# The oneof each attr must use. FORMATS.md section 3 item 3 (what the simulator reads) plus the attrs OUTPUT.md
-# documents for etweave's own output, so a converter that drifts from its own documentation is caught too.
-ATTR_TYPES: dict[str, str] = {
-    # read by ASTRA-sim / its feeder
-    "is_cpu_op": "bool_val",
-    "comm_type": "int64_val",
-    "comm_size": "int64_val",
-    "num_ops": "int64_val",
-    "pg_name": "string_val",
-    "comm_src": "int32_val",
-    "comm_dst": "int32_val",
-    "comm_tag": "int32_val",
-    "comm_priority": "int32_val",
-    "involved_dim": "bool_list",
-    "tensor_size": "uint64_val",
-    "pg_config": "string_val",
-    # etweave's replay resources (OUTPUT.md)
-    "tid": "int64_val",
-    "device": "int64_val",
-    "stream": "int64_val",
-    # etweave's provenance attrs (OUTPUT.md)
-    "kind": "string_val",
-    "et_tid": "int64_val",
-    "et_parent": "int64_val",
-    "orphan_parent": "int64_val",
-    "linked": "bool_val",
-    "rf_id": "int64_val",
-    "seq_id": "int64_val",
-    "collective_name": "string_val",
-    "comm_seq": "int64_val",
-}
-
-COMM_NODE_TYPES = frozenset({pb.COMM_SEND_NODE, pb.COMM_RECV_NODE, pb.COMM_COLL_NODE})
-# Types ASTRA-sim issues (3b.1: METADATA_NODE aborts it; INVALID_NODE is skipped, so its work would be lost)
-VALID_NODE_TYPES = frozenset({pb.COMP_NODE, pb.MEM_LOAD_NODE, pb.MEM_STORE_NODE, *COMM_NODE_TYPES})
-MEM_NODE_TYPES = frozenset({pb.MEM_LOAD_NODE, pb.MEM_STORE_NODE})
-# Collectives the network model times from comm_size alone (BROADCAST replays duration_micros), 3b.4
-SIZE_TIMED_COLLECTIVES = frozenset({pb.ALL_REDUCE, pb.ALL_GATHER, pb.REDUCE_SCATTER, pb.ALL_TO_ALL})
-ROOFLINE_ATTRS = ("num_ops", "tensor_size")
-GPU_KINDS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
-
-# Collectives the simulator runs (BROADCAST is replayed from duration_micros), and what etweave writes instead
-# of each one it throws on. The converter should import this mapping so the two never disagree.
-SUPPORTED_COLLECTIVES = frozenset({pb.ALL_REDUCE, pb.ALL_GATHER, pb.REDUCE_SCATTER, pb.ALL_TO_ALL, pb.BROADCAST})
-SIMULATOR_MAPPING: dict[int, int] = {
-    pb.BARRIER: pb.ALL_REDUCE,  # a barrier behaves like a tiny all-reduce: everyone waits for everyone
-    pb.REDUCE: pb.ALL_REDUCE,  # same traffic to the root, plus the result fanned back out
-    pb.GATHER: pb.ALL_GATHER,  # same per-rank input; every rank receives instead of only the root
-    pb.SCATTER: pb.BROADCAST,  # one root fans out; BROADCAST replays the measured duration, so time stays faithful
-    pb.REDUCE_SCATTER_BLOCK: pb.REDUCE_SCATTER,  # same operation with equal blocks
-}
-
-_COLL_REQUIRED = ("comm_type", "comm_size")
-_P2P_REQUIRED = ("comm_src", "comm_dst", "comm_tag", "comm_size")
 _CYCLE_SHOWN = 8
-
-
-def comm_type_name(value: int) -> str:
-    try:
-        return pb.CollectiveCommType.Name(value)
-    except ValueError:
-        return str(value)
 
 
 def _typed_attrs(node: pb.Node, where: str, out: list[Violation] | None) -> dict[str, Any]:
@@ -149,11 +103,6 @@ def _typed_attrs(node: pb.Node, where: str, out: list[Violation] | None) -> dict
             continue
         values[name] = getattr(attr, kind)
     return values
-
-
-def is_group_id(name: str) -> bool:
-    """A comm-group id ASTRA-sim accepts: decimal digits, value >= 1 (CommunicatorGroup asserts id > 0)."""
-    return name.isascii() and name.isdecimal() and int(name) >= 1
 
 
 def pg_init_problem(values: str) -> str | None:
@@ -183,24 +132,23 @@ def _is_int_text(text: str) -> bool:
     return text.isascii() and text.lstrip("-").isdecimal()
 
 
+_TYPE_PROBLEMS = {pb.INVALID_NODE: "INVALID_NODE: ASTRA-sim skips it, so its work is lost",
+                  pb.METADATA_NODE: "METADATA_NODE: ASTRA-sim aborts at tick 0 (write COMP_NODE with duration 0)"}
+
+
 def _check_node_semantics(node: pb.Node, where: str, out: list[Violation],
                           warnings: list[Violation] | None = None) -> None:
     attrs = _typed_attrs(node, where, out)
     ntype = node.type
     if ntype not in VALID_NODE_TYPES:
-        label = {pb.INVALID_NODE: "INVALID_NODE: ASTRA-sim skips it, so its work is lost",
-                 pb.METADATA_NODE: "METADATA_NODE: ASTRA-sim aborts at tick 0 (write COMP_NODE with duration 0)"
-                 }.get(ntype, f"unknown type {ntype}")
+        label = _TYPE_PROBLEMS.get(ntype, f"unknown type {ntype}")
         out.append(Violation("node-type", where, f"node type is {label}", node.id))
     elif ntype in MEM_NODE_TYPES and warnings is not None:
         warnings.append(Violation("mem-node", where, f"{pb.NodeType.Name(ntype)} is timed by ASTRA-sim's "
                                   "remote-memory model from tensor_size, not from duration_micros", node.id))
-    if ntype == pb.COMP_NODE:
-        present = {a.name for a in node.attr}
-        missing = [name for name in ROOFLINE_ATTRS if name not in present]
-        if missing:
-            out.append(Violation("roofline-attr", where, f"COMP_NODE lacks {', '.join(missing)}: ASTRA-sim's "
-                                 "roofline mode throws", node.id))
+    if ntype == pb.COMP_NODE and (missing := _absent(node, ROOFLINE_ATTRS)):
+        out.append(Violation("roofline-attr", where, f"COMP_NODE lacks {', '.join(missing)}: ASTRA-sim's "
+                             "roofline mode throws", node.id))
     if node.name == PG_INIT_NAME:
         problem = pg_init_problem(node.inputs.values)
         if problem is not None:
@@ -209,32 +157,44 @@ def _check_node_semantics(node: pb.Node, where: str, out: list[Violation],
     if attrs.get("is_cpu_op") is True and (is_comm or attrs.get("kind") in GPU_KINDS):
         what = "a comm node" if is_comm else f"GPU work ({attrs['kind']})"
         out.append(Violation("is-cpu-op", where, f"is_cpu_op is true on {what}; it must be false", node.id))
-    if not is_comm:
-        return
+    if is_comm:
+        _check_comm_node(node, attrs, where, out, warnings)
+
+
+def _absent(node: pb.Node, required: Sequence[str]) -> list[str]:
+    """The attrs of `required` absent altogether; one present in the wrong oneof is an attr-type violation."""
+    present = {a.name for a in node.attr}
+    return [name for name in required if name not in present]
+
+
+def _check_comm_node(node: pb.Node, attrs: Mapping[str, Any], where: str, out: list[Violation],
+                     warnings: list[Violation] | None) -> None:
+    ntype = node.type
     group = attrs.get("pg_name", "")
     if group and not is_group_id(group):
         out.append(Violation("pg-id", where, f"pg_name {group!r} is not a decimal group id >= 1 (\"\" = all ranks)",
                              node.id))
-    # "Missing" means absent altogether; an attr present in the wrong oneof is already an attr-type violation.
-    present = {a.name for a in node.attr}
-    required = _COLL_REQUIRED if ntype == pb.COMM_COLL_NODE else _P2P_REQUIRED
-    missing = [name for name in required if name not in present]
+    missing = _absent(node, COLLECTIVE_ATTRS if ntype == pb.COMM_COLL_NODE else P2P_ATTRS)
     if missing:
-        kind = pb.NodeType.Name(ntype)
-        out.append(Violation("comm-missing-attr", where, f"{kind} lacks {', '.join(missing)}", node.id))
+        out.append(Violation("comm-missing-attr", where, f"{pb.NodeType.Name(ntype)} lacks {', '.join(missing)}",
+                             node.id))
     if ntype == pb.COMM_COLL_NODE and "comm_type" in attrs:
-        ctype = int(attrs["comm_type"])
-        if ctype in SIMULATOR_MAPPING:
-            out.append(Violation(
-                "unsupported-collective", where,
-                f"comm_type {comm_type_name(ctype)} makes the simulator throw; etweave writes it as "
-                f"{comm_type_name(SIMULATOR_MAPPING[ctype])}", node.id))
-        elif ctype not in SUPPORTED_COLLECTIVES:
-            out.append(Violation("unsupported-collective", where,
-                                 f"comm_type {ctype} is not a CollectiveCommType", node.id))
-        elif ctype in SIZE_TIMED_COLLECTIVES and attrs.get("comm_size") == 0 and warnings is not None:
-            warnings.append(Violation("comm-size-zero", where, f"{comm_type_name(ctype)} with comm_size 0: the "
-                                      "network model times it from comm_size alone, so it takes no time", node.id))
+        _check_collective_type(node, int(attrs["comm_type"]), attrs.get("comm_size"), where, out, warnings)
+
+
+def _check_collective_type(node: pb.Node, ctype: int, size: object, where: str, out: list[Violation],
+                           warnings: list[Violation] | None) -> None:
+    if ctype in SIMULATOR_MAPPING:
+        out.append(Violation(
+            "unsupported-collective", where,
+            f"comm_type {comm_type_name(ctype)} makes the simulator throw; etweave writes it as "
+            f"{comm_type_name(SIMULATOR_MAPPING[ctype])}", node.id))
+    elif ctype not in SUPPORTED_COLLECTIVES:
+        out.append(Violation("unsupported-collective", where,
+                             f"comm_type {ctype} is not a CollectiveCommType", node.id))
+    elif ctype in SIZE_TIMED_COLLECTIVES and size == 0 and warnings is not None:
+        warnings.append(Violation("comm-size-zero", where, f"{comm_type_name(ctype)} with comm_size 0: the "
+                                  "network model times it from comm_size alone, so it takes no time", node.id))
 
 
 def check_metadata(metadata: pb.GlobalMetadata, where: str) -> list[Violation]:
@@ -319,9 +279,18 @@ def _graph_violations(nodes: Sequence[NodeShape], where: str) -> list[Violation]
             out.append(Violation("duplicate-id", where,
                                  f"id also used by an earlier node ({nodes[first].name!r}, now {node.name!r})",
                                  node.id))
+    dependents, indegree = _edges(nodes, index, where, out)
+    stuck = _unschedulable(dependents, indegree)
+    if stuck:
+        out.append(_cycle_violation(nodes, index, stuck, where))
+    return out
 
-    # Graph over positions, not ids, so duplicate ids cannot merge nodes. Self-edges and dangling ones are
-    # reported and left out, so the cycle check reports only real cycles.
+
+def _edges(nodes: Sequence[NodeShape], index: dict[int, int], where: str, out: list[Violation]
+           ) -> tuple[list[list[int]], list[int]]:
+    """The graph over positions, not ids, so duplicate ids cannot merge nodes: each node's dependents and
+    in-degree. Self-edges and dangling ones are reported and left out, so the cycle check reports only real
+    cycles."""
     n = len(nodes)
     indegree = [0] * n
     dependents: list[list[int]] = [[] for _ in range(n)]
@@ -339,30 +308,31 @@ def _graph_violations(nodes: Sequence[NodeShape], where: str) -> list[Violation]
                     continue
                 dependents[j].append(i)
                 indegree[i] += 1
+    return dependents, indegree
 
-    # Kahn's algorithm, iterative: whatever is never freed sits on or behind a cycle.
-    ready = [i for i in range(n) if indegree[i] == 0]
-    scheduled = 0
+
+def _unschedulable(dependents: list[list[int]], indegree: list[int]) -> list[int]:
+    """Kahn's algorithm, iterative: the positions never freed (on or behind a cycle). `indegree` is consumed."""
+    ready = [i for i in range(len(indegree)) if indegree[i] == 0]
     while ready:
         i = ready.pop()
-        scheduled += 1
         for k in dependents[i]:
             indegree[k] -= 1
             if indegree[k] == 0:
                 ready.append(k)
-    if scheduled < n:
-        stuck = [i for i in range(n) if indegree[i] > 0]
-        cycle = _find_cycle(nodes, index, stuck)
-        # The walk goes node -> dependency; reverse it so the arrows read in execution order, and start at the
-        # smallest id so the report is the same whichever node the walk began from.
-        ids = [nodes[i].id for i in reversed(cycle)]
-        start = ids.index(min(ids))
-        ids = ids[start:] + ids[:start]
-        shown = " -> ".join(str(x) for x in ids[:_CYCLE_SHOWN])
-        more = f" -> ... ({len(ids)} nodes)" if len(ids) > _CYCLE_SHOWN else f" -> {ids[0]}"
-        out.append(Violation("cycle", where,
-                             f"dependency cycle {shown}{more}; {len(stuck)} nodes can never run", ids[0]))
-    return out
+    return [i for i in range(len(indegree)) if indegree[i] > 0]
+
+
+def _cycle_violation(nodes: Sequence[NodeShape], index: dict[int, int], stuck: list[int], where: str) -> Violation:
+    cycle = _find_cycle(nodes, index, stuck)
+    # The walk goes node -> dependency; reverse it so the arrows read in execution order, and start at the
+    # smallest id so the report is the same whichever node the walk began from.
+    ids = [nodes[i].id for i in reversed(cycle)]
+    start = ids.index(min(ids))
+    ids = ids[start:] + ids[:start]
+    shown = " -> ".join(str(x) for x in ids[:_CYCLE_SHOWN])
+    more = f" -> ... ({len(ids)} nodes)" if len(ids) > _CYCLE_SHOWN else f" -> {ids[0]}"
+    return Violation("cycle", where, f"dependency cycle {shown}{more}; {len(stuck)} nodes can never run", ids[0])
 
 
 def check_run(ranks: Mapping[int, Sequence[pb.Node]], comm_group: Mapping[str, Sequence[int]] | None,
@@ -384,57 +354,77 @@ def check_run(ranks: Mapping[int, Sequence[pb.Node]], comm_group: Mapping[str, S
     if len(present) == 1 and warnings is not None:
         warnings.append(Violation("single-rank", f"rank {min(present)}", "one rank: ASTRA-sim's analytical "
                                   "network refuses 1 NPU; run it as 2 NPUs (FORMATS.md 3b.7)"))
-    # (src, dst, tag) -> [(node id, size, file rank)], one list for sends and one for recvs
-    sends: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {}
-    recvs: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {}
-    # group -> rank -> Counter of comm_type
-    collectives: dict[str, dict[int, Counter[int]]] = {}
-
+    comm = _RunComm()
     for rank in sorted(ranks):
-        where = f"rank {rank}"
-        group_uses: dict[str, list[int]] = {}  # group -> ids of nodes using it (reported once per group)
-        for node in ranks[rank]:
-            ntype = node.type
-            if ntype not in COMM_NODE_TYPES:
-                continue
-            attrs = _typed_attrs(node, where, None)
-            group = attrs.get("pg_name", "")
-            assert isinstance(group, str)
-            if group:
-                group_uses.setdefault(group, []).append(node.id)
-            if ntype == pb.COMM_COLL_NODE:
-                if "comm_type" in attrs:
-                    per_rank = collectives.setdefault(group, {})
-                    per_rank.setdefault(rank, Counter())[int(attrs["comm_type"])] += 1
-                continue
-            if not all(name in attrs for name in _P2P_REQUIRED):
-                continue  # check_nodes reports it; it cannot be matched
-            src, dst = int(attrs["comm_src"]), int(attrs["comm_dst"])
-            tag, size = int(attrs["comm_tag"]), int(attrs["comm_size"])
-            is_send = ntype == pb.COMM_SEND_NODE
-            own = src if is_send else dst
-            if own != rank:
-                field = "comm_src" if is_send else "comm_dst"
-                kind = "send" if is_send else "recv"
-                out.append(Violation("p2p-rank", where,
-                                     f"{kind} has {field} {own}, but its file is rank {rank}", node.id))
-            (sends if is_send else recvs).setdefault((src, dst, tag), []).append((node.id, size, rank))
-
-        for group, ids in group_uses.items():
-            count = f"{len(ids)} comm node(s), first {ids[0]}"
-            if comm_group is None:
-                out.append(Violation("pg-name", where, f"pg_name {group!r} used by {count}, but no comm-group "
-                                     "map was given (comm_group.json)"))
-            elif group not in comm_group:
-                out.append(Violation("pg-name", where, f"pg_name {group!r} used by {count} is not in the "
-                                     f"comm-group map (groups: {', '.join(sorted(comm_group)) or 'none'})"))
-            elif rank not in comm_group[group]:
-                out.append(Violation("pg-member", where, f"pg_name {group!r} used by {count}, but rank {rank} "
-                                     f"is not among its ranks {list(comm_group[group])}"))
-
-    _check_collective_counts(collectives, present, comm_group, out)
-    _match_p2p(sends, recvs, present, out, notes)
+        group_uses = _scan_rank(rank, ranks[rank], comm, out)
+        _check_group_uses(rank, group_uses, comm_group, out)
+    _check_collective_counts(comm.collectives, present, comm_group, out)
+    _match_p2p(comm.sends, comm.recvs, present, out, notes)
     return out
+
+
+@dataclass(slots=True)
+class _RunComm:
+    """The comm nodes of a run, as the cross-rank checks match them."""
+
+    # (src, dst, tag) -> [(node id, size, file rank)], one list for sends and one for recvs
+    sends: dict[tuple[int, int, int], list[tuple[int, int, int]]] = field(default_factory=dict)
+    recvs: dict[tuple[int, int, int], list[tuple[int, int, int]]] = field(default_factory=dict)
+    # group -> rank -> Counter of comm_type
+    collectives: dict[str, dict[int, Counter[int]]] = field(default_factory=dict)
+
+
+def _scan_rank(rank: int, nodes: Sequence[pb.Node], comm: _RunComm, out: list[Violation]) -> dict[str, list[int]]:
+    """One rank's comm nodes into `comm` (a send or recv not of this rank is a p2p-rank violation); returns
+    group -> ids of the nodes using it (reported once per group)."""
+    where = f"rank {rank}"
+    group_uses: dict[str, list[int]] = {}
+    for node in nodes:
+        ntype = node.type
+        if ntype not in COMM_NODE_TYPES:
+            continue
+        attrs = _typed_attrs(node, where, None)
+        group = attrs.get("pg_name", "")
+        assert isinstance(group, str)
+        if group:
+            group_uses.setdefault(group, []).append(node.id)
+        if ntype == pb.COMM_COLL_NODE:
+            if "comm_type" in attrs:
+                per_rank = comm.collectives.setdefault(group, {})
+                per_rank.setdefault(rank, Counter())[int(attrs["comm_type"])] += 1
+        elif all(name in attrs for name in P2P_ATTRS):  # else check_nodes reports it; it cannot be matched
+            _add_p2p(node, attrs, rank, comm, out)
+    return group_uses
+
+
+def _add_p2p(node: pb.Node, attrs: Mapping[str, Any], rank: int, comm: _RunComm, out: list[Violation]) -> None:
+    src, dst = int(attrs["comm_src"]), int(attrs["comm_dst"])
+    tag, size = int(attrs["comm_tag"]), int(attrs["comm_size"])
+    is_send = node.type == pb.COMM_SEND_NODE
+    own = src if is_send else dst
+    if own != rank:
+        field_name = "comm_src" if is_send else "comm_dst"
+        kind = "send" if is_send else "recv"
+        out.append(Violation("p2p-rank", f"rank {rank}",
+                             f"{kind} has {field_name} {own}, but its file is rank {rank}", node.id))
+    (comm.sends if is_send else comm.recvs).setdefault((src, dst, tag), []).append((node.id, size, rank))
+
+
+def _check_group_uses(rank: int, group_uses: Mapping[str, list[int]], comm_group: Mapping[str, Sequence[int]] | None,
+                      out: list[Violation]) -> None:
+    """Every group a rank uses is in the comm-group map, with the rank among its members."""
+    where = f"rank {rank}"
+    for group, ids in group_uses.items():
+        count = f"{len(ids)} comm node(s), first {ids[0]}"
+        if comm_group is None:
+            out.append(Violation("pg-name", where, f"pg_name {group!r} used by {count}, but no comm-group "
+                                 "map was given (comm_group.json)"))
+        elif group not in comm_group:
+            out.append(Violation("pg-name", where, f"pg_name {group!r} used by {count} is not in the "
+                                 f"comm-group map (groups: {', '.join(sorted(comm_group)) or 'none'})"))
+        elif rank not in comm_group[group]:
+            out.append(Violation("pg-member", where, f"pg_name {group!r} used by {count}, but rank {rank} "
+                                 f"is not among its ranks {list(comm_group[group])}"))
 
 
 def _check_collective_counts(collectives: dict[str, dict[int, Counter[int]]], present: set[int],

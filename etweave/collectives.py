@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from etweave.chakra import et_def_pb2 as pb
-from etweave.check import SIMULATOR_MAPPING
+from etweave.chakra.accepts import SIMULATOR_MAPPING
 from etweave.errors import BadInput
 from etweave.model import HOST_OP, KERNEL, Comm, Graph, Item
 from etweave.read import widths

@@ -16,7 +16,7 @@ from etweave import __version__, progress, roofline
 from etweave.assemble import assemble
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import SCHEMA_VERSION, stage_et
-from etweave.check import NodeChecker, is_group_id
+from etweave.check import NodeChecker
 from etweave.collectives import find_collectives
 from etweave.conversion import Conversion, need
 from etweave.deps import Dependencies, infer
@@ -34,6 +34,7 @@ from etweave.link import (
 from etweave.model import Graph
 from etweave.nodes import build_nodes
 from etweave.output import check_outputs, commit, discard, json_bytes, stage
+from etweave.process_groups import local_group_ids
 from etweave.progress import counted
 from etweave.read.host_et import HostTrace, read_host_et
 from etweave.read.kineto import KinetoTrace, read_kineto
@@ -95,48 +96,6 @@ class Result:
             raise RuntimeError(f"output failed its own check: {violations[0]}")
 
 
-def process_groups(host: HostTrace | None, kineto: KinetoTrace | None) -> dict[str, str]:
-    """Trace process-group name -> comm-group id: "" for a group of all ranks, else a decimal id >= 1."""
-    groups: list[dict[str, Any]] = []
-    if host is not None:
-        groups = host.process_groups() or []
-    if not groups and kineto is not None:
-        cfg = kineto.distributed.get("pg_config")
-        groups = cfg if isinstance(cfg, list) else []
-    world = kineto.distributed.get("world_size") if kineto is not None else None
-    out: dict[str, str] = {}
-    subgroups: list[str] = []
-    for n, grp in enumerate(g for g in groups if isinstance(g, dict)):
-        name = str(grp.get("pg_name", n))
-        ranks = grp.get("ranks") or []
-        if ranks in ([], "all") or (isinstance(world, int) and len(ranks) == world):
-            out[name] = ""
-        else:
-            subgroups.append(name)
-    out.update(assign_group_ids(subgroups))
-    return out
-
-
-def assign_group_ids(names: Sequence[str]) -> dict[str, str]:
-    """Comm-group ids for subgroup names, in the order given: a name that is already an id ASTRA-sim accepts
-    (decimal, >= 1, no leading zero) keeps it, the others get the smallest free ids from 1 up (FORMATS.md 3b.5:
-    CommunicatorGroup asserts id > 0; PyTorch names its default group "0")."""
-    ids: dict[str, str] = {}
-    for name in names:
-        if is_group_id(name) and str(int(name)) == name:
-            ids.setdefault(name, name)
-    taken = set(ids.values())
-    next_id = 1
-    for name in names:
-        if name in ids:
-            continue
-        while str(next_id) in taken:
-            next_id += 1
-        ids[name] = str(next_id)
-        taken.add(ids[name])
-    return ids
-
-
 # The stages, each a small function of the conversion: it reads what earlier stages set and sets its own field.
 
 def link(c: Conversion) -> None:
@@ -178,7 +137,7 @@ def build_graph(c: Conversion) -> None:
 
 
 def mark_collectives(c: Conversion) -> None:
-    c.collectives = find_collectives(need(c.graph, "graph"), process_groups(c.host, c.kineto))
+    c.collectives = find_collectives(need(c.graph, "graph"), local_group_ids(c.host, c.kineto))
 
 
 def infer_dependencies(c: Conversion) -> None:

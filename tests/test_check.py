@@ -11,15 +11,9 @@ import pytest
 from google.protobuf.internal.encoder import _VarintBytes  # type: ignore[attr-defined]
 
 from etweave.chakra import et_def_pb2 as pb
+from etweave.chakra.accepts import SIMULATOR_MAPPING, SUPPORTED_COLLECTIVES
 from etweave.chakra.io import write_et
-from etweave.check import (
-    SIMULATOR_MAPPING,
-    SUPPORTED_COLLECTIVES,
-    Violation,
-    check_nodes,
-    check_run,
-    pg_init_problem,
-)
+from etweave.check import Violation, check_nodes, check_run, pg_init_problem
 from etweave.cli import main
 
 AttrSpec = tuple[str, str, object]  # (name, oneof field, value)
@@ -409,6 +403,7 @@ def test_bad_inputs_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     (tmp_path / "comm_group.json").write_bytes(b'{"0": "all"}')
     code, _, err = run_check(capsys, tmp_path)
     assert code == 2 and "comm_group.json" in err
+    (tmp_path / "comm_group.json").unlink()  # read beside the files too (etweave.runfolder), as simulate does
     write_rank(tmp_path / "b", 0, clean_rank())
     code, _, err = run_check(capsys, tmp_path / "trace.0.et", tmp_path / "b" / "trace.0.et")
     assert code == 2 and "rank 0 again" in err

@@ -6,7 +6,6 @@ import contextlib
 import gzip
 import shutil
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
@@ -16,7 +15,8 @@ from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import node_attrs, read_et, serialize
 from etweave.cli import main
 from etweave.errors import BadInput
-from etweave.run import CollSig, assemble_run, build_comm_group, check_sequences, discover
+from etweave.process_groups import GroupDescription, GroupSource
+from etweave.run import CollSig, ConvertedRank, assemble_run, build_comm_group, check_sequences, discover
 
 RUNS = {"gpu/dlrm-8rank": 8, "cpu-gloo/dist_ddp_w2": 2, "cpu-gloo/dist_fsdp1_w2": 2}
 
@@ -276,29 +276,33 @@ def test_sequences_sizes_matter_only_where_required() -> None:
     assert (d["rank"], d["index"]) == (2, 1) and "sequences end" in d["expected"] and "BROADCAST" in d["has"]
 
 
-def out_with_groups(rank: int, groups: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"rank": rank, "groups": groups}
+def out_with_groups(rank: int, groups: list[GroupDescription]) -> ConvertedRank:
+    return ConvertedRank(rank=rank, et=b"", report={}, local_groups={}, groups=tuple(groups), world_size=None,
+                         trace_rank=None)
+
+
+def desc(name: str, ranks: list[int], source: GroupSource = GroupSource.HOST) -> GroupDescription:
+    return GroupDescription(name, tuple(ranks), len(ranks), source)
 
 
 def test_comm_group_ids_are_run_wide() -> None:
     # hash-named groups get the same decimal id whichever rank describes them; the world group is ""
-    g_a = {"name": "9f2c", "ranks": [0, 1], "size": 2, "source": "host"}
-    g_b = {"name": "77aa", "ranks": [2, 3], "size": 2, "source": "host"}
-    world = {"name": "0", "ranks": [], "size": 4, "source": "host"}
+    g_a = desc("9f2c", [0, 1])
+    g_b = desc("77aa", [2, 3])
+    world = GroupDescription("0", (), 4, GroupSource.HOST)
     outputs = [out_with_groups(0, [world, g_a, g_b]), out_with_groups(3, [world, g_b, g_a])]
-    comm_group, ids, notes = build_comm_group(outputs, 4)
-    assert ids == {"0": "", "9f2c": "1", "77aa": "2"}  # ids from 1: ASTRA-sim asserts a group id > 0
-    assert comm_group == {"1": [0, 1], "2": [2, 3]}
-    assert notes == []
-    numbered = [out_with_groups(0, [{"name": "5", "ranks": [1, 2], "size": 2, "source": "kineto_pg_config"},
-                                    {"name": "x", "ranks": [0, 3], "size": 2, "source": "kineto_args"}])]
-    comm_group, ids, _ = build_comm_group(numbered, 4)
-    assert ids == {"5": "5", "x": "1"} and comm_group == {"1": [0, 3], "5": [1, 2]}
+    groups = build_comm_group(outputs, 4)
+    assert groups.ids == {"0": "", "9f2c": "1", "77aa": "2"}  # ids from 1: ASTRA-sim asserts a group id > 0
+    assert groups.members == {"1": [0, 1], "2": [2, 3]}
+    assert groups.notes == ()
+    numbered = [out_with_groups(0, [desc("5", [1, 2], GroupSource.PG_CONFIG),
+                                    desc("x", [0, 3], GroupSource.EVENT_ARGS)])]
+    groups = build_comm_group(numbered, 4)
+    assert groups.ids == {"5": "5", "x": "1"} and groups.members == {"1": [0, 3], "5": [1, 2]}
     # a subgroup the trace calls "0" (not the world group) cannot keep that name
-    zero = [out_with_groups(0, [{"name": "0", "ranks": [1, 2], "size": 2, "source": "kineto_pg_config"},
-                                {"name": "1", "ranks": [0, 3], "size": 2, "source": "kineto_pg_config"}])]
-    comm_group, ids, _ = build_comm_group(zero, 4)
-    assert ids == {"1": "1", "0": "2"} and comm_group == {"1": [0, 3], "2": [1, 2]}
+    zero = [out_with_groups(0, [desc("0", [1, 2], GroupSource.PG_CONFIG), desc("1", [0, 3], GroupSource.PG_CONFIG)])]
+    groups = build_comm_group(zero, 4)
+    assert groups.ids == {"1": "1", "0": "2"} and groups.members == {"1": [0, 3], "2": [1, 2]}
 
 
 def comm_node(nid: int, pg: str, start: int, measured: int, name: str = "allreduce") -> pb.Node:
@@ -314,7 +318,7 @@ def comm_node(nid: int, pg: str, start: int, measured: int, name: str = "allredu
     return node
 
 
-def fake_rank(rank: int, local_sub: str, start: int, measured: int) -> dict[str, Any]:
+def fake_rank(rank: int, local_sub: str, start: int, measured: int) -> ConvertedRank:
     """A converted rank as convert_rank returns it: one collective in a hash-named subgroup, numbered locally."""
     root = pb.Node(id=1, name="root", type=pb.COMP_NODE)
     root.attr.extend([pb.AttributeProto(name="kind", string_val="process_root"),
@@ -322,17 +326,15 @@ def fake_rank(rank: int, local_sub: str, start: int, measured: int) -> dict[str,
                       pb.AttributeProto(name="tensor_size", uint64_val=0)])
     nodes = [root, comm_node(2, local_sub, start, measured)]
     metadata = pb.GlobalMetadata(version="0.0.4")
-    groups = [{"name": "w", "ranks": [], "size": 4, "source": "host"},
-              {"name": "c0ffee", "ranks": [0, 1], "size": 2, "source": "host"}]
-    return {"rank": rank, "et": serialize(metadata, nodes), "report": {}, "groups": groups,
-            "local_groups": {"w": "", "c0ffee": local_sub}, "world_size": 4, "trace_rank": rank, "host": None,
-            "kineto": None}
+    groups = (GroupDescription("w", (), 4, GroupSource.HOST), desc("c0ffee", [0, 1]))
+    return ConvertedRank(rank=rank, et=serialize(metadata, nodes), report={}, groups=groups,
+                         local_groups={"w": "", "c0ffee": local_sub}, world_size=4, trace_rank=rank)
 
 
 def test_pg_name_is_one_id_on_every_rank() -> None:
     # the per-rank converter numbered the same group 2 on rank 0 and 1 on rank 1; the run gives it one id
     result = assemble_run([fake_rank(0, "2", start=100, measured=50), fake_rank(1, "1", start=130, measured=22)])
-    assert result.comm_group == {"1": [0, 1]}
+    assert result.comm_group.members == {"1": [0, 1]}
     assert result.report["pg_name_rewritten"] == 1
     assert result.consistent
     got = {}

@@ -19,8 +19,8 @@ import orjson
 import pytest
 
 from etweave.chakra import et_def_pb2 as pb
+from etweave.chakra.accepts import is_group_id
 from etweave.chakra.io import node_attrs, read_et
-from etweave.check import is_group_id
 from etweave.cli import main as etweave_main
 from etweave.simulate.astra import load_for_astra, measured_span_us, simulate
 

@@ -8,20 +8,19 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import orjson
 
 from etweave.chakra import et_def_pb2 as pb
+from etweave.chakra.accepts import COMM_NODE_TYPES
 from etweave.chakra.io import GZIP_MAGIC, et_files, read_et
-from etweave.check import COMM_NODE_TYPES, Violation, check_metadata, check_nodes, check_run
+from etweave.check import Violation, check_metadata, check_nodes, check_run
 from etweave.errors import BadInput
 from etweave.progress import counted
-from etweave.read.source import read_plain
+from etweave.runfolder import file_rank, find_comm_group, lone_file_rank, read_comm_groups
 from etweave.simulate.coverage import missing_ranks, run_ranks
-from etweave.simulate.load import trace_rank
 
 EXIT_OK, EXIT_CHECK = 0, 3
 
@@ -35,65 +34,58 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                                    "listed with counts and do not fail. Exit 0 clean, 3 on violations, 2 on bad "
                                    "input.")
     p.add_argument("paths", type=Path, nargs="+", metavar="OUT_DIR_or_FILE",
-                   help="a folder (every *.et and *.et.gz in it, plus its comm_group.json) or .et files named "
-                        "<prefix>.<rank>.et (a gzipped .et is read, with a warning: ASTRA-sim reads no gzip)")
+                   help="a folder (every *.et and *.et.gz in it) or .et files named <prefix>.<rank>.et (the rank; "
+                        "a name without one: the GlobalMetadata attr rank); the comm_group.json beside them is "
+                        "read (a gzipped .et is read, with a warning: ASTRA-sim reads no gzip)")
     p.add_argument("--comm-group", type=Path, metavar="FILE",
-                   help="the comm-group JSON map (overrides a comm_group.json found in the folder)")
+                   help="the comm-group JSON map (overrides the comm_group.json beside the files)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     p.add_argument("--max-per-rule", type=int, default=50, metavar="N",
                    help="show at most N violations of each rule (default 50, 0 = all); counts stay exact")
     p.set_defaults(run=run)
 
 
-def _inputs(paths: Sequence[Path]) -> tuple[list[Path], Path | None]:
-    """The .et files to read, and the comm_group.json of the first folder that has one."""
-    folders = [p / "comm_group.json" for p in paths if p.is_dir()]
-    return et_files(paths), next((g for g in folders if g.is_file()), None)
+@dataclass(slots=True)
+class _Findings:
+    """What reading and checking the files found."""
 
-
-def _rank_of(path: Path, metadata: pb.GlobalMetadata, only_file: bool) -> int:
-    # the rule `simulate` reads a file's rank by (metadata attr, then file name), so both see one folder alike
-    return trace_rank(metadata, path, 0 if only_file else None)
-
-
-def _load_comm_group(path: Path) -> dict[str, list[int]]:
-    try:
-        data = orjson.loads(read_plain(path))
-    except orjson.JSONDecodeError as exc:
-        raise BadInput(path, f"not JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise BadInput(path, 'must be a JSON object {"<group id>": [ranks, ...]}')
-    groups: dict[str, list[int]] = {}
-    for key, ranks in data.items():
-        if not isinstance(ranks, list) or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
-            raise BadInput(path, f"group {key!r} must map to a list of integer ranks")
-        groups[key] = ranks
-    return groups
+    violations: list[Violation] = field(default_factory=list)
+    notes: list[Violation] = field(default_factory=list)
+    warnings: list[Violation] = field(default_factory=list)  # runs in ASTRA-sim, but not as measured: never a failure
+    rank_files: dict[int, Path] = field(default_factory=dict)
+    nodes: int = 0
+    partial: bool = False  # ranks of the run are missing (a note names them)
 
 
 def run(args: argparse.Namespace) -> int:
-    files, group_file = _inputs(args.paths)
-    if args.comm_group is not None:
-        group_file = args.comm_group
-    comm_group = _load_comm_group(group_file) if group_file is not None else None
+    files = et_files(args.paths)
+    # the rules simulate reads a folder by (etweave.runfolder): where the map is, its keys, each file's rank
+    group_file = args.comm_group if args.comm_group is not None else find_comm_group(files)
+    comm_group = read_comm_groups(group_file).members if group_file is not None else None
+    found = _check_files(files, comm_group)
+    limit = args.max_per_rule if args.max_per_rule > 0 else None
+    if args.json:
+        _print_json(found, files, group_file, limit)
+    else:
+        _print_lines(found, len(files), limit)
+    return EXIT_CHECK if found.violations else EXIT_OK
 
-    violations: list[Violation] = []
-    notes: list[Violation] = []
-    warnings: list[Violation] = []  # runs in ASTRA-sim, but not as measured: listed, never a failure
+
+def _check_files(files: list[Path], comm_group: dict[str, list[int]] | None) -> _Findings:
+    found = _Findings()
     # Only comm nodes go on to the cross-rank checks, so each file's other nodes can be freed once checked.
     comm_nodes: dict[int, list[pb.Node]] = {}
-    rank_files: dict[int, Path] = {}
-    total_nodes = 0
+    rank_files = found.rank_files
     for path in counted(files, "checking", len(files), "files", chunk=1):
         _warn_if_gzip(path)
         metadata, nodes = read_et(path)
-        rank = _rank_of(path, metadata, len(files) == 1)
+        rank = file_rank(metadata, path, lone_file_rank(files))
         if rank in rank_files:
             raise BadInput(path, f"rank {rank} again (also {rank_files[rank]}); give one run's files at a time")
         rank_files[rank] = path
-        total_nodes += len(nodes)
-        violations.extend(check_metadata(metadata, str(path)))
-        violations.extend(check_nodes(nodes, str(path), warnings))
+        found.nodes += len(nodes)
+        found.violations.extend(check_metadata(metadata, str(path)))
+        found.violations.extend(check_nodes(nodes, str(path), found.warnings))
         comm_nodes[rank] = [n for n in nodes if n.type in COMM_NODE_TYPES]
         del nodes
 
@@ -104,47 +96,48 @@ def run(args: argparse.Namespace) -> int:
             return replace(v, where=str(rank_files[int(rank)]))
         return v
 
-    violations.extend(located(v) for v in check_run(comm_nodes, comm_group, notes, warnings))
+    found.violations.extend(located(v) for v in check_run(comm_nodes, comm_group, found.notes, found.warnings))
     missing = missing_ranks(sorted(rank_files), run_ranks(files))
     if missing is not None:  # a part of a run checks clean on its own, but is not the run
-        notes.append(Violation("missing-ranks", str(files[0].parent), missing))
-    notes = [located(v) for v in notes]
-    warnings = [located(v) for v in warnings]
-    warning_counts = Counter(v.rule for v in warnings)
+        found.notes.append(Violation("missing-ranks", str(files[0].parent), missing))
+        found.partial = True
+    found.notes = [located(v) for v in found.notes]
+    found.warnings = [located(v) for v in found.warnings]
+    return found
 
-    counts = Counter(v.rule for v in violations)
-    limit = args.max_per_rule if args.max_per_rule > 0 else None
-    shown = _capped(violations, limit)
-    if args.json:
-        report = {
-            "ok": not violations,
-            "partial_run": missing is not None,
-            "files": [str(p) for p in files],
-            "comm_group": str(group_file) if group_file is not None else None,
-            "nodes": total_nodes,
-            "counts": dict(sorted(counts.items())),
-            "violations": [_as_dict(v) for v in shown],
-            "notes": [_as_dict(v) for v in notes],
-            "warning_counts": dict(sorted(warning_counts.items())),
-            "warnings": [_as_dict(v) for v in _capped(warnings, limit)],
-        }
-        sys.stdout.buffer.write(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
-    else:
-        for v in shown:
-            print(v)
-        for rule, count in sorted(counts.items()):
-            if limit is not None and count > limit:
-                print(f"... {count - limit} more {rule} violation(s) not shown (--max-per-rule 0 shows all)")
-        for v in notes:
-            print(f"note: {v}")
-        for v in _capped(warnings, limit):
-            print(f"warning: {v}")
-        for rule, count in sorted(warning_counts.items()):
-            print(f"warnings: {rule} {count}" + (f" ({count - limit} not shown)" if limit is not None
-                                                  and count > limit else ""))
-        print(_summary(len(files), total_nodes, counts, len(notes), sum(warning_counts.values()),
-                       missing is not None))
-    return EXIT_CHECK if violations else EXIT_OK
+
+def _print_json(found: _Findings, files: list[Path], group_file: Path | None, limit: int | None) -> None:
+    report = {
+        "ok": not found.violations,
+        "partial_run": found.partial,
+        "files": [str(p) for p in files],
+        "comm_group": str(group_file) if group_file is not None else None,
+        "nodes": found.nodes,
+        "counts": dict(sorted(Counter(v.rule for v in found.violations).items())),
+        "violations": [_as_dict(v) for v in _capped(found.violations, limit)],
+        "notes": [_as_dict(v) for v in found.notes],
+        "warning_counts": dict(sorted(Counter(v.rule for v in found.warnings).items())),
+        "warnings": [_as_dict(v) for v in _capped(found.warnings, limit)],
+    }
+    sys.stdout.buffer.write(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
+
+
+def _print_lines(found: _Findings, files: int, limit: int | None) -> None:
+    counts = Counter(v.rule for v in found.violations)
+    warning_counts = Counter(v.rule for v in found.warnings)
+    for v in _capped(found.violations, limit):
+        print(v)
+    for rule, count in sorted(counts.items()):
+        if limit is not None and count > limit:
+            print(f"... {count - limit} more {rule} violation(s) not shown (--max-per-rule 0 shows all)")
+    for v in found.notes:
+        print(f"note: {v}")
+    for v in _capped(found.warnings, limit):
+        print(f"warning: {v}")
+    for rule, count in sorted(warning_counts.items()):
+        print(f"warnings: {rule} {count}" + (f" ({count - limit} not shown)" if limit is not None
+                                              and count > limit else ""))
+    print(_summary(files, found.nodes, counts, len(found.notes), sum(warning_counts.values()), found.partial))
 
 
 def _warn_if_gzip(path: Path) -> None:

@@ -16,13 +16,14 @@ Discovery (`discover`), in RUN_DIR:
   Kineto trace (or only a host ET) is converted from that one file. Bad input (exit 2): no rank found, a rank
   with two host ETs or two Kineto traces.
 
-Per rank, `convert_rank` (a top-level function returning plain data, so a process pool and a Dask cluster give
-byte-identical results) runs the single-rank pipeline. Then, on all ranks together:
+Per rank, `convert_rank` (a top-level function returning a frozen, picklable `ConvertedRank`, or a `RankFailure`,
+so a process pool and a Dask cluster give byte-identical results) runs the single-rank pipeline. Then, on all
+ranks together (`assemble_run`):
   - process groups: the host ET `## process_group:init ##`, Kineto `distributedInfo.pg_config` and the
-    `Process Group Name`/`Process Group Ranks` event args of every rank give one map trace name -> global ranks;
-    the world group is "", every other group gets one decimal id (its trace name when that is decimal), written
-    to `comm_group.json`, and every comm node's `pg_name` is rewritten to it, so one group has one id on every
-    rank.
+    `Process Group Name`/`Process Group Ranks` event args of every rank (read once, `etweave.process_groups`)
+    give one map trace name -> global ranks; the world group is "", every other group gets one decimal id (its
+    trace name when that is decimal): a `CommGroups` (`etweave.runfolder`) written to `comm_group.json`, and
+    every comm node's `pg_name` is rewritten to it, so one group has one id on every rank.
   - collective sequences: in each group, every member rank must issue the same collectives in the same order
     (ascending node id, the order the simulator matches them in): same kind (from `collective_name`), same
     `comm_seq` where both have one, and same size for the kinds that need equal sizes (all_reduce, reduce,
@@ -41,8 +42,8 @@ atomically; a failed run writes nothing.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -59,22 +60,26 @@ from etweave.run.cross_rank import (
     check_sequences,
 )
 from etweave.run.discover import Discovery, RankFiles, discover
-from etweave.run.workers import convert_rank, convert_ranks
+from etweave.run.workers import ConvertedRank, RankFailure, convert_rank, convert_ranks
+from etweave.runfolder import COMM_GROUP_FILE, REPORT_FILE, CommGroups, et_file_name, split_rank_name
 
-COMM_GROUP_FILE, REPORT_FILE = "comm_group.json", "report.json"
-
-__all__ = ["COMM_GROUP_FILE", "REPORT_FILE", "CollSig", "Discovery", "RankFiles", "RunResult", "assemble_run",
-           "build_comm_group", "check_sequences", "convert_rank", "convert_ranks", "convert_run", "discover",
-           "stale_outputs", "summary", "write_run"]
+__all__ = ["COMM_GROUP_FILE", "REPORT_FILE", "CollSig", "CommGroups", "ConvertedRank", "Discovery", "RankFailure",
+           "RankFiles", "RunResult", "assemble_run", "build_comm_group", "check_sequences", "convert_rank",
+           "convert_ranks", "convert_run", "discover", "stale_outputs", "summary", "write_run"]
 
 
 def stale_outputs(out_dir: Path, prefix: str, ranks: Iterable[int]) -> list[Path]:
     """`<prefix>.<N>.et` files in out_dir for ranks not in this run: `etweave check OUT_DIR` would mix them in."""
     if not out_dir.is_dir():
         return []
-    keep = {f"{prefix}.{r}.et" for r in ranks}
-    pattern = re.compile(rf"^{re.escape(prefix)}\.\d+\.et$")
-    return sorted(p for p in out_dir.iterdir() if pattern.match(p.name) and p.name not in keep)
+    keep = {et_file_name(prefix, r) for r in ranks}
+    return sorted(p for p in out_dir.iterdir()
+                  if p.suffix == ".et" and p.name not in keep and _prefix_of(p) == prefix)
+
+
+def _prefix_of(path: Path) -> str | None:
+    named = split_rank_name(path)
+    return named[0] if named is not None else None
 
 
 def write_run(out_dir: Path, prefix: str, result: RunResult) -> list[Path]:
@@ -84,10 +89,10 @@ def write_run(out_dir: Path, prefix: str, result: RunResult) -> list[Path]:
     staged: list[tuple[Path, Path]] = []
     try:
         for rank in sorted(result.ranks):
-            target = out_dir / f"{prefix}.{rank}.et"
+            target = out_dir / et_file_name(prefix, rank)
             # the stream write_et would write, kept as bytes by the cross-rank pass; cleaned once locked
             staged.append((stage(target, result.ranks.stream(rank), clean=False), target))
-        for name, obj in ((COMM_GROUP_FILE, result.comm_group), (REPORT_FILE, result.report)):
+        for name, obj in ((COMM_GROUP_FILE, result.comm_group.to_json()), (REPORT_FILE, result.report)):
             staged.append((stage(out_dir / name, json_bytes(obj), clean=False), out_dir / name))
     except BaseException:
         discard([tmp for tmp, _ in staged])
@@ -121,10 +126,9 @@ def _convert_locked(run_dir: Path, found: Discovery, out_dir: Path, prefix: str,
         raise BadInput(out_dir, f"holds {len(stale)} .et file(s) of ranks not in this run ("
                                 f"{', '.join(p.name for p in stale[:5])}{more}): remove them or choose another "
                                 "output folder or --prefix")
-    outputs = convert_ranks(found.ranks, jobs, scheduler, progress, allow_mismatch)
-    for out, rf in zip(outputs, found.ranks, strict=True):
-        out["host"] = _relative(rf.host, run_dir)
-        out["kineto"] = _relative(rf.kineto, run_dir)
+    outputs = [replace(out, host=_relative(rf.host, run_dir), kineto=_relative(rf.kineto, run_dir))
+               for out, rf in zip(convert_ranks(found.ranks, jobs, scheduler, progress, allow_mismatch), found.ranks,
+                                  strict=True)]
     found.ignored = [str(_relative(Path(p), run_dir)) for p in found.ignored]
     with progress_ui.stage("cross-rank checks"):
         result = assemble_run(outputs, allow_mismatch, found)

@@ -5,20 +5,23 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from etweave import __version__
 from etweave.chakra import et_def_pb2 as pb
+from etweave.chakra.accepts import COMM_NODE_TYPES, comm_type_name
 from etweave.chakra.io import attr_value, parse, serialize
-from etweave.check import Violation, check_nodes, check_run, comm_type_name
+from etweave.check import Violation, check_nodes, check_run
 from etweave.collectives import classify
-from etweave.convert import assign_group_ids
 from etweave.errors import BadInput, CheckFailed
 from etweave.fidelity import RANK_START_OFFSET
 from etweave.model import PROCESS_ROOT
 from etweave.nodes import DEP_EVIDENCE, MARKER_KINDS
+from etweave.process_groups import assign_group_ids
 from etweave.run.discover import Discovery
+from etweave.run.workers import ConvertedRank
+from etweave.runfolder import CommGroups
 
 # Kinds whose members must all pass the same byte count (all_to_all(v), gather and scatter legitimately differ).
 _EQUAL_SIZE = frozenset({pb.ALL_REDUCE, pb.REDUCE, pb.ALL_GATHER, pb.REDUCE_SCATTER, pb.REDUCE_SCATTER_BLOCK,
@@ -74,7 +77,7 @@ class RankStreams(Mapping[int, tuple[pb.GlobalMetadata, list[pb.Node]]]):
 @dataclass(slots=True)
 class RunResult:
     ranks: RankStreams
-    comm_group: dict[str, list[int]]
+    comm_group: CommGroups  # what comm_group.json holds (`to_json()`)
     report: dict[str, Any]
     consistent: bool
     messages: list[str]  # divergences and failing checks, one line each (what the CLI prints on failure)
@@ -83,7 +86,7 @@ class RunResult:
         nodes = sum(self.ranks.node_counts.values())
         state = "consistent" if self.consistent else "NOT consistent"
         return (f"RunResult({len(self.ranks)} rank(s) {sorted(self.ranks)}, {nodes} nodes, "
-                f"{len(self.comm_group)} listed process group(s), {state})")
+                f"{len(self.comm_group.members)} listed process group(s), {state})")
 
 
 def _range_text(ranks: Iterable[int]) -> str:
@@ -104,32 +107,33 @@ def _group_label(gid: str) -> str:
     return "the world group" if gid == "" else f"group {gid}"
 
 
-def build_comm_group(outputs: Sequence[dict[str, Any]], world: int | None
-                     ) -> tuple[dict[str, list[int]], dict[str, str], list[str]]:
-    """(comm_group map id -> ranks, trace pg name -> id ("" = world), notes) from every rank's descriptions."""
+def build_comm_group(outputs: Sequence[ConvertedRank], world: int | None) -> CommGroups:
+    """The run's process-group map from every rank's descriptions: ids -> ranks, each trace pg name's id ("" =
+    the world group), and notes on descriptions that disagree."""
     notes: list[str] = []
-    ranks_of: dict[str, list[int]] = {}
+    ranks_of: dict[str, tuple[int, ...]] = {}
     for out in outputs:
-        for grp in out["groups"]:
-            ranks = grp["ranks"]
+        for grp in out.groups:
+            ranks = grp.ranks
             if ranks is None:
                 continue
-            known = ranks_of.setdefault(grp["name"], ranks)
-            # [] means all ranks: it agrees with an explicit list of the world, so only two lists can conflict
+            name = grp.name if grp.name is not None else ""
+            known = ranks_of.setdefault(name, ranks)
+            # () means all ranks: it agrees with an explicit list of the world, so only two lists can conflict
             if known != ranks and ranks and known:
-                notes.append(f"process group {grp['name']!r}: rank {out['rank']} ({grp['source']}) lists ranks "
+                notes.append(f"process group {name!r}: rank {out.rank} ({grp.source.value}) lists ranks "
                              f"{_range_text(ranks)}, another source {_range_text(known)}; kept the first")
     ids: dict[str, str] = {}
-    subgroups: list[tuple[list[int], str]] = []
+    subgroups: list[tuple[tuple[int, ...], str]] = []
     for name, ranks in ranks_of.items():
-        if ranks == [] or (world is not None and ranks == list(range(world))):
+        if ranks == () or (world is not None and ranks == tuple(range(world))):
             ids[name] = ""
         else:
             subgroups.append((ranks, name))
     # Ids in a rank-list order that is the same on every run, so an id never depends on which rank was read first.
     ids.update(assign_group_ids([name for _ranks, name in sorted(subgroups)]))
-    comm_group = {ids[name]: ranks for ranks, name in subgroups}
-    return dict(sorted(comm_group.items(), key=lambda kv: int(kv[0]))), ids, notes
+    members = {ids[name]: list(ranks) for ranks, name in subgroups}
+    return CommGroups(dict(sorted(members.items(), key=lambda kv: int(kv[0]))), ids, tuple(notes))
 
 
 def _attr(node: pb.Node, name: str) -> pb.AttributeProto | None:
@@ -227,12 +231,7 @@ def _adjust(seqs: dict[int, list[CollSig]], matched: int, nodes_by_id: dict[int,
             if measured > node.duration_micros + 1:  # +1: rounding the ends vs rounding the length
                 stats["split_ops"] += 1
             left = max(0, latest - sig.start) - (node.duration_micros - new)  # the wait not cut from the node
-            for part in (parts or {}).get(r, {}).get(node.id, ()):
-                cut = min(part.duration_micros, left)
-                if cut > 0:
-                    part.duration_micros -= cut
-                    left -= cut
-                    stats["parts_adjusted"] += 1
+            _cut_parts((parts or {}).get(r, {}).get(node.id, ()), left, stats)
             node.duration_micros = new
             a = _attr(node, "transfer_duration_micros")
             if a is None:
@@ -240,176 +239,271 @@ def _adjust(seqs: dict[int, list[CollSig]], matched: int, nodes_by_id: dict[int,
             a.int64_val = new
 
 
-def assemble_run(outputs: Sequence[dict[str, Any]], allow_mismatch: bool = False,
+def _cut_parts(parts: Sequence[pb.Node], left: int, stats: Counter[str]) -> None:
+    """Cut `left` µs of wait from an op's later periods, in order, none below 0."""
+    for part in parts:
+        cut = min(part.duration_micros, left)
+        if cut > 0:
+            part.duration_micros -= cut
+            left -= cut
+            stats["parts_adjusted"] += 1
+
+
+@dataclass(slots=True)
+class _FirstPass:
+    """What pass 1 keeps of the ranks: their streams with run-wide pg names, and only the nodes and facts the
+    cross-rank work needs (edited in place by `_adjust`, then put back into the streams by pass 2)."""
+
+    streams: dict[int, bytes] = field(default_factory=dict)
+    starts: dict[int, int] = field(default_factory=dict)  # rank -> its first measured start (0: none)
+    rewritten: int = 0  # pg_name attrs rewritten to the run-wide id
+    # group id -> rank -> its collectives in ascending id (the order the simulator matches them in)
+    seqs: dict[str, dict[int, list[CollSig]]] = field(default_factory=dict)
+    collectives: dict[int, dict[int, pb.Node]] = field(default_factory=dict)  # rank -> comm node id -> node
+    comm_nodes: dict[int, list[pb.Node]] = field(default_factory=dict)  # rank -> every comm node (check_run's)
+    parts: dict[int, dict[int, list[pb.Node]]] = field(default_factory=dict)  # rank -> comm node id -> periods
+
+
+@dataclass(slots=True)
+class _GroupsChecked:
+    """The collective sequences of every group, checked: the report entries, divergences, duration stats."""
+
+    report: list[dict[str, Any]] = field(default_factory=list)
+    messages: list[str] = field(default_factory=list)
+    consistent: bool = True
+    stats: Counter[str] = field(default_factory=Counter)
+    biggest: list[int] = field(default_factory=lambda: [0])  # the largest cut, µs (a cell `_adjust` updates)
+
+
+@dataclass(slots=True)
+class _Checked:
+    """Pass 2's result: the final streams, rank start offsets and the violations of the run's checks."""
+
+    ranks: RankStreams
+    offsets: dict[int, int]
+    violations: list[Violation]
+    mismatches: list[Violation]
+    notes: list[Violation]
+    warnings: list[Violation]
+
+
+def assemble_run(outputs: list[ConvertedRank], allow_mismatch: bool = False,
                  discovery: Discovery | None = None) -> RunResult:
     """Cross-rank work on converted ranks (no I/O): comm groups, pg_name rewrite, sequence check, durations,
-    checks. Raises CheckFailed on a check violation; a divergence sets `consistent` (the caller decides)."""
-    by_rank: dict[int, dict[str, Any]] = {}
+    checks. Raises CheckFailed on a check violation; a divergence sets `consistent` (the caller decides).
+    Takes the `.et` streams out of `outputs` (stream-less copies stay), so each is held once at a time."""
+    streams = _take_streams(outputs)
+    by_rank, notes = _by_rank(outputs)
+    world = _world_size(outputs, notes)
+    groups = build_comm_group(outputs, world)
+    notes += groups.notes
+    first = _first_pass(streams, by_rank, groups.ids)
+    checked_groups = _check_groups(first, groups, _world_members(sorted(by_rank), world, notes), notes)
+    checked = _second_pass(first, by_rank, groups)
+    consistent = checked_groups.consistent and not checked.mismatches
+    messages = checked_groups.messages + [str(v) for v in checked.mismatches]
+    report: dict[str, Any] = {
+        "etweave_version": __version__,
+        "ranks": {str(r): by_rank[r].report for r in sorted(by_rank)},
+        "inputs": {str(r): {"host": by_rank[r].host, "kineto": by_rank[r].kineto} for r in sorted(by_rank)},
+        "ignored_files": list(discovery.ignored) if discovery else [],
+        "world_size": world,
+        "comm_group": groups.to_json(),
+        "process_group_ids": dict(sorted(groups.ids.items())),
+        "pg_name_rewritten": first.rewritten,
+        "rank_start_offsets_micros": {str(r): v for r, v in sorted(checked.offsets.items())},
+        "cross_rank": {
+            "consistent": consistent,
+            "allow_mismatch": allow_mismatch,
+            "groups": checked_groups.report,
+            "violations": [_as_dict(v) for v in checked.violations],
+            "mismatches": [_as_dict(v) for v in checked.mismatches],
+            "notes": [_as_dict(v) for v in checked.notes],
+            "check_warnings": dict(sorted(Counter(v.rule for v in checked.warnings).items())),
+        },
+        "durations": _durations(checked_groups),
+        "notes": notes,
+    }
+    if checked.violations:
+        violations = checked.violations
+        shown = "; ".join(str(v) for v in violations[:_SHOWN])
+        more = f" (and {len(violations) - _SHOWN} more)" if len(violations) > _SHOWN else ""
+        raise CheckFailed(f"{len(violations)} violation(s) in the converted run, nothing written: {shown}{more}")
+    return RunResult(checked.ranks, groups, report, consistent, messages)
+
+
+def _take_streams(outputs: list[ConvertedRank]) -> dict[int, bytes]:
+    """rank -> its stream; `outputs` keeps copies without it (one copy of each stream at a time, freed in turn)."""
+    streams: dict[int, bytes] = {}
+    for i, out in enumerate(outputs):
+        streams.setdefault(out.rank, out.et)
+        outputs[i] = replace(out, et=b"")
+    return streams
+
+
+def _by_rank(outputs: Sequence[ConvertedRank]) -> tuple[dict[int, ConvertedRank], list[str]]:
+    by_rank: dict[int, ConvertedRank] = {}
     notes: list[str] = []
     for out in outputs:
-        if out["rank"] in by_rank:
-            raise BadInput(f"rank {out['rank']}", "two inputs convert to the same rank")
-        by_rank[out["rank"]] = out
-        tr = out["trace_rank"]
-        if tr is not None and tr != out["rank"]:
-            notes.append(f"rank {out['rank']}: its Kineto trace says rank {tr}; the folder/file name was used")
-    worlds = {o["world_size"] for o in outputs if o["world_size"] is not None}
+        if out.rank in by_rank:
+            raise BadInput(f"rank {out.rank}", "two inputs convert to the same rank")
+        by_rank[out.rank] = out
+        tr = out.trace_rank
+        if tr is not None and tr != out.rank:
+            notes.append(f"rank {out.rank}: its Kineto trace says rank {tr}; the folder/file name was used")
+    return by_rank, notes
+
+
+def _world_size(outputs: Sequence[ConvertedRank], notes: list[str]) -> int | None:
+    worlds = {o.world_size for o in outputs if o.world_size is not None}
     world = max(worlds) if worlds else None
     if len(worlds) > 1:
         notes.append(f"ranks disagree on the world size ({sorted(worlds)}); used {world}")
-    comm_group, ids, group_notes = build_comm_group(outputs, world)
-    notes += group_notes
+    return world
 
-    # Pass 1, one rank at a time: rewrite pg names, keep only what the cross-rank work needs (each rank's
-    # collective sequence, its comm nodes and their later periods, its first measured start) and the stream.
-    first_pass: dict[int, bytes] = {}
-    starts: dict[int, int] = {}
-    rewritten = 0
-    # group id -> rank -> its collectives in ascending id (the order the simulator matches them in)
-    seqs: dict[str, dict[int, list[CollSig]]] = {}
-    nodes_by_id: dict[int, dict[int, pb.Node]] = {}  # rank -> comm node id -> node (edited by _adjust)
-    comm_nodes: dict[int, list[pb.Node]] = {}  # rank -> every comm node (what check_run reads)
-    parts: dict[int, dict[int, list[pb.Node]]] = {}  # rank -> comm node id -> its later periods, in order
-    for rank in sorted(by_rank):
-        metadata, nodes = parse(by_rank[rank].pop("et"))  # popped: only one copy of each stream at a time
-        # Local ids (as this rank's converter numbered them) back to trace names, then to the run-wide ids.
-        local_to_global: dict[str, str] = {}
-        for name, local in by_rank[rank]["local_groups"].items():
-            if local and name in ids:
-                local_to_global.setdefault(local, ids[name])
-        comm = [n for n in nodes if n.type in (pb.COMM_COLL_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE)]
-        for node in comm:
-            a = _attr(node, "pg_name")
-            if a is not None and a.string_val in local_to_global and local_to_global[a.string_val] != a.string_val:
-                a.string_val = local_to_global[a.string_val]
-                rewritten += 1
-        comm_nodes[rank] = comm
-        starts[rank] = _first_start(nodes)
-        colls = {n.id: n for n in comm if n.type == pb.COMM_COLL_NODE}
-        nodes_by_id[rank] = colls
-        for node in sorted(colls.values(), key=lambda n: n.id):
-            a = _attr(node, "pg_name")
-            gid = a.string_val if a is not None else ""
-            seqs.setdefault(gid, {}).setdefault(rank, []).append(_signature(node))
-        for n in nodes:
-            owner = _int_attr(n, "part_of") if n.type == pb.COMP_NODE and colls else None
-            if owner is not None and owner in colls:
-                parts.setdefault(rank, {}).setdefault(owner, []).append(n)
-        first_pass[rank] = serialize(metadata, nodes)
-        del metadata, nodes
 
-    present = sorted(by_rank)
+def _world_members(present: list[int], world: int | None, notes: list[str]) -> list[int]:
+    """The ranks of the world group: 0 .. world size - 1, and any rank present beyond it (with a note)."""
     world_members = list(range(world)) if world is not None else present
     absent_ranks = sorted(set(present) - set(world_members))
     if absent_ranks:
         notes.append(f"ranks {_range_text(absent_ranks)} are beyond the world size {world}")
         world_members = sorted(set(world_members) | set(present))
+    return world_members
 
-    stats: Counter[str] = Counter()
-    biggest = [0]
-    groups_report: list[dict[str, Any]] = []
-    messages: list[str] = []
-    consistent = True
-    for gid in sorted(set(seqs) | set(comm_group), key=lambda g: (g != "", int(g) if g.isdecimal() else 0, g)):
+
+def _first_pass(streams: dict[int, bytes], by_rank: Mapping[int, ConvertedRank], ids: Mapping[str, str]
+                ) -> _FirstPass:
+    """One rank at a time: rewrite pg names, keep only what the cross-rank work needs (each rank's collective
+    sequence, its comm nodes and their later periods, its first measured start) and the stream."""
+    first = _FirstPass()
+    for rank in sorted(by_rank):
+        metadata, nodes = parse(streams.pop(rank))  # popped: only one copy of each stream at a time
+        comm = [n for n in nodes if n.type in COMM_NODE_TYPES]
+        first.rewritten += _rewrite_pg_names(comm, _local_to_global(by_rank[rank].local_groups, ids))
+        first.comm_nodes[rank] = comm
+        first.starts[rank] = _first_start(nodes)
+        colls = {n.id: n for n in comm if n.type == pb.COMM_COLL_NODE}
+        first.collectives[rank] = colls
+        for node in sorted(colls.values(), key=lambda n: n.id):
+            a = _attr(node, "pg_name")
+            gid = a.string_val if a is not None else ""
+            first.seqs.setdefault(gid, {}).setdefault(rank, []).append(_signature(node))
+        for n in nodes:
+            owner = _int_attr(n, "part_of") if n.type == pb.COMP_NODE and colls else None
+            if owner is not None and owner in colls:
+                first.parts.setdefault(rank, {}).setdefault(owner, []).append(n)
+        first.streams[rank] = serialize(metadata, nodes)
+        del metadata, nodes
+    return first
+
+
+def _local_to_global(local_groups: Mapping[str, str], ids: Mapping[str, str]) -> dict[str, str]:
+    """Local ids (as a rank's converter numbered them) back to trace names, then to the run-wide ids."""
+    local_to_global: dict[str, str] = {}
+    for name, local in local_groups.items():
+        if local and name in ids:
+            local_to_global.setdefault(local, ids[name])
+    return local_to_global
+
+
+def _rewrite_pg_names(comm: Sequence[pb.Node], local_to_global: Mapping[str, str]) -> int:
+    rewritten = 0
+    for node in comm:
+        a = _attr(node, "pg_name")
+        if a is not None and a.string_val in local_to_global and local_to_global[a.string_val] != a.string_val:
+            a.string_val = local_to_global[a.string_val]
+            rewritten += 1
+    return rewritten
+
+
+def _check_groups(first: _FirstPass, groups: CommGroups, world_members: list[int], notes: list[str]
+                  ) -> _GroupsChecked:
+    """Every group's collective sequences checked on its members present, and the matched ones' durations cut
+    to the transfer (`_adjust`)."""
+    out = _GroupsChecked()
+    present = first.starts.keys()
+    for gid in sorted(set(first.seqs) | set(groups.members),
+                      key=lambda g: (g != "", int(g) if g.isdecimal() else 0, g)):
         if gid == "":
             members = world_members
-        elif gid in comm_group:
-            members = comm_group[gid]
+        elif gid in groups.members:
+            members = groups.members[gid]
         else:
             continue  # an id outside the map: check_run reports it (pg-name)
-        here = [r for r in members if r in by_rank]
-        absent = len(members) - len(here)
-        if not here:
-            continue
-        member_seqs = {r: seqs.get(gid, {}).get(r, []) for r in here}
-        divergences, matched = check_sequences(member_seqs)
-        _adjust(member_seqs, matched, nodes_by_id, stats, biggest, parts)
-        entry: dict[str, Any] = {
-            "group": gid, "members": len(members), "present": _range_text(here), "absent": absent,
-            "collectives_per_rank": {str(r): len(s) for r, s in member_seqs.items()},
-            "matched": matched, "consistent": not divergences, "divergences": divergences,
-        }
-        groups_report.append(entry)
-        label = _group_label(gid)
-        if absent:
-            notes.append(f"{absent} members of {label} are absent (the run has {len(here)} of {len(members)}: "
-                         f"ranks {_range_text(here)}); checked the members present")
-        for d in divergences:
-            consistent = False
-            messages.append(f"{label}: rank {d['rank']} diverges at collective index {d['index']}: it has {d['has']}; "
-                            f"rank(s) {_range_text(d['expected_on'])} have {d['expected']}")
+        here = [r for r in members if r in present]
+        if here:
+            _check_group(first, gid, members, here, out, notes)
+    return out
 
-    # Pass 2, one rank at a time: the edited comm nodes and periods in place of their originals, the rank start
-    # offset, the per-rank checks, the final stream.
-    measured_starts = [t for t in starts.values() if t > 0]
+
+def _check_group(first: _FirstPass, gid: str, members: list[int], here: list[int], out: _GroupsChecked,
+                 notes: list[str]) -> None:
+    absent = len(members) - len(here)
+    member_seqs = {r: first.seqs.get(gid, {}).get(r, []) for r in here}
+    divergences, matched = check_sequences(member_seqs)
+    _adjust(member_seqs, matched, first.collectives, out.stats, out.biggest, first.parts)
+    out.report.append({
+        "group": gid, "members": len(members), "present": _range_text(here), "absent": absent,
+        "collectives_per_rank": {str(r): len(s) for r, s in member_seqs.items()},
+        "matched": matched, "consistent": not divergences, "divergences": divergences,
+    })
+    label = _group_label(gid)
+    if absent:
+        notes.append(f"{absent} members of {label} are absent (the run has {len(here)} of {len(members)}: "
+                     f"ranks {_range_text(here)}); checked the members present")
+    for d in divergences:
+        out.consistent = False
+        out.messages.append(f"{label}: rank {d['rank']} diverges at collective index {d['index']}: it has "
+                            f"{d['has']}; rank(s) {_range_text(d['expected_on'])} have {d['expected']}")
+
+
+def _second_pass(first: _FirstPass, by_rank: Mapping[int, ConvertedRank], groups: CommGroups) -> _Checked:
+    """One rank at a time: the edited comm nodes and periods in place of their originals, the rank start offset,
+    the per-rank checks, the final stream; then the checks across ranks."""
+    measured_starts = [t for t in first.starts.values() if t > 0]
     run_t0 = min(measured_starts) if measured_starts else None
-    offsets: dict[int, int] = {}
-    ranks = RankStreams()
-    violations: list[Violation] = []
-    check_warnings: list[Violation] = []  # runs in ASTRA-sim, but not as measured (etweave.check)
-    for rank in sorted(first_pass):
-        metadata, nodes = parse(first_pass.pop(rank))
-        edited = {n.id: n for n in comm_nodes[rank]}
-        for periods in parts.get(rank, {}).values():
-            edited.update((n.id, n) for n in periods)
-        if edited:
-            nodes = [edited.get(n.id, n) for n in nodes]
+    checked = _Checked(RankStreams(), {}, [], [], [], [])
+    for rank in sorted(first.streams):
+        metadata, nodes = parse(first.streams.pop(rank))
+        nodes = _with_edits(nodes, first.comm_nodes[rank], first.parts.get(rank, {}))
         if run_t0 is not None:
-            offsets[rank] = _add_start_offset(nodes, starts[rank], run_t0)
-            report = by_rank[rank].get("report")
-            if isinstance(report, dict) and "nodes" in report:
+            checked.offsets[rank] = _add_start_offset(nodes, first.starts[rank], run_t0)
+            report = by_rank[rank].report
+            if "nodes" in report:
                 report["nodes"] = len(nodes)  # the offset node is in the file: the report counts what it holds
-        violations += check_nodes(nodes, f"rank {rank}", check_warnings)
-        ranks.put(rank, metadata, nodes)
+        checked.violations.extend(check_nodes(nodes, f"rank {rank}", checked.warnings))
+        checked.ranks.put(rank, metadata, nodes)
         del metadata, nodes
-    run_notes: list[Violation] = []
-    across = check_run(comm_nodes, comm_group, run_notes, check_warnings)
+    across = check_run(first.comm_nodes, groups.members, checked.notes, checked.warnings)
     # Ranks that disagree are the user's input, not a broken conversion: the caller fails on them unless told
     # to allow them; every other violation fails the run.
-    mismatches = [v for v in across if v.rule in _MISMATCH_RULES]
-    violations += [v for v in across if v.rule not in _MISMATCH_RULES]
-    if mismatches:
-        consistent = False
-        messages += [str(v) for v in mismatches]
+    checked.mismatches.extend(v for v in across if v.rule in _MISMATCH_RULES)
+    checked.violations.extend(v for v in across if v.rule not in _MISMATCH_RULES)
+    return checked
 
-    report: dict[str, Any] = {
-        "etweave_version": __version__,
-        "ranks": {str(r): by_rank[r]["report"] for r in sorted(by_rank)},
-        "inputs": {str(r): {"host": by_rank[r].get("host"), "kineto": by_rank[r].get("kineto")}
-                   for r in sorted(by_rank)},
-        "ignored_files": list(discovery.ignored) if discovery else [],
-        "world_size": world,
-        "comm_group": dict(comm_group),
-        "process_group_ids": dict(sorted(ids.items())),
-        "pg_name_rewritten": rewritten,
-        "rank_start_offsets_micros": {str(r): v for r, v in sorted(offsets.items())},
-        "cross_rank": {
-            "consistent": consistent,
-            "allow_mismatch": allow_mismatch,
-            "groups": groups_report,
-            "violations": [_as_dict(v) for v in violations],
-            "mismatches": [_as_dict(v) for v in mismatches],
-            "notes": [_as_dict(v) for v in run_notes],
-            "check_warnings": dict(sorted(Counter(v.rule for v in check_warnings).items())),
-        },
-        "durations": {
-            "comm_nodes_matched": stats["collectives"],
-            "adjusted": stats["adjusted"],
-            "max_adjustment_micros": biggest[0],
-            # comm nodes that are only the first period of their op (gloo ops with child ops): the rest of their
-            # wait for the slowest member is cut from the op's later [self] nodes (`parts_adjusted` of them)
-            "split_ops": stats["split_ops"],
-            "parts_adjusted": stats["parts_adjusted"],
-            "unmeasured_matches": stats["unmeasured"],
-            "not_overlapping_matches": stats["not_overlapping"],
-        },
-        "notes": notes,
+
+def _with_edits(nodes: list[pb.Node], comm: Sequence[pb.Node], parts: Mapping[int, list[pb.Node]]) -> list[pb.Node]:
+    """`nodes` with the edited comm nodes and periods in place of their originals."""
+    edited = {n.id: n for n in comm}
+    for periods in parts.values():
+        edited.update((n.id, n) for n in periods)
+    return [edited.get(n.id, n) for n in nodes] if edited else nodes
+
+
+def _durations(checked: _GroupsChecked) -> dict[str, int]:
+    stats = checked.stats
+    return {
+        "comm_nodes_matched": stats["collectives"],
+        "adjusted": stats["adjusted"],
+        "max_adjustment_micros": checked.biggest[0],
+        # comm nodes that are only the first period of their op (gloo ops with child ops): the rest of their
+        # wait for the slowest member is cut from the op's later [self] nodes (`parts_adjusted` of them)
+        "split_ops": stats["split_ops"],
+        "parts_adjusted": stats["parts_adjusted"],
+        "unmeasured_matches": stats["unmeasured"],
+        "not_overlapping_matches": stats["not_overlapping"],
     }
-    if violations:
-        shown = "; ".join(str(v) for v in violations[:_SHOWN])
-        more = f" (and {len(violations) - _SHOWN} more)" if len(violations) > _SHOWN else ""
-        raise CheckFailed(f"{len(violations)} violation(s) in the converted run, nothing written: {shown}{more}")
-    return RunResult(ranks, comm_group, report, consistent, messages)
 
 
 def _kind(node: pb.Node) -> str | None:

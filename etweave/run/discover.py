@@ -70,53 +70,62 @@ def discover(run_dir: Path) -> Discovery:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise BadInput(run_dir, "not a folder")
-    found: dict[int, RankFiles] = {}
-    ignored: list[str] = []
-
-    def add(rank: int, path: Path) -> None:
-        kind = sniff(path)
-        if kind is None:
-            ignored.append(str(path))
-            return
-        widths.rank(path, "the rank in the name", rank)
-        rf = found.setdefault(rank, RankFiles(rank))
-        other = getattr(rf, kind)
-        if other is not None:
-            what = "host execution traces" if kind == HOST else "Kineto traces"
-            raise BadInput(run_dir, f"rank {rank} has two {what}: {other} and {path}")
-        setattr(rf, kind, path)
-
+    finder = _Finder(run_dir)
     entries = sorted(run_dir.iterdir())
-    for entry in entries:
+    for entry in entries:  # 1. rank folders
         m = _RANK_DIR.match(entry.name)
         if entry.is_dir() and m:
             for path in sorted(entry.iterdir()):
                 if _is_json(path):
-                    add(int(m.group(1)), path)
+                    finder.add(int(m.group(1)), path)
     unranked: list[Path] = []
-    for entry in entries:
-        if not _is_json(entry):
-            continue
+    for entry in (e for e in entries if _is_json(e)):  # 2. flat files with a rank in their name
         rank = _rank_in_name(entry.name)
         if rank is None:
             unranked.append(entry)
         else:
-            add(rank, entry)
-    if not found:
-        single = RankFiles(None)
-        for path in unranked:
-            kind = sniff(path)
-            if kind is None:
-                ignored.append(str(path))
-            elif getattr(single, kind) is not None:
-                raise BadInput(run_dir, f"no rank folders (rank<N>/) or files with a rank in their name, and "
-                                        f"more than one {kind} trace ({getattr(single, kind).name}, {path.name}): "
-                                        "cannot tell which belong together")
-            else:
-                setattr(single, kind, path)
-        if single.host is None and single.kineto is None:
-            raise BadInput(run_dir, "no ranks found: expected rank<N>/ folders with host and/or Kineto traces, or "
-                                    "files named like *rank<N>*.json[.gz] or *_<N>.json[.gz]")
-        return Discovery([single], ignored)
-    ignored.extend(str(p) for p in unranked)
-    return Discovery([found[r] for r in sorted(found)], ignored)
+            finder.add(rank, entry)
+    if not finder.found:  # 3. a one-rank folder
+        return Discovery([_single_rank(run_dir, unranked, finder.ignored)], finder.ignored)
+    finder.ignored.extend(str(p) for p in unranked)
+    return Discovery([finder.found[r] for r in sorted(finder.found)], finder.ignored)
+
+
+@dataclass(slots=True)
+class _Finder:
+    run_dir: Path
+    found: dict[int, RankFiles] = field(default_factory=dict)
+    ignored: list[str] = field(default_factory=list)
+
+    def add(self, rank: int, path: Path) -> None:
+        """`path` is a trace of `rank`: its host ET or its Kineto trace by its content; ignored when neither."""
+        kind = sniff(path)
+        if kind is None:
+            self.ignored.append(str(path))
+            return
+        widths.rank(path, "the rank in the name", rank)
+        rf = self.found.setdefault(rank, RankFiles(rank))
+        other = getattr(rf, kind)
+        if other is not None:
+            what = "host execution traces" if kind == HOST else "Kineto traces"
+            raise BadInput(self.run_dir, f"rank {rank} has two {what}: {other} and {path}")
+        setattr(rf, kind, path)
+
+
+def _single_rank(run_dir: Path, unranked: list[Path], ignored: list[str]) -> RankFiles:
+    """At most one host ET and one Kineto trace among files without a rank in their name: one rank."""
+    single = RankFiles(None)
+    for path in unranked:
+        kind = sniff(path)
+        if kind is None:
+            ignored.append(str(path))
+        elif getattr(single, kind) is not None:
+            raise BadInput(run_dir, f"no rank folders (rank<N>/) or files with a rank in their name, and "
+                                    f"more than one {kind} trace ({getattr(single, kind).name}, {path.name}): "
+                                    "cannot tell which belong together")
+        else:
+            setattr(single, kind, path)
+    if single.host is None and single.kineto is None:
+        raise BadInput(run_dir, "no ranks found: expected rank<N>/ folders with host and/or Kineto traces, or "
+                                "files named like *rank<N>*.json[.gz] or *_<N>.json[.gz]")
+    return single

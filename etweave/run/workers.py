@@ -6,96 +6,85 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from etweave.chakra.io import serialize
-from etweave.convert import no_gc, process_groups, run_pipeline
+from etweave.convert import no_gc, run_pipeline
 from etweave.errors import BadInput, CheckFailed
+from etweave.process_groups import GroupDescription, describe_groups, local_group_ids
 from etweave.progress import muted, stage
 from etweave.read.host_et import read_host_et
-from etweave.read.kineto import read_kineto
+from etweave.read.kineto import KinetoTrace, read_kineto
 from etweave.run.discover import RankFiles
 
 
+@dataclass(frozen=True, slots=True)
+class ConvertedRank:
+    """One rank converted: plain, picklable data, the same whether converted here, in a process pool or on Dask."""
+
+    rank: int  # the rank the converter wrote (GlobalMetadata attr `rank`)
+    et: bytes  # the .et stream
+    report: dict[str, Any]  # etweave.report's per-rank audit (JSON-shaped; assemble_run corrects `nodes`)
+    local_groups: dict[str, str]  # trace pg name -> the comm-group id this rank's converter wrote
+    groups: tuple[GroupDescription, ...]  # every process-group description of its traces
+    world_size: int | None  # Kineto distributedInfo.world_size, else the host ET's group of all ranks' size
+    trace_rank: int | None  # Kineto distributedInfo.rank (a note when it is not `rank`)
+    host: str | None = None  # its input files as the report names them (relative to the run folder)
+    kineto: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RankFailure:
+    """A rank that could not be converted. Exceptions do not cross the boundary: BadInput does not survive pickling
+    (its constructor takes two arguments), so the failure travels as data and is raised in the caller."""
+
+    rank: int | None
+    where: str
+    problem: str
+    mismatch: bool = False  # its host ET and Kineto trace are not of one run and rank (CheckFailed), else bad input
+
+    def error(self) -> BadInput | CheckFailed:
+        return CheckFailed(self.problem) if self.mismatch else BadInput(self.where, self.problem)
+
+
+RankOutcome = ConvertedRank | RankFailure
+
+
 def convert_rank(rank: int | None, host: str | None, kineto: str | None, allow_mismatch: bool = False) \
-        -> dict[str, Any]:
+        -> RankOutcome:
     """See _convert_rank; the collector is off while it runs (see etweave.convert.no_gc)."""
     with no_gc():
         return _convert_rank(rank, host, kineto, allow_mismatch)
 
 
 def _convert_rank(rank: int | None, host: str | None, kineto: str | None, allow_mismatch: bool = False) \
-        -> dict[str, Any]:
-    """Convert one rank; plain, picklable data back (the same whether run here, in a pool or on Dask).
-
-    Returns {"rank", "et" (the .et stream bytes), "report", "local_groups" (trace pg name -> the id the
-    converter wrote), "groups" (pg descriptions), "world_size", "trace_rank"}, or {"rank", "error": {"where",
-    "problem"}} on bad input (BadInput does not survive pickling: its constructor takes two arguments), or
-    {"rank", "mismatch": message} when its host ET and Kineto trace are not of one run and rank.
-    """
+        -> RankOutcome:
+    """Convert one rank: its ConvertedRank, or a RankFailure on bad input or when its host ET and Kineto trace
+    are not of one run and rank (unless allow_mismatch)."""
     try:
         host_trace = read_host_et(Path(host)) if host is not None else None
         kineto_trace = read_kineto(Path(kineto)) if kineto is not None else None
-    except BadInput as exc:
-        return {"rank": rank, "error": {"where": exc.where, "problem": exc.problem}}
-    groups: list[dict[str, Any]] = []
-    world: int | None = None
-    if host_trace is not None:
-        for grp in host_trace.process_groups() or []:
-            if isinstance(grp, dict):
-                groups.append({"name": str(grp.get("pg_name", "")), "ranks": _ranks(grp.get("ranks")),
-                               "size": grp.get("group_size"), "source": "host"})
-    trace_rank: int | None = None
-    if kineto_trace is not None:
-        info = kineto_trace.distributed
-        trace_rank = kineto_trace.rank
-        size = info.get("world_size")
-        world = size if isinstance(size, int) and not isinstance(size, bool) else None
-        cfg = info.get("pg_config")
-        for grp in cfg if isinstance(cfg, list) else []:
-            if isinstance(grp, dict):
-                groups.append({"name": str(grp.get("pg_name", "")), "ranks": _ranks(grp.get("ranks")),
-                               "size": grp.get("pg_size"), "source": "kineto_pg_config"})
-        seen: set[tuple[str, str]] = set()
-        events = kineto_trace.events
-        for i in (*events.cpu, *events.gpu):  # record_param_comms ops and NCCL kernels carry them
-            args = events[i].args
-            if args.pg_name is None or args.pg_ranks is None:
-                continue
-            key = (str(args.pg_name), str(args.pg_ranks))
-            if key not in seen:
-                seen.add(key)
-                groups.append({"name": key[0], "ranks": _ranks(args.pg_ranks), "size": None,
-                               "source": "kineto_args"})
-    if world is None:  # the host ET's group of all ranks says how many there are
-        world = next((g["size"] for g in groups if g["ranks"] == [] and isinstance(g["size"], int)), None)
-    local = process_groups(host_trace, kineto_trace)
-    try:
         result = run_pipeline(host_trace, kineto_trace, rank, allow_mismatch=allow_mismatch)
     except BadInput as exc:
-        return {"rank": rank, "error": {"where": exc.where, "problem": exc.problem}}
+        return RankFailure(rank, exc.where, exc.problem)
     except CheckFailed as exc:
-        return {"rank": rank, "mismatch": str(exc)}
+        return RankFailure(rank, "", str(exc), mismatch=True)
+    groups = tuple(describe_groups(host_trace, kineto_trace))
     out_rank = next(int(a.int64_val) for a in result.metadata.attr if a.name == "rank")
-    return {"rank": out_rank, "et": serialize(result.metadata, result.checked_nodes()), "report": result.report,
-            "local_groups": local, "groups": groups, "world_size": world, "trace_rank": trace_rank}
+    return ConvertedRank(rank=out_rank, et=serialize(result.metadata, result.checked_nodes()), report=result.report,
+                         local_groups=local_group_ids(host_trace, kineto_trace), groups=groups,
+                         world_size=_world_size(kineto_trace, groups),
+                         trace_rank=kineto_trace.rank if kineto_trace is not None else None)
 
 
-def _ranks(value: Any) -> list[int] | None:
-    """A rank list from a pg description or a Kineto arg (a list, or its JSON text); [] means all ranks."""
-    if isinstance(value, str):
-        try:
-            value = orjson.loads(value)
-        except orjson.JSONDecodeError:
-            return None
-    if value == "all":
-        return []
-    if isinstance(value, list) and all(isinstance(r, int) and not isinstance(r, bool) for r in value):
-        return sorted(value)
-    return None
+def _world_size(kineto: KinetoTrace | None, groups: Sequence[GroupDescription]) -> int | None:
+    """Kineto's world size, else the size of the host ET's group of all ranks."""
+    size = kineto.distributed.get("world_size") if kineto is not None else None
+    if isinstance(size, int) and not isinstance(size, bool):
+        return size
+    return next((g.size for g in groups if g.ranks == () and g.size is not None), None)
 
 
 def default_jobs() -> int:
@@ -106,7 +95,7 @@ def default_jobs() -> int:
 
 
 def convert_ranks(ranks: Sequence[RankFiles], jobs: int | None = None, scheduler: str | None = None,
-                  progress: bool = False, allow_mismatch: bool = False) -> list[dict[str, Any]]:
+                  progress: bool = False, allow_mismatch: bool = False) -> list[ConvertedRank]:
     """Run `convert_rank` for every rank: in this process (jobs 1), a process pool, or on a Dask cluster.
     Raises BadInput for the first rank (in rank order) whose input is bad, CheckFailed for the first whose
     host ET and Kineto trace are not of one run (unless allow_mismatch)."""
@@ -122,23 +111,21 @@ def convert_ranks(ranks: Sequence[RankFiles], jobs: int | None = None, scheduler
             else:
                 workers = min(jobs or default_jobs(), len(tasks))
                 outputs = _local(tasks, workers, bar.advance)
-    failed = [o for o in outputs if "error" in o or "mismatch" in o]
-    if failed and "error" in failed[0]:
-        err = failed[0]["error"]
-        raise BadInput(err["where"], err["problem"])
+    converted = [o for o in outputs if isinstance(o, ConvertedRank)]
+    failed = [o for o in outputs if isinstance(o, RankFailure)]
     if failed:
-        raise CheckFailed(failed[0]["mismatch"])
-    return outputs
+        raise failed[0].error()
+    return converted
 
 
 def _local(tasks: list[tuple[int | None, str | None, str | None, bool]], workers: int,
-           done: Callable[[int], Any]) -> list[dict[str, Any]]:
+           done: Callable[[int], object]) -> list[RankOutcome]:
     if workers <= 1:
-        outputs = []
+        outputs: list[RankOutcome] = []
         for task in tasks:
             outputs.append(convert_rank(*task))
             done(1)
-            if "error" in outputs[-1] or "mismatch" in outputs[-1]:
+            if isinstance(outputs[-1], RankFailure):
                 break  # bad input: the rest would be thrown away
         return outputs
     import multiprocessing
@@ -151,7 +138,7 @@ def _local(tasks: list[tuple[int | None, str | None, str | None, bool]], workers
         futures = [pool.submit(convert_rank, *task) for task in tasks]
         for future in as_completed(futures):
             done(1)
-            if future.exception() is not None or "error" in future.result() or "mismatch" in future.result():
+            if future.exception() is not None or isinstance(future.result(), RankFailure):
                 for f in futures:  # the run has failed: do not start the ranks still queued
                     f.cancel()
                 break
@@ -174,39 +161,48 @@ def _dask_wait() -> float:
 
 
 def _on_dask(tasks: list[tuple[int | None, str | None, str | None, bool]], address: str,
-             done: Callable[[int], Any]) -> list[dict[str, Any]]:
+             done: Callable[[int], object]) -> list[RankOutcome]:
     try:
-        from dask.distributed import Client, wait
+        from dask.distributed import Client
     except ImportError as exc:
         raise BadInput("--scheduler", "needs dask[distributed]: pip install 'etweave[cluster]'") from exc
     try:
-        client = Client(address, timeout="10s")
+        client = Client(address, timeout="10s")  # type: ignore[no-untyped-call]  # dask.distributed is unannotated
     except (OSError, TimeoutError) as exc:
         raise BadInput(address, f"cannot connect to the Dask scheduler: {exc}") from exc
     with client:
         # Workers read the trace files by path: they must see RUN_DIR at the same path (a shared file system);
         # the paths are absolute (resolved here, on the client), so the workers' working folder does not matter.
         futures = [client.submit(convert_rank, *task, pure=False) for task in tasks]
-        pending = set(futures)
-        limit = _dask_wait()
-        no_workers_since: float | None = None
-        while pending:
-            try:
-                finished, pending = wait(list(pending), timeout=1.0, return_when="FIRST_COMPLETED")
-            except TimeoutError:  # none finished within the second: see whether any worker is left
-                finished = set()
-            done(len(finished))
-            if not pending:
-                break
-            if client.scheduler_info().get("workers"):
-                no_workers_since = None
-                continue
-            now = time.monotonic()
-            no_workers_since = now if no_workers_since is None else no_workers_since
-            if now - no_workers_since >= limit:
-                for f in futures:
-                    f.cancel()
-                raise BadInput(address, f"the Dask cluster has had no worker for {limit:g} s ({len(pending)} of "
-                                        f"{len(futures)} ranks not converted): every worker lost, or none started "
-                                        "(ETWEAVE_DASK_WAIT sets the wait)")
-        return list(client.gather(futures))
+        _wait_while_workers(client, futures, address, done)
+        return list(client.gather(futures))  # type: ignore[no-untyped-call]  # dask.distributed is unannotated
+
+
+def _wait_while_workers(client: Any, futures: list[Any], address: str, done: Callable[[int], object]) -> None:
+    """Until every future is done; bad input when the cluster has had no worker for the wait (`_dask_wait`).
+    `client` and `futures` are dask.distributed's Client and Futures, which have no annotations."""
+    from dask.distributed import wait
+
+    pending = set(futures)
+    limit = _dask_wait()
+    no_workers_since: float | None = None
+    while pending:
+        try:
+            finished, pending = wait(list(pending), timeout=1.0,  # type: ignore[no-untyped-call]  # unannotated
+                                     return_when="FIRST_COMPLETED")
+        except TimeoutError:  # none finished within the second: see whether any worker is left
+            finished = set()
+        done(len(finished))
+        if not pending:
+            break
+        if client.scheduler_info().get("workers"):
+            no_workers_since = None
+            continue
+        now = time.monotonic()
+        no_workers_since = now if no_workers_since is None else no_workers_since
+        if now - no_workers_since >= limit:
+            for f in futures:
+                f.cancel()
+            raise BadInput(address, f"the Dask cluster has had no worker for {limit:g} s ({len(pending)} of "
+                                    f"{len(futures)} ranks not converted): every worker lost, or none started "
+                                    "(ETWEAVE_DASK_WAIT sets the wait)")

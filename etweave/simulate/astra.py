@@ -30,10 +30,11 @@ from pathlib import Path
 from sys import intern
 
 from etweave.chakra import et_def_pb2 as pb
+from etweave.chakra.accepts import COMM_NODE_TYPES
 from etweave.chakra.io import attr_value, iter_et, node_type_name
 from etweave.errors import BadInput
+from etweave.runfolder import file_rank
 from etweave.simulate.engine import GraphError
-from etweave.simulate.load import trace_rank
 from etweave.simulate.network import DEFAULT_NETWORK, NETWORK_TIMED, Network, collective_ns, send_ns
 
 CPU, GPU, COMM, FREE = 0, 1, 2, 3  # the slot a node takes; FREE = none
@@ -100,9 +101,9 @@ def _as_int(value: object, default: int = 0) -> int:
 
 def load_astra_rank(path: Path, default_rank: int | None = None) -> AstraRank:
     """One `.et` file, read the way ASTRA-sim's feeder reads it (only the fields it uses, plus measured times).
-    Its rank as `etweave simulate` finds it (`load.trace_rank`)."""
+    Its rank as `etweave simulate` finds it (`runfolder.file_rank`)."""
     metadata, nodes = iter_et(path)  # one protobuf node at a time: only the AstraNodes stay
-    rank = trace_rank(metadata, path, default_rank)
+    rank = file_rank(metadata, path, default_rank)
     out = []
     for nd in nodes:
         attrs = {a.name: attr_value(a) for a in nd.attr if a.name in _WANTED}
@@ -112,7 +113,7 @@ def load_astra_rank(path: Path, default_rank: int | None = None) -> AstraRank:
                        duration_us=nd.duration_micros, is_cpu_op=bool(cpu),
                        measured_start=nd.start_time_micros, kind=intern(str(attrs.get("kind", ""))))
         an.measured_end = nd.start_time_micros + _as_int(attrs.get("measured_duration_micros"), nd.duration_micros)
-        if nd.type in (pb.COMM_COLL_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):
+        if nd.type in COMM_NODE_TYPES:
             an.comm_size = _as_int(attrs.get("comm_size"))
             if "comm_type" in attrs:
                 an.comm_type = _as_int(attrs["comm_type"])

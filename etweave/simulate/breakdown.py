@@ -17,14 +17,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from etweave.chakra import et_def_pb2 as pb
+from etweave.chakra.accepts import COMM_NODE_TYPES
 from etweave.fidelity import NO_OP_KINDS, RANK_START_OFFSET
 from etweave.nodes import is_marker_node
 from etweave.simulate.engine import Replay, SimNode
 from etweave.simulate.metrics import measured_window
 from etweave.simulate.steps import step_of, step_ops
 
-COMM_TYPES = frozenset({pb.COMM_COLL_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE})
 COLUMNS = ["timeline", "rank", "step", "start_us", "span_us", "compute_us", "communication_us", "overlapped_us",
            "exposed_communication_us", "idle_us", "compute_only_us"]
 
@@ -47,7 +46,7 @@ def _length(intervals: list[tuple[int, int]]) -> int:
 
 
 def _role(nd: SimNode, gpu_rank: bool) -> str | None:
-    if nd.type in COMM_TYPES:
+    if nd.type in COMM_NODE_TYPES:
         return "comm"
     if is_marker_node(nd.type, nd.kind) or nd.kind in NO_OP_KINDS or nd.name == RANK_START_OFFSET:
         return None

@@ -1,22 +1,21 @@
-"""Read `.et` files and `comm_group.json` into the engine's plain data."""
+"""Read `.et` files and `comm_group.json` into the engine's plain data (the rules of both: `etweave.runfolder`)."""
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from sys import intern
 
 from etweave.chakra import et_def_pb2 as pb
-from etweave.chakra.io import attr_value, iter_et
+from etweave.chakra.accepts import COMM_NODE_TYPES
+from etweave.chakra.io import iter_et
 from etweave.errors import BadInput
-from etweave.read.source import read_plain
+from etweave.runfolder import COMM_GROUP_FILE, file_rank, find_comm_group, read_comm_groups
 from etweave.simulate.engine import GraphError, RankGraph, Replay, SimNode, UnknownGroup, replay
 
-COMM_GROUP_FILE = "comm_group.json"
-_RANK_IN_NAME = re.compile(r"\.(\d+)\.et(?:\.gz)?$")
-_COMM_TYPES = (pb.COMM_COLL_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE)
+# what the CLI and the Python API import from here; the rules live in etweave.runfolder
+__all__ = ["COMM_GROUP_FILE", "find_comm_group", "load_comm_group", "load_rank", "replay_files", "resource_of",
+           "to_sim_node"]
 _WANTED = frozenset({"device", "stream", "tid", "pg_name", "comm_src", "comm_dst", "comm_tag",
                      "transfer_duration_micros", "measured_duration_micros", "kind", "part_of"})
 
@@ -43,20 +42,28 @@ def _int(value: object, path: Path, node_id: int, name: str) -> int:
 _INF = float("inf")
 
 
-def to_sim_node(node: pb.Node, path: Path) -> SimNode:
-    # Names, kinds and resource labels are interned: a rank repeats a few hundred of them over thousands of
-    # nodes, and a run repeats them over its ranks, so they cost memory per distinct string, not per node.
-    # pick only the attrs the replay reads: node_attrs() would build a dict of every attr per node
+def _wanted_attrs(node: pb.Node) -> dict[str, object]:
+    """Only the attrs the replay reads: node_attrs() would build a dict of every attr per node."""
     attrs: dict[str, object] = {}
     for a in node.attr:
         name = a.name
         if name in _WANTED:
             which = a.WhichOneof("value")  # attr_value, inlined: this loop runs for every attr of every node
-            value = getattr(a, which) if which is not None else None
+            if which is None:
+                attrs[name] = None
+                continue
+            value = getattr(a, which)
             attrs[name] = list(value.values) if which in _LIST_FIELDS else value
+    return attrs
+
+
+def to_sim_node(node: pb.Node, path: Path) -> SimNode:
+    # Names, kinds and resource labels are interned: a rank repeats a few hundred of them over thousands of
+    # nodes, and a run repeats them over its ranks, so they cost memory per distinct string, not per node.
+    attrs = _wanted_attrs(node)
     ntype = node.type
     duration = node.duration_micros
-    if ntype in _COMM_TYPES and "transfer_duration_micros" in attrs:
+    if ntype in COMM_NODE_TYPES and "transfer_duration_micros" in attrs:
         # the measured duration of a comm node includes waiting for peers; the replay models that wait itself
         duration = _int(attrs["transfer_duration_micros"], path, node.id, "transfer_duration_micros")
     elif ntype == pb.METADATA_NODE:
@@ -90,61 +97,17 @@ def to_sim_node(node: pb.Node, path: Path) -> SimNode:
     return sim
 
 
-def rank_from_name(path: Path) -> int | None:
-    m = _RANK_IN_NAME.search(Path(path).name)
-    return int(m.group(1)) if m else None
-
-
 def load_rank(path: Path, default_rank: int | None = None) -> RankGraph:
-    """One `.et` file. Rank: GlobalMetadata attr `rank`, else `<prefix>.<rank>.et`, else `default_rank`."""
+    """One `.et` file, its rank by `etweave.runfolder.file_rank` (the name `<prefix>.<rank>.et`, else the
+    GlobalMetadata attr `rank`, else `default_rank`)."""
     metadata, nodes = iter_et(path)  # one protobuf node at a time: only the SimNodes stay
-    rank = trace_rank(metadata, path, default_rank)
+    rank = file_rank(metadata, path, default_rank)
     return RankGraph(rank=rank, nodes=[to_sim_node(nd, path) for nd in nodes], source=str(path))
 
 
-def trace_rank(metadata: pb.GlobalMetadata, path: Path, default_rank: int | None = None) -> int:
-    """GlobalMetadata attr `rank`, else `<prefix>.<rank>.et`, else `default_rank`."""
-    rank: int | None = None
-    for a in metadata.attr:
-        if a.name == "rank":
-            value = attr_value(a)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise BadInput(path, f"GlobalMetadata attr rank is {value!r}, not an integer")
-            rank = value
-    if rank is None:
-        rank = rank_from_name(path)
-    if rank is None:
-        rank = default_rank
-    if rank is None:
-        raise BadInput(path, "no rank: neither a GlobalMetadata attr `rank` nor a name like <prefix>.<rank>.et")
-    return rank
-
-
-def find_comm_group(traces: Sequence[Path]) -> Path | None:
-    """`comm_group.json` beside the first trace that has one."""
-    for trace in traces:
-        candidate = Path(trace).parent / COMM_GROUP_FILE
-        if candidate.is_file():
-            return candidate
-    return None
-
-
 def load_comm_group(path: Path) -> dict[str, list[int]]:
-    """`{"<decimal id>": [global ranks, ...]}`."""
-    try:
-        data = json.loads(read_plain(Path(path)))
-    except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the stdlib parser goes
-        raise BadInput(path, f"not JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise BadInput(path, "expected an object mapping group ids to lists of ranks")
-    groups: dict[str, list[int]] = {}
-    for key, ranks in data.items():
-        if not key.isdecimal():
-            raise BadInput(path, f"group id {key!r} is not a decimal number")
-        if not isinstance(ranks, list) or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
-            raise BadInput(path, f"group {key}: expected a list of integer ranks")
-        groups[key] = ranks
-    return groups
+    """The id -> ranks map of a comm-group file, read and checked by `etweave.runfolder.read_comm_groups`."""
+    return read_comm_groups(path).members
 
 
 def replay_files(ranks: list[RankGraph], groups: dict[str, list[int]], files: Sequence[Path],

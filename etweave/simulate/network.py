@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from etweave.chakra import et_def_pb2 as pb
+from etweave.chakra.accepts import SIZE_TIMED_COLLECTIVES
 from etweave.chakra.io import comm_type_name
 from etweave.errors import BadInput
 
@@ -34,7 +35,7 @@ DATASET_SPLITS = 4
 ENDPOINT_DELAY_NS = 10
 
 # Collectives the network times from comm_size; BROADCAST is replayed from its duration (docs/FACTS.md §A4)
-NETWORK_TIMED = frozenset({pb.ALL_REDUCE, pb.ALL_GATHER, pb.REDUCE_SCATTER, pb.ALL_TO_ALL})
+NETWORK_TIMED = SIZE_TIMED_COLLECTIVES  # their one home: etweave.chakra.accepts
 TOPOLOGIES = ("Ring", "Switch")
 
 

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
-from etweave.chakra import et_def_pb2 as pb
+from etweave.chakra.accepts import COMM_NODE_TYPES
 from etweave.errors import BadInput
 from etweave.nodes import is_marker_node
 from etweave.simulate.engine import RankGraph, SimNode
@@ -42,7 +42,6 @@ from etweave.simulate.steps import PART_KINDS, step_bounds
 
 ACTIONS = ("scale", "set-duration", "comm-bandwidth")
 KEYS = ("name", "kind", "rank", "step")
-_COMM = frozenset({pb.COMM_COLL_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE})
 # node attr `kind` values that stand for measured work of each class (delays stand for none: never scaled by class)
 _CPU_KINDS = frozenset({"host_op", "runtime", "self_part", "resume"})
 _GPU_KINDS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
@@ -151,11 +150,11 @@ def parse_edit(action: str, text: str) -> Edit:
 
 def _kind_matches(node: SimNode, kind: str) -> bool:
     if kind == "comm":
-        return node.type in _COMM
+        return node.type in COMM_NODE_TYPES
     if kind == "cpu":
-        return node.type not in _COMM and node.kind in _CPU_KINDS
+        return node.type not in COMM_NODE_TYPES and node.kind in _CPU_KINDS
     if kind == "gpu":
-        return node.type not in _COMM and node.kind in _GPU_KINDS
+        return node.type not in COMM_NODE_TYPES and node.kind in _GPU_KINDS
     return node.kind == kind
 
 
