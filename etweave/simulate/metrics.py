@@ -10,27 +10,14 @@ arrived, i.e. when the measured transfer could begin).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from typing import Any
 
 from etweave.fidelity import RANK_START_OFFSET
 from etweave.simulate.engine import Replay
+from etweave.stats import percent, percentile
 
 TOP_CRITICAL = 10
 TOP_COLLECTIVES = 10
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile of an ascending sequence (q in 0..100)."""
-    if not sorted_values:
-        return 0.0
-    k = max(0, min(len(sorted_values) - 1, math.ceil(q * len(sorted_values) / 100) - 1))
-    return sorted_values[k]
-
-
-def _pct(part: float, whole: float) -> float | None:
-    return round(100.0 * part / whole, 3) if whole else None
 
 
 def _error_stats(errors: list[int], span: int) -> dict[str, Any]:
@@ -40,7 +27,8 @@ def _error_stats(errors: list[int], span: int) -> dict[str, Any]:
     return {
         "count": len(absolute),
         "p50_us": p50, "p95_us": p95, "max_us": worst,
-        "p50_pct_of_span": _pct(p50, span), "p95_pct_of_span": _pct(p95, span), "max_pct_of_span": _pct(worst, span),
+        "p50_pct_of_span": percent(p50, span), "p95_pct_of_span": percent(p95, span),
+        "max_pct_of_span": percent(worst, span),
     }
 
 
@@ -82,7 +70,7 @@ def summarize(replay: Replay) -> dict[str, Any]:
                 [issue[i] - first + lo - nd.measured_start for i, nd in own], hi - lo)
         per_rank.append(entry)
 
-    critical = []
+    critical: list[dict[str, Any]] = []
     offset_on_path: list[dict[str, Any]] = []  # an initial condition of the run, reported beside the path's work
     for (ri, i), contribution in zip(replay.critical_path, replay.contribution, strict=True):
         nd = replay.ranks[ri].nodes[i]
@@ -97,15 +85,15 @@ def summarize(replay: Replay) -> dict[str, Any]:
         if not inst.nodes:
             continue
         ri0, i0 = inst.nodes[0]
-        measured = [replay.ranks[ri].nodes[i].measured_start for ri, i in inst.nodes]
-        measured = [m for m in measured if m]
+        arrivals = [replay.ranks[ri].nodes[i].measured_start for ri, i in inst.nodes]
+        arrivals = [m for m in arrivals if m]
         sim_start = replay.start[ri0][i0]
         item: dict[str, Any] = {
             "pg": inst.pg, "seq": inst.seq, "name": replay.ranks[ri0].nodes[i0].name,
             "ranks": [replay.ranks[ri].rank for ri, _ in inst.nodes],
             "simulated_start_us": sim_start,
-            "measured_start_us": max(measured) - origin if measured else None,
-            "start_error_us": sim_start + origin - max(measured) if measured else None,
+            "measured_start_us": max(arrivals) - origin if arrivals else None,
+            "start_error_us": sim_start + origin - max(arrivals) if arrivals else None,
         }
         collectives.append(item)
     coll_errors = [c["start_error_us"] for c in collectives if c["start_error_us"] is not None]
@@ -120,7 +108,7 @@ def summarize(replay: Replay) -> dict[str, Any]:
         "measured": window is not None,
         "origin_us": origin if window else None,
         "measured_span_us": span if window else None,
-        "makespan_error_pct": _pct(replay.makespan - span, span) if window else None,
+        "makespan_error_pct": percent(replay.makespan - span, span) if window else None,
         "start_error": _error_stats(node_errors, span),
         "critical_path": {
             "nodes": len(critical) + len(offset_on_path),
