@@ -21,8 +21,9 @@ from typing import Generic, TypeVar
 Channel = tuple[int, int, int]
 
 T = TypeVar("T")
-# An item that sorts into issue order: a tuple whose first field is the node id (later fields break ties between
-# nodes of different files that share an id, as `etweave check` meets them on a mislabelled send).
+# An item that sorts into issue order: a tuple of ints whose first is the node id (the caller's payload follows;
+# it breaks ties between nodes of different files that share an id, as `etweave check` meets them on a
+# mislabelled send).
 IdFirst = TypeVar("IdFirst", bound=tuple[int, ...])
 
 

@@ -12,11 +12,15 @@ Rules (what `etweave simulate` documents):
 - A collective is issued on each member rank as above, then waits (holding its resource, as an NCCL kernel
   holds its stream) until every member among the ranks given has issued it; all start together at the last
   arrival and each ends start + its own duration. The k-th collective of a group on one rank (ascending id
-  among that rank's collectives of that group) matches the k-th on every other member.
+  among that rank's collectives of that group) matches the k-th on every other member (`etweave.matching`).
 - Send/recv: the k-th send from rank S to rank D with tag T matches the k-th recv on D from S with tag T
-  (ascending id). A send is eager: it runs its own duration and never waits for the receiver. A recv starts
-  when issued and ends at max(its start + its duration, the matching send's start + the send's duration).
-  A node whose peer rank is not among the ranks given runs on its own duration.
+  (ascending id; `etweave.matching`). A send is eager: it runs its own duration and never waits for the receiver.
+  A recv starts when issued and ends at max(its start + its duration, the matching send's start + the send's
+  duration). A node whose peer rank is not among the ranks given runs on its own duration.
+
+`replay` runs three stages: indexing (`_index`, `_match_collectives`, `_match_messages`: every rank's nodes as flat
+int arrays under one global index, comm nodes matched across ranks), the event loop (`_EventLoop`, over those
+integer indices only) and the results (`_critical_path`, or `_Diagnosis`: what each node that never ended waits for).
 """
 
 from __future__ import annotations
