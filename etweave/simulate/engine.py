@@ -126,6 +126,8 @@ class UnknownGroup(GraphError):
 
 MAX_STUCK = 20
 
+_push, _pop = heapq.heappush, heapq.heappop  # module globals: the event loop calls them per node
+
 
 def replay(ranks: Sequence[RankGraph], groups: Mapping[str, Sequence[int]]) -> Replay:
     """Replay `ranks` together. `groups` maps a pg name to its global ranks ("" needs no entry: all ranks)."""
@@ -400,7 +402,7 @@ class _EventLoop:
     def run(self) -> None:
         indeg, child_at, child_list, res, done = self.indeg, self.child_at, self.child_list, self.res, self.done
         holder, last_holder, events, touched = self.holder, self.last_holder, self.events, self.touched
-        make_ready, pop = self._make_ready, heapq.heappop
+        make_ready, pop = self._make_ready, _pop
         for g in range(len(indeg)):
             if indeg[g] == 0:
                 make_ready(g, 0, -1)
@@ -429,7 +431,7 @@ class _EventLoop:
         if r < 0:
             self._issue(g, t, cause)
         else:
-            heapq.heappush(self.queue[r], (t, self.node_id[g], g))
+            _push(self.queue[r], (t, self.node_id[g], g))
             self.touched.append(r)
 
     def _dispatch(self, t: int) -> None:
@@ -438,7 +440,7 @@ class _EventLoop:
                                                              self.ready_cause, self.last_holder)
         for r in self.touched:
             if holder[r] < 0 and queue[r]:
-                _, _, g = heapq.heappop(queue[r])
+                _, _, g = _pop(queue[r])
                 self._issue(g, t, ready_cause[g] if ready_at[g] == t else last_holder[r])
         self.touched.clear()
 
@@ -449,20 +451,35 @@ class _EventLoop:
         if r >= 0:
             self.holder[r] = g
         k = self.kind[g]
-        peer = self.peer[g]
-        if k == _COLL:
-            self._arrive(g, t, cause)
-        elif k == _RECV and peer != _ALONE:
-            self.start[g] = t
-            if peer >= 0 and self.issue_t[peer] >= 0:
-                self._finish_recv(g, peer)
-        else:  # plain work, a send (eager), a recv whose peer rank is not given: its own duration
+        if k == _PLAIN:  # most nodes: inline, not a call to _run_alone
             self.start[g] = t
             self.end[g] = end = t + self.dur[g]
             self.pred[g] = cause
-            heapq.heappush(self.events, (end, g))
-            if k == _SEND and peer >= 0 and self.issue_t[peer] >= 0:
-                self._finish_recv(peer, g)
+            _push(self.events, (end, g))
+        elif k == _COLL:
+            self._arrive(g, t, cause)
+        else:
+            self._message(g, t, cause)
+
+    def _run_alone(self, g: int, t: int, cause: int) -> None:
+        """Node g runs its own duration from t."""
+        self.start[g] = t
+        self.end[g] = end = t + self.dur[g]
+        self.pred[g] = cause
+        _push(self.events, (end, g))
+
+    def _message(self, g: int, t: int, cause: int) -> None:
+        """A send runs its own duration (eager) and may finish its recv; a recv waits for its send, if it has
+        a peer among the ranks given."""
+        peer = self.peer[g]
+        if self.kind[g] == _RECV and peer != _ALONE:
+            self.start[g] = t
+            if peer >= 0 and self.issue_t[peer] >= 0:
+                self._finish_recv(g, peer)
+            return
+        self._run_alone(g, t, cause)
+        if self.kind[g] == _SEND and peer >= 0 and self.issue_t[peer] >= 0:
+            self._finish_recv(peer, g)
 
     def _arrive(self, g: int, t: int, cause: int) -> None:
         """A collective issued on one member; at the last arrival all members start."""
@@ -475,7 +492,7 @@ class _EventLoop:
                 start[m] = t
                 end[m] = t + dur[m]
                 pred[m] = cause  # the last arriver's cause: the path skips the waiting
-                heapq.heappush(self.events, (end[m], m))
+                _push(self.events, (end[m], m))
 
     def _finish_recv(self, g: int, s: int) -> None:
         """Recv g ends at the later of its own end and its send's end."""
@@ -484,7 +501,7 @@ class _EventLoop:
             self.end[g], self.pred[g] = self.end[s], s
         else:
             self.end[g], self.pred[g] = own_end, self.issue_cause[g]
-        heapq.heappush(self.events, (self.end[g], g))
+        _push(self.events, (self.end[g], g))
 
 
 # --- results: the critical path, or why nodes never ran
