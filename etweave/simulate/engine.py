@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import heapq
 from array import array
+from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -173,16 +174,14 @@ class _Graph:
     child_list: array[int] = field(default_factory=lambda: array("q"))
 
     def rank_index(self, g: int) -> int:
-        return _rank_index(self.offset, g)
+        """The rank of global index g: the last one whose offset is <= g (a rank with no nodes shares its
+        offset with the next)."""
+        return bisect_right(self.offset, g) - 1
 
     def locate(self, g: int) -> tuple[int, int]:
         """(rank index, node index) of global index g."""
-        ri = _rank_index(self.offset, g)
+        ri = self.rank_index(g)
         return ri, g - self.offset[ri]
-
-    def node(self, g: int) -> SimNode:
-        ri, i = self.locate(g)
-        return self.ranks[ri].nodes[i]
 
     def per_rank(self, values: list[int]) -> list[list[int]]:
         """A flat per-node list cut into one list per rank."""
@@ -592,13 +591,3 @@ class _Diagnosis:
         shown = ", ".join(str(d) for d in open_deps[:5]) + (", ..." if len(open_deps) > 5 else "")
         return f"waits for {len(open_deps)} unfinished deps: {shown}"
 
-
-def _rank_index(offset: list[int], g: int) -> int:
-    lo, hi = 0, len(offset) - 1
-    while lo < hi:  # last offset <= g
-        mid = (lo + hi + 1) // 2
-        if offset[mid] <= g:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
