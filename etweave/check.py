@@ -68,6 +68,7 @@ from etweave.chakra.accepts import (
     comm_type_name,
     is_group_id,
 )
+from etweave.matching import group_members, match_p2p
 from etweave.model import GPU_KINDS
 from etweave.read.host_et import PG_INIT_NAME
 
@@ -432,16 +433,11 @@ def _check_collective_counts(collectives: dict[str, dict[int, Counter[int]]], pr
     # Counts per type, not order: issue order depends on the dependency graph, but a rank that issues fewer
     # collectives in a group leaves its peers waiting forever whatever the order.
     for group in sorted(collectives):
-        if group == "":
-            members = sorted(present)
-        elif comm_group is not None and group in comm_group:
-            members = sorted(present.intersection(comm_group[group]))
-        else:
-            continue  # an unknown group is a pg-name violation already; its members are unknown
+        members = group_members(group, present, comm_group)
+        if not members:
+            continue  # an unknown group (None) is a pg-name violation already; its members are unknown
         per_rank = collectives[group]
-        reference = members[0] if members else None
-        if reference is None:
-            continue
+        reference = members[0]
         expected = per_rank.get(reference, Counter())
         for rank in members[1:]:
             got = per_rank.get(rank, Counter())
@@ -461,31 +457,27 @@ def _describe(counts: Counter[int]) -> str:
 def _match_p2p(sends: dict[tuple[int, int, int], list[tuple[int, int, int]]],
                recvs: dict[tuple[int, int, int], list[tuple[int, int, int]]], present: set[int],
                out: list[Violation], notes: list[Violation] | None) -> None:
-    # The n-th send on a (src, dst, tag) channel pairs with the n-th recv on it, in id order (the order the
-    # simulator issues ready nodes in).
-    for key in sorted(sends.keys() | recvs.keys()):
-        src, dst, tag = key
-        channel_sends = sorted(sends.get(key, ()))
-        channel_recvs = sorted(recvs.get(key, ()))
-        if dst not in present or src not in present:
+    # etweave.matching's rule: the n-th send on a (src, dst, tag) channel pairs with the n-th recv on it.
+    for match in match_p2p(sends, recvs, present):
+        src, dst, tag = match.channel
+        if not match.matchable:
             missing = dst if dst not in present else src
             if notes is not None:
-                count = len(channel_sends) + len(channel_recvs)
+                count = len(match.sends) + len(match.recvs)
                 notes.append(Violation("p2p-unchecked", f"rank {src if missing == dst else dst}",
                                        f"{count} send/recv(s) {src} -> {dst} tag {tag}: rank {missing} is not "
                                        "among the inputs, so they were not matched"))
             continue
-        pairs = zip(channel_sends, channel_recvs, strict=False)  # the unpaired tail is reported below
-        for (send_id, send_size, send_rank), (recv_id, recv_size, recv_rank) in pairs:
+        for (send_id, send_size, send_rank), (recv_id, recv_size, recv_rank) in match.pairs:
             if send_size != recv_size:
                 out.append(Violation("p2p-match", f"rank {send_rank}",
                                      f"send {src} -> {dst} tag {tag} is {send_size} bytes, but its recv "
                                      f"(node {recv_id} on rank {recv_rank}) is {recv_size} bytes", send_id))
-        for node_id, size, rank in channel_sends[len(channel_recvs):]:
+        for node_id, size, rank in match.unmatched_sends:
             out.append(Violation("p2p-match", f"rank {rank}",
                                  f"send {src} -> {dst} tag {tag} ({size} bytes) has no matching recv on rank {dst}",
                                  node_id))
-        for node_id, size, rank in channel_recvs[len(channel_sends):]:
+        for node_id, size, rank in match.unmatched_recvs:
             out.append(Violation("p2p-match", f"rank {rank}",
                                  f"recv {src} -> {dst} tag {tag} ({size} bytes) has no matching send on rank {src}",
                                  node_id))

@@ -11,6 +11,7 @@ from typing import NamedTuple
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import node_attrs
 from etweave.model import DELAY, GPU_KINDS, UNTRACED, WAKEUP, Graph
+from etweave.stats import upper_percentile
 
 
 @dataclass(slots=True)
@@ -54,13 +55,6 @@ def asap(nodes: Sequence[pb.Node], durations: dict[int, float] | None = None) ->
     return start
 
 
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
-
-
 def measure(nodes: Sequence[pb.Node]) -> Fidelity:
     measured = [n for n in nodes if n.start_time_micros > 0]
     t0 = min((n.start_time_micros for n in measured), default=0)
@@ -90,8 +84,8 @@ def measure(nodes: Sequence[pb.Node]) -> Fidelity:
             if key in firsts:
                 no_pred.append(n.id)
             firsts.add(key)
-    return Fidelity(span, cp, _pct(gpu_err, 0.5), _pct(gpu_err, 0.95), max(gpu_err, default=0.0),
-                    max(comm_err, default=0.0), no_pred)
+    return Fidelity(span, cp, upper_percentile(gpu_err, 0.5), upper_percentile(gpu_err, 0.95),
+                    max(gpu_err, default=0.0), max(comm_err, default=0.0), no_pred)
 
 
 # Node kinds that stand for no measured op: time the graph keeps as a fixed duration because no evidence says

@@ -16,6 +16,7 @@ from etweave.check import Violation, check_nodes, check_run
 from etweave.collectives import classify
 from etweave.errors import BadInput, CheckFailed
 from etweave.fidelity import RANK_START_OFFSET
+from etweave.matching import collective_instances
 from etweave.model import PROCESS_ROOT
 from etweave.nodes import DEP_EVIDENCE, MARKER_KINDS
 from etweave.process_groups import assign_group_ids
@@ -172,30 +173,37 @@ def _key(sig: CollSig | None, with_seq: bool) -> tuple[Any, ...] | None:
 
 def check_sequences(seqs: dict[int, list[CollSig]]) -> tuple[list[dict[str, Any]], int]:
     """First divergence per member rank from the majority sequence, and the length of the prefix on which all
-    members agree (the collectives that match across ranks)."""
+    members agree (the collectives that match across ranks). `seqs`: member rank -> its collectives of the group in
+    issue order; the i-th of each member is one instance (etweave.matching)."""
     members = sorted(seqs)
-    longest = max((len(s) for s in seqs.values()), default=0)
     diverged: dict[int, dict[str, Any]] = {}
-    matched = longest
-    for i in range(longest):
-        at = {r: seqs[r][i] if i < len(seqs[r]) else None for r in members}
-        with_seq = all(s is not None and s.seq is not None for s in at.values())
-        keys = {r: _key(s, with_seq) for r, s in at.items()}
-        counts = Counter(keys[r] for r in members)  # insertion in rank order: a tie goes to the lowest rank
-        majority = counts.most_common(1)[0][0]
-        agreeing = [r for r in members if keys[r] == majority]
-        for r in members:
-            if keys[r] != majority and r not in diverged:
-                sig, ref = at[r], at[agreeing[0]]
-                diverged[r] = {
-                    "rank": r, "index": i,
-                    "has": sig.describe(with_seq) if sig is not None else "no collective (its sequence ended)",
-                    "expected": ref.describe(with_seq) if ref is not None else "no collective (their sequences end)",
-                    "expected_on": agreeing,
-                }
-        if len(agreeing) < len(members):
-            matched = min(matched, i)
-    return [diverged[r] for r in sorted(diverged)], matched
+    matched: int | None = None
+    i = -1
+    for i, sigs in enumerate(collective_instances(seqs, members)):
+        at = dict(zip(members, sigs, strict=True))
+        agreeing = _diverging(at, i, diverged)
+        if len(agreeing) < len(members) and matched is None:
+            matched = i
+    return [diverged[r] for r in sorted(diverged)], i + 1 if matched is None else matched
+
+
+def _diverging(at: dict[int, CollSig | None], index: int, diverged: dict[int, dict[str, Any]]) -> list[int]:
+    """The members whose collective at `index` is the majority's (a tie goes to the lowest rank); record the first
+    divergence of each other member in `diverged`."""
+    with_seq = all(s is not None and s.seq is not None for s in at.values())
+    keys = {r: _key(s, with_seq) for r, s in at.items()}
+    majority = Counter(keys.values()).most_common(1)[0][0]  # insertion in rank order: a tie goes to the lowest rank
+    agreeing = [r for r, key in keys.items() if key == majority]
+    for r, key in keys.items():
+        if key != majority and r not in diverged:
+            sig, ref = at[r], at[agreeing[0]]
+            diverged[r] = {
+                "rank": r, "index": index,
+                "has": sig.describe(with_seq) if sig is not None else "no collective (its sequence ended)",
+                "expected": ref.describe(with_seq) if ref is not None else "no collective (their sequences end)",
+                "expected_on": agreeing,
+            }
+    return agreeing
 
 
 def _adjust(seqs: dict[int, list[CollSig]], matched: int, nodes_by_id: dict[int, dict[int, pb.Node]],

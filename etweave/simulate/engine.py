@@ -12,28 +12,34 @@ Rules (what `etweave simulate` documents):
 - A collective is issued on each member rank as above, then waits (holding its resource, as an NCCL kernel
   holds its stream) until every member among the ranks given has issued it; all start together at the last
   arrival and each ends start + its own duration. The k-th collective of a group on one rank (ascending id
-  among that rank's collectives of that group) matches the k-th on every other member.
+  among that rank's collectives of that group) matches the k-th on every other member (`etweave.matching`).
 - Send/recv: the k-th send from rank S to rank D with tag T matches the k-th recv on D from S with tag T
-  (ascending id). A send is eager: it runs its own duration and never waits for the receiver. A recv starts
-  when issued and ends at max(its start + its duration, the matching send's start + the send's duration).
-  A node whose peer rank is not among the ranks given runs on its own duration.
+  (ascending id; `etweave.matching`). A send is eager: it runs its own duration and never waits for the receiver.
+  A recv starts when issued and ends at max(its start + its duration, the matching send's start + the send's
+  duration). A node whose peer rank is not among the ranks given runs on its own duration.
+
+`replay` runs three stages: indexing (`_index`, `_match_collectives`, `_match_messages`: every rank's nodes as flat
+int arrays under one global index, comm nodes matched across ranks), the event loop (`_EventLoop`, over those
+integer indices only) and the results (`_critical_path`, or `_Diagnosis`: what each node that never ended waits for).
 """
 
 from __future__ import annotations
 
 import heapq
 from array import array
+from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from etweave.chakra import et_def_pb2 as pb
+from etweave.matching import Channel, collective_instances, group_members, issue_order, match_p2p
 
 COLL, SEND, RECV = pb.COMM_COLL_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE
 
 # engine-internal kinds, kept as small ints so the hot loop compares ints
 _PLAIN, _COLL, _SEND, _RECV = 0, 1, 2, 3
-_KIND = {COLL: _COLL, SEND: _SEND, RECV: _RECV}
+_KIND: dict[int, int] = {COLL: _COLL, SEND: _SEND, RECV: _RECV}
 
 # peer markers for send/recv
 _ALONE = -1  # peer rank not among the ranks given: run alone
@@ -121,62 +127,120 @@ class UnknownGroup(GraphError):
 
 MAX_STUCK = 20
 
+_push, _pop = heapq.heappush, heapq.heappop  # module globals: the event loop calls them per node
+
 
 def replay(ranks: Sequence[RankGraph], groups: Mapping[str, Sequence[int]]) -> Replay:
     """Replay `ranks` together. `groups` maps a pg name to its global ranks ("" needs no entry: all ranks)."""
-    ranks = list(ranks)
-    rank_of = [rg.rank for rg in ranks]
-    index_of_rank: dict[int, int] = {}
-    for ri, r in enumerate(rank_of):
-        if r in index_of_rank:
-            other = ranks[index_of_rank[r]].source or f"graph #{index_of_rank[r]}"
-            raise GraphError(ri, f"rank {r} given more than once (also {other})")
-        index_of_rank[r] = ri
-    given = set(rank_of)
+    graph = _index(list(ranks))
     notes: list[str] = []
+    colls = _match_collectives(graph, groups, notes)
+    messages = _match_messages(graph, notes)
+    loop = _EventLoop(graph, colls, messages)
+    loop.run()
+    out = Replay(ranks=graph.ranks, issue=graph.per_rank(loop.issue_t), start=graph.per_rank(loop.start),
+                 end=graph.per_rank(loop.end), makespan=max(loop.end, default=0), critical_path=[], contribution=[],
+                 collectives=colls.instances, notes=notes)
+    diagnosis = _Diagnosis(graph, colls, messages, loop)
+    if diagnosis.stuck:
+        out.stuck_count = len(diagnosis.stuck)
+        out.stuck = diagnosis.root_causes_first(MAX_STUCK)
+        return out
+    path, out.contribution = _critical_path(loop.start, loop.end, loop.pred)
+    out.critical_path = [graph.locate(g) for g in path]
+    return out
 
-    # --- flatten: global index g = offset[rank index] + node index
+
+# --- indexing: the ranks' nodes as flat arrays over one global index, and the comm nodes matched across ranks
+
+
+@dataclass(slots=True)
+class _Graph:
+    """Every rank's nodes under one global index g = offset[rank index] + node index, as flat int arrays (the
+    event loop compares and indexes plain ints). Dependency edges are grouped by their source: the children of g
+    are child_list[child_at[g]:child_at[g + 1]] (one flat array instead of a list object per node)."""
+
+    ranks: list[RankGraph]
+    rank_of: list[int]  # rank index -> global rank
+    index_of_rank: dict[int, int]  # global rank -> rank index
+    offset: list[int]  # rank index -> global index of its first node
+    dur: list[int]
+    kind: list[int]  # _PLAIN, _COLL, _SEND, _RECV
+    res: list[int]  # resource index, -1 = takes no resource
+    node_id: list[int]
+    indeg: array[int]  # machine ints, not int objects: memory per node stays small at 1000 ranks
+    res_names: list[tuple[int, str]]  # resource index -> (rank index, label)
+    child_at: array[int] = field(default_factory=lambda: array("q"))
+    child_list: array[int] = field(default_factory=lambda: array("q"))
+
+    def rank_index(self, g: int) -> int:
+        """The rank of global index g: the last one whose offset is <= g (a rank with no nodes shares its
+        offset with the next)."""
+        return bisect_right(self.offset, g) - 1
+
+    def locate(self, g: int) -> tuple[int, int]:
+        """(rank index, node index) of global index g."""
+        ri = self.rank_index(g)
+        return ri, g - self.offset[ri]
+
+    def per_rank(self, values: list[int]) -> list[list[int]]:
+        """A flat per-node list cut into one list per rank."""
+        return [values[self.offset[ri]: self.offset[ri] + len(rg.nodes)] for ri, rg in enumerate(self.ranks)]
+
+
+def _index(ranks: list[RankGraph]) -> _Graph:
+    index_of_rank: dict[int, int] = {}
+    for ri, rg in enumerate(ranks):
+        if rg.rank in index_of_rank:
+            other = ranks[index_of_rank[rg.rank]].source or f"graph #{index_of_rank[rg.rank]}"
+            raise GraphError(ri, f"rank {rg.rank} given more than once (also {other})")
+        index_of_rank[rg.rank] = ri
     offset: list[int] = []
     n = 0
     for rg in ranks:
         offset.append(n)
         n += len(rg.nodes)
-    dur = [0] * n
-    kind = [_PLAIN] * n
-    res = [-1] * n
-    node_id = [0] * n
-    indeg = array("q", bytes(8 * n))  # machine ints, not int objects: memory per node stays small at 1000 ranks
-    edge_from, edge_to = array("q"), array("q")  # every dependency edge (p -> g), then grouped by p below
-    res_names: list[tuple[int, str]] = []  # resource index -> (rank index, label)
+    graph = _Graph(ranks, [rg.rank for rg in ranks], index_of_rank, offset, dur=[0] * n, kind=[_PLAIN] * n,
+                   res=[-1] * n, node_id=[0] * n, indeg=array("q", bytes(8 * n)), res_names=[])
+    edge_from, edge_to = array("q"), array("q")  # every dependency edge (p -> g)
     for ri, rg in enumerate(ranks):
-        base = offset[ri]
-        pos: dict[int, int] = {}  # node id -> g, this rank's only (a map per rank of them all costs ~100 B/node)
-        for i, nd in enumerate(rg.nodes):
-            if nd.id in pos:
-                raise GraphError(ri, f"node id {nd.id} appears twice")
-            pos[nd.id] = base + i
-        res_index: dict[str, int] = {}
-        for i, nd in enumerate(rg.nodes):
-            g = base + i
-            dur[g] = nd.duration
-            kind[g] = _KIND.get(nd.type, _PLAIN)
-            node_id[g] = nd.id
-            if nd.resource is not None:
-                r = res_index.get(nd.resource)
-                if r is None:
-                    r = res_index[nd.resource] = len(res_names)
-                    res_names.append((ri, nd.resource))
-                res[g] = r
-            for d in set(nd.deps):
-                p = pos.get(d)
-                if p is None:
-                    raise GraphError(ri, f"node {nd.id} depends on node {d}, which is not in the file")
-                edge_from.append(p)
-                edge_to.append(g)
-                indeg[g] += 1
+        _index_rank(graph, ri, rg, edge_from, edge_to)
+    graph.child_at, graph.child_list = _group_by_source(n, edge_from, edge_to)
+    return graph
 
-    # children of g: child_list[child_at[g]:child_at[g + 1]], in the order the edges were found (as the list per
-    # node they replace: one flat array instead of a list object per node)
+
+def _index_rank(graph: _Graph, ri: int, rg: RankGraph, edge_from: array[int], edge_to: array[int]) -> None:
+    """Fill rank `ri`'s part of the flat arrays; append its dependency edges."""
+    base = graph.offset[ri]
+    pos: dict[int, int] = {}  # node id -> g, this rank's only (a map per rank of them all costs ~100 B/node)
+    for i, nd in enumerate(rg.nodes):
+        if nd.id in pos:
+            raise GraphError(ri, f"node id {nd.id} appears twice")
+        pos[nd.id] = base + i
+    dur, kind, res, node_id, indeg, res_names = (graph.dur, graph.kind, graph.res, graph.node_id, graph.indeg,
+                                                  graph.res_names)
+    res_index: dict[str, int] = {}
+    for g, nd in enumerate(rg.nodes, base):
+        dur[g] = nd.duration
+        kind[g] = _KIND.get(nd.type, _PLAIN)
+        node_id[g] = nd.id
+        if nd.resource is not None:
+            r = res_index.get(nd.resource)
+            if r is None:
+                r = res_index[nd.resource] = len(res_names)
+                res_names.append((ri, nd.resource))
+            res[g] = r
+        for d in set(nd.deps):
+            p = pos.get(d)
+            if p is None:
+                raise GraphError(ri, f"node {nd.id} depends on node {d}, which is not in the file")
+            edge_from.append(p)
+            edge_to.append(g)
+            indeg[g] += 1
+
+
+def _group_by_source(n: int, edge_from: array[int], edge_to: array[int]) -> tuple[array[int], array[int]]:
+    """(child_at, child_list): the edges' targets grouped by source, each source's in the order found."""
     child_at = array("q", bytes(8 * (n + 1)))
     for p in edge_from:
         child_at[p + 1] += 1
@@ -187,247 +251,265 @@ def replay(ranks: Sequence[RankGraph], groups: Mapping[str, Sequence[int]]) -> R
     for p, g in zip(edge_from, edge_to, strict=True):
         child_list[fill[p]] = g
         fill[p] += 1
-    del edge_from, edge_to, fill
+    return child_at, child_list
 
-    # --- collectives: the k-th of each group on each member rank, matched across ranks
-    coll_inst = [-1] * n
-    instances: list[CollInstance] = []
-    inst_expected: list[int] = []
-    per_pg: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
-    for ri, rg in enumerate(ranks):
+
+@dataclass(slots=True)
+class _Collectives:
+    """The collective instances (etweave.matching's rule) and, per node, the one it belongs to."""
+
+    instance_of: list[int]  # g -> instance index, -1 = not a collective
+    instances: list[CollInstance]
+    expected: list[int]  # instance index -> how many members must issue it before it starts
+    count: dict[tuple[str, int], int]  # (pg, rank index) -> its collectives of that pg, for messages
+
+
+def _match_collectives(graph: _Graph, groups: Mapping[str, Sequence[int]], notes: list[str]) -> _Collectives:
+    # pg -> rank index -> its collectives of that pg as (node id, node index)
+    per_pg: dict[str, dict[int, list[tuple[int, int]]]] = defaultdict(lambda: defaultdict(list))
+    for ri, rg in enumerate(graph.ranks):
         for i, nd in enumerate(rg.nodes):
             if nd.type == COLL:
-                per_pg[nd.pg or ""][ri].append(i)
+                per_pg[nd.pg or ""][ri].append((nd.id, i))
+    colls = _Collectives([-1] * len(graph.dur), [], [],
+                         {(pg, ri): len(lst) for pg, by_rank in per_pg.items() for ri, lst in by_rank.items()})
     for pg, by_rank in sorted(per_pg.items()):
-        if pg == "":
-            members = sorted(given)
-        else:
-            if pg not in groups:
-                ri = min(by_rank)
-                raise UnknownGroup(ri, f"collective node {ranks[ri].nodes[by_rank[ri][0]].id} uses pg_name {pg!r}, "
-                                     "which the comm-group map does not list")
-            listed = {int(r) for r in groups[pg]}
-            for ri in by_rank:
-                if rank_of[ri] not in listed:
-                    raise GraphError(ri, f"rank {rank_of[ri]} issues collectives of pg {pg!r}, "
-                                         f"whose members are {sorted(listed)}")
-            missing = sorted(listed - given)
-            if missing:
-                notes.append(f"pg {pg!r}: members {missing} are not among the files given: ignored")
-            members = sorted(listed & given)
-        for ri in by_rank:
-            by_rank[ri].sort(key=lambda i, ri=ri: ranks[ri].nodes[i].id)  # issue order = ascending id
-        for k in range(max(len(v) for v in by_rank.values())):
-            nodes = []
-            for r in members:
-                ri = index_of_rank[r]
-                lst = by_rank.get(ri, [])
-                if k < len(lst):
-                    nodes.append((ri, lst[k]))
-                    coll_inst[offset[ri] + lst[k]] = len(instances)
-            instances.append(CollInstance(pg, k, members, nodes))
-            inst_expected.append(len(members))
+        members = _members(graph, pg, by_rank, groups, notes)
+        sequences = {graph.rank_of[ri]: issue_order(lst) for ri, lst in by_rank.items()}
+        for k, at in enumerate(collective_instances(sequences, members)):
+            nodes = [(graph.index_of_rank[r], item[1]) for r, item in zip(members, at, strict=True)
+                     if item is not None]
+            for ri, i in nodes:
+                colls.instance_of[graph.offset[ri] + i] = len(colls.instances)
+            colls.instances.append(CollInstance(pg, k, members, nodes))
+            colls.expected.append(len(members))
+    return colls
 
-    # --- send/recv: k-th send S->D tag T pairs with the k-th recv on D from S tag T
-    peer = [_ALONE] * n
-    chan_key: dict[int, tuple[int, int, int, int]] = {}  # g -> (src, dst, tag, k), for messages
-    sends: dict[tuple[int, int, int], list[int]] = defaultdict(list)
-    recvs: dict[tuple[int, int, int], list[int]] = defaultdict(list)
-    for ri, rg in enumerate(ranks):
-        for i, nd in enumerate(rg.nodes):
-            if nd.type not in (SEND, RECV):
-                continue
-            if nd.comm_src is None or nd.comm_dst is None or nd.comm_tag is None:
-                raise GraphError(ri, f"{'send' if nd.type == SEND else 'recv'} node {nd.id} lacks "
-                                     "comm_src, comm_dst or comm_tag")
-            key = (nd.comm_src, nd.comm_dst, nd.comm_tag)
-            own = nd.comm_src if nd.type == SEND else nd.comm_dst
-            if own != rank_of[ri]:
-                side = "comm_src" if nd.type == SEND else "comm_dst"
-                raise GraphError(ri, f"node {nd.id} has {side} {own} but the file is rank {rank_of[ri]}")
-            (sends if nd.type == SEND else recvs)[key].append(offset[ri] + i)
-    alone = 0
-    unmatched_sends = 0
-    for table, other_table, peer_pos in ((sends, recvs, 1), (recvs, sends, 0)):
-        for key, lst in table.items():
-            lst.sort(key=lambda g: node_id[g])
-            other = sorted(other_table.get(key, []), key=lambda g: node_id[g])
-            for k, g in enumerate(lst):
-                chan_key[g] = (*key, k)
-                if key[peer_pos] not in given:
-                    alone += 1
-                elif k < len(other):
-                    peer[g] = other[k]
-                else:
-                    peer[g] = _NEVER
-                    if table is sends:
-                        unmatched_sends += 1
+
+def _members(graph: _Graph, pg: str, by_rank: Mapping[int, list[tuple[int, int]]],
+             groups: Mapping[str, Sequence[int]], notes: list[str]) -> list[int]:
+    """The given members of `pg`; a group the map lacks, or a rank outside its group, is an error."""
+    given = set(graph.index_of_rank)
+    members = group_members(pg, given, groups)
+    if members is None:
+        ri = min(by_rank)
+        first_id = by_rank[ri][0][0]  # the rank's first collective of the group in file order
+        raise UnknownGroup(ri, f"collective node {first_id} uses pg_name {pg!r}, "
+                               "which the comm-group map does not list")
+    if pg == "":
+        return members
+    listed = {int(r) for r in groups[pg]}
+    for ri in by_rank:
+        if graph.rank_of[ri] not in listed:
+            raise GraphError(ri, f"rank {graph.rank_of[ri]} issues collectives of pg {pg!r}, "
+                                 f"whose members are {sorted(listed)}")
+    missing = sorted(listed - given)
+    if missing:
+        notes.append(f"pg {pg!r}: members {missing} are not among the files given: ignored")
+    return members
+
+
+@dataclass(slots=True)
+class _Messages:
+    """Send/recv matched (etweave.matching's rule): per node its peer, or _ALONE / _NEVER."""
+
+    peer: list[int]
+    recv_channel: dict[int, tuple[int, int, int, int]]  # recv g -> (src, dst, tag, k: its place on the channel)
+    send_count: dict[Channel, int]  # channel -> its sends, for messages
+
+
+def _match_messages(graph: _Graph, notes: list[str]) -> _Messages:
+    sends, recvs = _by_channel(graph)
+    messages = _Messages([_ALONE] * len(graph.dur), {}, {ch: len(lst) for ch, lst in sends.items()})
+    peer = messages.peer
+    alone = unmatched_sends = 0
+    for match in match_p2p(sends, recvs, graph.index_of_rank):
+        for k, (_, g) in enumerate(match.recvs):
+            messages.recv_channel[g] = (*match.channel, k)
+        if not match.matchable:
+            alone += len(match.sends) + len(match.recvs)
+            continue
+        for (_, s), (_, r) in match.pairs:
+            peer[s], peer[r] = r, s
+        for _, g in match.unmatched_sends + match.unmatched_recvs:
+            peer[g] = _NEVER
+        unmatched_sends += len(match.unmatched_sends)
     if alone:
         notes.append(f"{alone} send/recv nodes have their peer rank outside the files given: replayed alone")
     if unmatched_sends:
         notes.append(f"{unmatched_sends} sends have no matching recv on their (given) peer rank")
+    return messages
 
-    # --- the event loop
-    issue_t = [-1] * n
-    start = [-1] * n
-    end = [-1] * n
-    ready_at = array("q", [-1]) * n
-    ready_cause = array("q", [-1]) * n
-    issue_cause = array("q", [-1]) * n
-    pred = array("q", [-1]) * n  # what determined this node's timing, for the critical path
-    done = [False] * n
-    holder = [-1] * len(res_names)  # node holding each resource, -1 = free
-    last_holder = [-1] * len(res_names)
-    queue: list[list[tuple[int, int, int]]] = [[] for _ in res_names]  # (ready time, node id, g)
-    arrived = [0] * len(instances)
-    events: list[tuple[int, int]] = []  # (end time, g)
-    touched: list[int] = []
-    push, pop = heapq.heappush, heapq.heappop
 
-    def do_issue(g: int, t: int, cause: int) -> None:
-        issue_t[g] = t
-        issue_cause[g] = cause
-        r = res[g]
-        if r >= 0:
-            holder[r] = g
-        k = kind[g]
-        if k in (_PLAIN, _SEND) or (k == _RECV and peer[g] == _ALONE):
-            start[g] = t
-            end[g] = t + dur[g]
-            pred[g] = cause
-            push(events, (end[g], g))
-            if k == _SEND and peer[g] >= 0 and issue_t[peer[g]] >= 0:
-                finish_recv(peer[g], g)
-        elif k == _COLL:
-            inst = coll_inst[g]
-            arrived[inst] += 1
-            if arrived[inst] == inst_expected[inst]:
-                for ri, i in instances[inst].nodes:
-                    m = offset[ri] + i
-                    start[m] = t
-                    end[m] = t + dur[m]
-                    pred[m] = cause  # the last arriver's cause: the path skips the waiting
-                    push(events, (end[m], m))
-        else:  # a recv with a given peer
-            start[g] = t
-            s = peer[g]
-            if s >= 0 and issue_t[s] >= 0:
-                finish_recv(g, s)
+def _by_channel(graph: _Graph) -> tuple[dict[Channel, list[tuple[int, int]]], dict[Channel, list[tuple[int, int]]]]:
+    """(sends, recvs): channel -> its nodes as (node id, g)."""
+    sends: dict[Channel, list[tuple[int, int]]] = defaultdict(list)
+    recvs: dict[Channel, list[tuple[int, int]]] = defaultdict(list)
+    for ri, rg in enumerate(graph.ranks):
+        for g, nd in enumerate(rg.nodes, graph.offset[ri]):
+            if nd.type == SEND or nd.type == RECV:
+                (sends if nd.type == SEND else recvs)[_channel(nd, ri, graph.rank_of[ri])].append((nd.id, g))
+    return sends, recvs
 
-    def finish_recv(g: int, s: int) -> None:
-        own_end = start[g] + dur[g]
-        if end[s] > own_end:
-            end[g], pred[g] = end[s], s
-        else:
-            end[g], pred[g] = own_end, issue_cause[g]
-        push(events, (end[g], g))
 
-    def make_ready(g: int, t: int, cause: int) -> None:
-        ready_at[g] = t
-        ready_cause[g] = cause
-        r = res[g]
+def _channel(nd: SimNode, ri: int, rank: int) -> Channel:
+    """The channel of a send or recv of rank index `ri` (global rank `rank`), checked against its file."""
+    if nd.comm_src is None or nd.comm_dst is None or nd.comm_tag is None:
+        raise GraphError(ri, f"{'send' if nd.type == SEND else 'recv'} node {nd.id} lacks "
+                             "comm_src, comm_dst or comm_tag")
+    own = nd.comm_src if nd.type == SEND else nd.comm_dst
+    if own != rank:
+        side = "comm_src" if nd.type == SEND else "comm_dst"
+        raise GraphError(ri, f"node {nd.id} has {side} {own} but the file is rank {rank}")
+    return nd.comm_src, nd.comm_dst, nd.comm_tag
+
+
+# --- the event loop
+
+
+class _EventLoop:
+    """Time advances from one completion to the next (a heap of (end time, g)). Per node: when it became ready
+    and why, when it was issued, started and ended, and `pred`, what determined its timing (the critical path
+    walks it back); per resource: its holder and a queue of ready nodes (ready time, node id, g)."""
+
+    __slots__ = ("arrived", "child_at", "child_list", "done", "dur", "end", "events", "expected", "holder", "indeg",
+                 "instance_of", "instances", "issue_cause", "issue_t", "kind", "last_holder", "node_id", "offset",
+                 "peer", "pred", "queue", "ready_at", "ready_cause", "res", "start", "touched")
+
+    def __init__(self, graph: _Graph, colls: _Collectives, messages: _Messages) -> None:
+        n, resources = len(graph.dur), len(graph.res_names)
+        self.dur, self.kind, self.res, self.node_id = graph.dur, graph.kind, graph.res, graph.node_id
+        self.indeg, self.child_at, self.child_list = graph.indeg, graph.child_at, graph.child_list
+        self.offset = graph.offset
+        self.peer = messages.peer
+        self.instance_of, self.instances, self.expected = colls.instance_of, colls.instances, colls.expected
+        self.issue_t = [-1] * n
+        self.start = [-1] * n
+        self.end = [-1] * n
+        self.ready_at = array("q", [-1]) * n
+        self.ready_cause = array("q", [-1]) * n
+        self.issue_cause = array("q", [-1]) * n
+        self.pred = array("q", [-1]) * n
+        self.done = [False] * n
+        self.holder = [-1] * resources  # node holding each resource, -1 = free
+        self.last_holder = [-1] * resources
+        self.queue: list[list[tuple[int, int, int]]] = [[] for _ in range(resources)]
+        self.arrived = [0] * len(colls.instances)
+        self.events: list[tuple[int, int]] = []
+        self.touched: list[int] = []  # resources whose holder or queue changed since the last dispatch
+
+    def run(self) -> None:
+        indeg, child_at, child_list, res, done = self.indeg, self.child_at, self.child_list, self.res, self.done
+        holder, last_holder, events, touched = self.holder, self.last_holder, self.events, self.touched
+        make_ready, pop = self._make_ready, _pop
+        for g in range(len(indeg)):
+            if indeg[g] == 0:
+                make_ready(g, 0, -1)
+        self._dispatch(0)
+        while events:
+            t = events[0][0]
+            # drain every completion at time t before issuing, so the ready-first/lowest-id rule sees them all
+            while events and events[0][0] == t:
+                _, g = pop(events)
+                done[g] = True
+                r = res[g]
+                if r >= 0:
+                    holder[r] = -1
+                    last_holder[r] = g
+                    touched.append(r)
+                for c in child_list[child_at[g]:child_at[g + 1]]:
+                    indeg[c] -= 1
+                    if indeg[c] == 0:
+                        make_ready(c, t, g)  # events pop in time order, so g is the last dep to finish
+            self._dispatch(t)
+
+    def _make_ready(self, g: int, t: int, cause: int) -> None:
+        self.ready_at[g] = t
+        self.ready_cause[g] = cause
+        r = self.res[g]
         if r < 0:
-            do_issue(g, t, cause)
+            self._issue(g, t, cause)
         else:
-            push(queue[r], (t, node_id[g], g))
-            touched.append(r)
+            _push(self.queue[r], (t, self.node_id[g], g))
+            self.touched.append(r)
 
-    def dispatch(t: int) -> None:
-        for r in touched:
+    def _dispatch(self, t: int) -> None:
+        """Issue the first ready node of each free resource that changed."""
+        holder, queue, ready_at, ready_cause, last_holder = (self.holder, self.queue, self.ready_at,
+                                                             self.ready_cause, self.last_holder)
+        for r in self.touched:
             if holder[r] < 0 and queue[r]:
-                _, _, g = pop(queue[r])
-                do_issue(g, t, ready_cause[g] if ready_at[g] == t else last_holder[r])
-        touched.clear()
+                _, _, g = _pop(queue[r])
+                self._issue(g, t, ready_cause[g] if ready_at[g] == t else last_holder[r])
+        self.touched.clear()
 
-    for g in range(n):
-        if indeg[g] == 0:
-            make_ready(g, 0, -1)
-    dispatch(0)
-    while events:
-        t = events[0][0]
-        # drain every completion at time t before issuing, so the ready-first/lowest-id rule sees them all
-        while events and events[0][0] == t:
-            _, g = pop(events)
-            done[g] = True
-            r = res[g]
-            if r >= 0:
-                holder[r] = -1
-                last_holder[r] = g
-                touched.append(r)
-            for c in child_list[child_at[g]:child_at[g + 1]]:
-                indeg[c] -= 1
-                if indeg[c] == 0:
-                    make_ready(c, t, g)  # events pop in time order, so g is the last dep to finish
-        dispatch(t)
+    def _issue(self, g: int, t: int, cause: int) -> None:
+        self.issue_t[g] = t
+        self.issue_cause[g] = cause
+        r = self.res[g]
+        if r >= 0:
+            self.holder[r] = g
+        k = self.kind[g]
+        if k == _PLAIN:  # most nodes: inline, not a call to _run_alone
+            self.start[g] = t
+            self.end[g] = end = t + self.dur[g]
+            self.pred[g] = cause
+            _push(self.events, (end, g))
+        elif k == _COLL:
+            self._arrive(g, t, cause)
+        else:
+            self._message(g, t, cause)
 
-    # --- results
-    makespan = max(end, default=0)
-    out = Replay(
-        ranks=ranks,
-        issue=[issue_t[offset[ri]: offset[ri] + len(rg.nodes)] for ri, rg in enumerate(ranks)],
-        start=[start[offset[ri]: offset[ri] + len(rg.nodes)] for ri, rg in enumerate(ranks)],
-        end=[end[offset[ri]: offset[ri] + len(rg.nodes)] for ri, rg in enumerate(ranks)],
-        makespan=makespan,
-        critical_path=[],
-        contribution=[],
-        collectives=instances,
-        notes=notes,
-    )
+    def _run_alone(self, g: int, t: int, cause: int) -> None:
+        """Node g runs its own duration from t."""
+        self.start[g] = t
+        self.end[g] = end = t + self.dur[g]
+        self.pred[g] = cause
+        _push(self.events, (end, g))
 
-    def locate(g: int) -> tuple[int, int]:
-        ri = _rank_index(offset, g)
-        return ri, g - offset[ri]
+    def _message(self, g: int, t: int, cause: int) -> None:
+        """A send runs its own duration (eager) and may finish its recv; a recv waits for its send, if it has
+        a peer among the ranks given."""
+        peer = self.peer[g]
+        if self.kind[g] == _RECV and peer != _ALONE:
+            self.start[g] = t
+            if peer >= 0 and self.issue_t[peer] >= 0:
+                self._finish_recv(g, peer)
+            return
+        self._run_alone(g, t, cause)
+        if self.kind[g] == _SEND and peer >= 0 and self.issue_t[peer] >= 0:
+            self._finish_recv(peer, g)
 
-    stuck = [g for g in range(n) if not done[g]]
-    if stuck:
+    def _arrive(self, g: int, t: int, cause: int) -> None:
+        """A collective issued on one member; at the last arrival all members start."""
+        inst = self.instance_of[g]
+        self.arrived[inst] += 1
+        if self.arrived[inst] == self.expected[inst]:
+            start, end, dur, pred, offset = self.start, self.end, self.dur, self.pred, self.offset
+            for ri, i in self.instances[inst].nodes:
+                m = offset[ri] + i
+                start[m] = t
+                end[m] = t + dur[m]
+                pred[m] = cause  # the last arriver's cause: the path skips the waiting
+                _push(self.events, (end[m], m))
 
-        def explain(g: int) -> Stuck:
-            ri, i = locate(g)
-            nd = ranks[ri].nodes[i]
-            return Stuck(rank_of[ri], nd.id, nd.name, waits_for(g, ri, nd))
+    def _finish_recv(self, g: int, s: int) -> None:
+        """Recv g ends at the later of its own end and its send's end."""
+        own_end = self.start[g] + self.dur[g]
+        if self.end[s] > own_end:
+            self.end[g], self.pred[g] = self.end[s], s
+        else:
+            self.end[g], self.pred[g] = own_end, self.issue_cause[g]
+        _push(self.events, (self.end[g], g))
 
-        def waits_for(g: int, ri: int, nd: SimNode) -> str:
-            if issue_t[g] >= 0 and kind[g] == _COLL:
-                inst = instances[coll_inst[g]]
-                have = {rank_of[rj]: offset[rj] + j for rj, j in inst.nodes}
-                parts = []
-                for r in inst.members:
-                    m = have.get(r)
-                    if m is None:
-                        count = len(per_pg[inst.pg].get(index_of_rank[r], []))
-                        parts.append(f"rank {r}, which never issues it (it has {count} collectives of that pg)")
-                    elif issue_t[m] < 0:
-                        parts.append(f"rank {r}, whose node {node_id[m]} is itself blocked")
-                return (f"collective #{inst.seq} of pg {inst.pg!r} issued at {issue_t[g]} us, waits for "
-                        + "; ".join(parts))
-            if issue_t[g] >= 0 and kind[g] == _RECV:
-                src, _, tag, k = chan_key[g]
-                s = peer[g]
-                if s == _NEVER:
-                    count = len(sends.get((src, rank_of[ri], tag), []))
-                    return f"recv #{k} from rank {src} tag {tag}: rank {src} never sends it ({count} matching sends)"
-                return f"recv #{k} from rank {src} tag {tag}: rank {src}'s send node {node_id[s]} is itself blocked"
-            if ready_at[g] >= 0:
-                h = holder[res[g]]
-                return (f"ready at {ready_at[g]} us, waits for {res_names[res[g]][1]}, held by node "
-                        f"{node_id[h]} (itself blocked)")
-            pos = {d.id: offset[ri] + j for j, d in enumerate(ranks[ri].nodes)}
-            open_deps = sorted(d for d in set(nd.deps) if not done[pos[d]])
-            shown = ", ".join(str(d) for d in open_deps[:5]) + (", ..." if len(open_deps) > 5 else "")
-            return f"waits for {len(open_deps)} unfinished deps: {shown}"
 
-        def priority(g: int) -> tuple[int, int, int]:
-            # issued comm nodes waiting for a peer are the root causes; then resource waits; then dep waits
-            level = 0 if issue_t[g] >= 0 else 1 if ready_at[g] >= 0 else 2
-            return level, _rank_index(offset, g), node_id[g]
+# --- results: the critical path, or why nodes never ran
 
-        stuck.sort(key=priority)
-        out.stuck_count = len(stuck)
-        out.stuck = [explain(g) for g in stuck[:MAX_STUCK]]
-        return out
 
-    # critical path: walk back from the last node to end (ties: lowest rank index, then node index)
-    g = max(range(n), key=lambda x: (end[x], -x)) if n else -1
+def _critical_path(start: list[int], end: list[int], pred: array[int]) -> tuple[list[int], list[int]]:
+    """(path as global indices, earliest first; µs each node adds to it): walk back from the last node to end
+    (ties: lowest global index)."""
+    g = max(range(len(end)), key=lambda x: (end[x], -x)) if end else -1
     path: list[int] = []
     while g >= 0:
         path.append(g)
@@ -438,17 +520,74 @@ def replay(ranks: Sequence[RankGraph], groups: Mapping[str, Sequence[int]]) -> R
     for g in path:
         contribution.append(end[g] - max(start[g], prev_end))
         prev_end = end[g]
-    out.critical_path = [locate(g) for g in path]
-    out.contribution = contribution
-    return out
+    return path, contribution
 
 
-def _rank_index(offset: list[int], g: int) -> int:
-    lo, hi = 0, len(offset) - 1
-    while lo < hi:  # last offset <= g
-        mid = (lo + hi + 1) // 2
-        if offset[mid] <= g:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+class _Diagnosis:
+    """The nodes that never ended, and what each waits for."""
+
+    def __init__(self, graph: _Graph, colls: _Collectives, messages: _Messages, loop: _EventLoop) -> None:
+        self.graph, self.colls, self.messages, self.loop = graph, colls, messages, loop
+        self.stuck = [g for g, done in enumerate(loop.done) if not done]
+
+    def root_causes_first(self, limit: int) -> list[Stuck]:
+        """The first `limit` stuck nodes: issued comm nodes waiting for a peer (the root causes), then resource
+        waits, then dep waits."""
+        issue_t, ready_at, node_id = self.loop.issue_t, self.loop.ready_at, self.graph.node_id
+
+        def priority(g: int) -> tuple[int, int, int]:
+            level = 0 if issue_t[g] >= 0 else 1 if ready_at[g] >= 0 else 2
+            return level, self.graph.rank_index(g), node_id[g]
+
+        return [self._explain(g) for g in sorted(self.stuck, key=priority)[:limit]]
+
+    def _explain(self, g: int) -> Stuck:
+        ri, i = self.graph.locate(g)
+        nd = self.graph.ranks[ri].nodes[i]
+        return Stuck(self.graph.rank_of[ri], nd.id, nd.name, self._waits_for(g, ri, nd))
+
+    def _waits_for(self, g: int, ri: int, nd: SimNode) -> str:
+        kind, issued = self.graph.kind[g], self.loop.issue_t[g] >= 0
+        if issued and kind == _COLL:
+            return self._collective_wait(g)
+        if issued and kind == _RECV:
+            return self._recv_wait(g, ri)
+        if self.loop.ready_at[g] >= 0:
+            return self._resource_wait(g)
+        return self._dep_wait(ri, nd)
+
+    def _collective_wait(self, g: int) -> str:
+        graph, issue_t = self.graph, self.loop.issue_t
+        inst = self.colls.instances[self.colls.instance_of[g]]
+        have = {graph.rank_of[rj]: graph.offset[rj] + j for rj, j in inst.nodes}
+        parts = []
+        for r in inst.members:
+            m = have.get(r)
+            if m is None:
+                count = self.colls.count.get((inst.pg, graph.index_of_rank[r]), 0)
+                parts.append(f"rank {r}, which never issues it (it has {count} collectives of that pg)")
+            elif issue_t[m] < 0:
+                parts.append(f"rank {r}, whose node {graph.node_id[m]} is itself blocked")
+        return f"collective #{inst.seq} of pg {inst.pg!r} issued at {issue_t[g]} us, waits for " + "; ".join(parts)
+
+    def _recv_wait(self, g: int, ri: int) -> str:
+        src, _, tag, k = self.messages.recv_channel[g]
+        s = self.messages.peer[g]
+        if s == _NEVER:
+            count = self.messages.send_count.get((src, self.graph.rank_of[ri], tag), 0)
+            return f"recv #{k} from rank {src} tag {tag}: rank {src} never sends it ({count} matching sends)"
+        return f"recv #{k} from rank {src} tag {tag}: rank {src}'s send node {self.graph.node_id[s]} is itself blocked"
+
+    def _resource_wait(self, g: int) -> str:
+        r = self.graph.res[g]
+        h = self.loop.holder[r]
+        return (f"ready at {self.loop.ready_at[g]} us, waits for {self.graph.res_names[r][1]}, held by node "
+                f"{self.graph.node_id[h]} (itself blocked)")
+
+    def _dep_wait(self, ri: int, nd: SimNode) -> str:
+        base, done = self.graph.offset[ri], self.loop.done
+        pos = {d.id: base + j for j, d in enumerate(self.graph.ranks[ri].nodes)}
+        open_deps = sorted(d for d in set(nd.deps) if not done[pos[d]])
+        shown = ", ".join(str(d) for d in open_deps[:5]) + (", ..." if len(open_deps) > 5 else "")
+        return f"waits for {len(open_deps)} unfinished deps: {shown}"
+

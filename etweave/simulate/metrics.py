@@ -10,27 +10,14 @@ arrived, i.e. when the measured transfer could begin).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from typing import Any
 
 from etweave.fidelity import RANK_START_OFFSET
 from etweave.simulate.engine import Replay
+from etweave.stats import percent, percentile
 
 TOP_CRITICAL = 10
 TOP_COLLECTIVES = 10
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile of an ascending sequence (q in 0..100)."""
-    if not sorted_values:
-        return 0.0
-    k = max(0, min(len(sorted_values) - 1, math.ceil(q * len(sorted_values) / 100) - 1))
-    return sorted_values[k]
-
-
-def _pct(part: float, whole: float) -> float | None:
-    return round(100.0 * part / whole, 3) if whole else None
 
 
 def _error_stats(errors: list[int], span: int) -> dict[str, Any]:
@@ -40,7 +27,8 @@ def _error_stats(errors: list[int], span: int) -> dict[str, Any]:
     return {
         "count": len(absolute),
         "p50_us": p50, "p95_us": p95, "max_us": worst,
-        "p50_pct_of_span": _pct(p50, span), "p95_pct_of_span": _pct(p95, span), "max_pct_of_span": _pct(worst, span),
+        "p50_pct_of_span": percent(p50, span), "p95_pct_of_span": percent(p95, span),
+        "max_pct_of_span": percent(worst, span),
     }
 
 
@@ -55,63 +43,13 @@ def measured_window(replay: Replay) -> tuple[int, int] | None:
 
 
 def summarize(replay: Replay) -> dict[str, Any]:
+    """The replay beside the measured run: makespan, start errors, critical path, collectives, per rank."""
     window = measured_window(replay)
     origin = window[0] if window else 0
     span = window[1] - window[0] if window else 0
-
-    per_rank = []
     node_errors: list[int] = []
-    for ri, rg in enumerate(replay.ranks):
-        issue, end = replay.issue[ri], replay.end[ri]
-        measured = [(i, nd) for i, nd in enumerate(rg.nodes) if nd.measured_start]
-        # the synthetic [rank start offset] node "starts" at the run's first instant: not this rank's own start
-        own = [(i, nd) for i, nd in measured if nd.name != RANK_START_OFFSET]
-        node_errors += [issue[i] + origin - nd.measured_start for i, nd in measured]
-        entry: dict[str, Any] = {"rank": rg.rank, "file": rg.source, "nodes": len(rg.nodes),
-                                 "simulated_makespan_us": max(end, default=0), "measured_span_us": None}
-        if own:
-            lo = min(nd.measured_start for _, nd in own)
-            hi = max(nd.measured_start + nd.measured_duration for _, nd in own)
-            entry["measured_span_us"] = hi - lo
-            # a rank whose trace begins later shows that skew in the common frame, so also give the error in the
-            # rank's own frame (simulated times less the rank's simulated first issue)
-            entry["measured_first_start_us"] = lo - origin
-            first = min(issue[i] for i, _ in own)
-            entry["simulated_first_start_us"] = first
-            entry["start_error_own_frame"] = _error_stats(
-                [issue[i] - first + lo - nd.measured_start for i, nd in own], hi - lo)
-        per_rank.append(entry)
-
-    critical = []
-    offset_on_path: list[dict[str, Any]] = []  # an initial condition of the run, reported beside the path's work
-    for (ri, i), contribution in zip(replay.critical_path, replay.contribution, strict=True):
-        nd = replay.ranks[ri].nodes[i]
-        (offset_on_path if nd.name == RANK_START_OFFSET else critical).append({
-            "rank": replay.ranks[ri].rank, "id": nd.id, "name": nd.name, "resource": nd.resource,
-            "start_us": replay.start[ri][i], "contribution_us": contribution,
-        })
-    top = sorted(critical, key=lambda c: (-c["contribution_us"], c["start_us"]))[:TOP_CRITICAL]
-
-    collectives = []
-    for inst in replay.collectives:
-        if not inst.nodes:
-            continue
-        ri0, i0 = inst.nodes[0]
-        measured = [replay.ranks[ri].nodes[i].measured_start for ri, i in inst.nodes]
-        measured = [m for m in measured if m]
-        sim_start = replay.start[ri0][i0]
-        item: dict[str, Any] = {
-            "pg": inst.pg, "seq": inst.seq, "name": replay.ranks[ri0].nodes[i0].name,
-            "ranks": [replay.ranks[ri].rank for ri, _ in inst.nodes],
-            "simulated_start_us": sim_start,
-            "measured_start_us": max(measured) - origin if measured else None,
-            "start_error_us": sim_start + origin - max(measured) if measured else None,
-        }
-        collectives.append(item)
-    coll_errors = [c["start_error_us"] for c in collectives if c["start_error_us"] is not None]
-    worst = sorted((c for c in collectives if c["start_error_us"] is not None),
-                   key=lambda c: -abs(c["start_error_us"]))[:TOP_COLLECTIVES]
-
+    per_rank = [_rank_summary(replay, ri, origin, node_errors) for ri in range(len(replay.ranks))]
+    critical_path = _critical_path_summary(replay)
     return {
         "ranks": [rg.rank for rg in replay.ranks],
         "nodes": sum(len(rg.nodes) for rg in replay.ranks),
@@ -120,22 +58,82 @@ def summarize(replay: Replay) -> dict[str, Any]:
         "measured": window is not None,
         "origin_us": origin if window else None,
         "measured_span_us": span if window else None,
-        "makespan_error_pct": _pct(replay.makespan - span, span) if window else None,
+        "makespan_error_pct": percent(replay.makespan - span, span) if window else None,
         "start_error": _error_stats(node_errors, span),
-        "critical_path": {
-            "nodes": len(critical) + len(offset_on_path),
-            "length_us": sum(replay.contribution),
-            "rank_start_offset_us": sum(c["contribution_us"] for c in offset_on_path),
-            "rank_start_offset_ranks": [c["rank"] for c in offset_on_path],
-            "top": top,
-        },
-        "collectives": {
-            "count": len(collectives),
-            "start_error": _error_stats(coll_errors, span),
-            "worst": worst,
-            "items": collectives,
-        },
+        "critical_path": critical_path,
+        "collectives": _collectives_summary(replay, origin, span),
         "per_rank": per_rank,
+    }
+
+
+def _rank_summary(replay: Replay, ri: int, origin: int, node_errors: list[int]) -> dict[str, Any]:
+    """One rank's entry; appends the start error of each of its measured nodes (common frame) to `node_errors`."""
+    rg = replay.ranks[ri]
+    issue, end = replay.issue[ri], replay.end[ri]
+    measured = [(i, nd) for i, nd in enumerate(rg.nodes) if nd.measured_start]
+    # the synthetic [rank start offset] node "starts" at the run's first instant: not this rank's own start
+    own = [(i, nd) for i, nd in measured if nd.name != RANK_START_OFFSET]
+    node_errors += [issue[i] + origin - nd.measured_start for i, nd in measured]
+    entry: dict[str, Any] = {"rank": rg.rank, "file": rg.source, "nodes": len(rg.nodes),
+                             "simulated_makespan_us": max(end, default=0), "measured_span_us": None}
+    if own:
+        lo = min(nd.measured_start for _, nd in own)
+        hi = max(nd.measured_start + nd.measured_duration for _, nd in own)
+        entry["measured_span_us"] = hi - lo
+        # a rank whose trace begins later shows that skew in the common frame, so also give the error in the
+        # rank's own frame (simulated times less the rank's simulated first issue)
+        entry["measured_first_start_us"] = lo - origin
+        first = min(issue[i] for i, _ in own)
+        entry["simulated_first_start_us"] = first
+        entry["start_error_own_frame"] = _error_stats(
+            [issue[i] - first + lo - nd.measured_start for i, nd in own], hi - lo)
+    return entry
+
+
+def _critical_path_summary(replay: Replay) -> dict[str, Any]:
+    critical: list[dict[str, Any]] = []
+    offset_on_path: list[dict[str, Any]] = []  # an initial condition of the run, reported beside the path's work
+    for (ri, i), contribution in zip(replay.critical_path, replay.contribution, strict=True):
+        nd = replay.ranks[ri].nodes[i]
+        (offset_on_path if nd.name == RANK_START_OFFSET else critical).append({
+            "rank": replay.ranks[ri].rank, "id": nd.id, "name": nd.name, "resource": nd.resource,
+            "start_us": replay.start[ri][i], "contribution_us": contribution,
+        })
+    return {
+        "nodes": len(critical) + len(offset_on_path),
+        "length_us": sum(replay.contribution),
+        "rank_start_offset_us": sum(c["contribution_us"] for c in offset_on_path),
+        "rank_start_offset_ranks": [c["rank"] for c in offset_on_path],
+        "top": sorted(critical, key=lambda c: (-c["contribution_us"], c["start_us"]))[:TOP_CRITICAL],
+    }
+
+
+def _collectives_summary(replay: Replay, origin: int, span: int) -> dict[str, Any]:
+    """Each collective instance's simulated common start beside its last measured arrival."""
+    collectives = []
+    for inst in replay.collectives:
+        if not inst.nodes:
+            continue
+        ri0, i0 = inst.nodes[0]
+        arrivals = [replay.ranks[ri].nodes[i].measured_start for ri, i in inst.nodes]
+        arrivals = [m for m in arrivals if m]
+        sim_start = replay.start[ri0][i0]
+        item: dict[str, Any] = {
+            "pg": inst.pg, "seq": inst.seq, "name": replay.ranks[ri0].nodes[i0].name,
+            "ranks": [replay.ranks[ri].rank for ri, _ in inst.nodes],
+            "simulated_start_us": sim_start,
+            "measured_start_us": max(arrivals) - origin if arrivals else None,
+            "start_error_us": sim_start + origin - max(arrivals) if arrivals else None,
+        }
+        collectives.append(item)
+    coll_errors = [c["start_error_us"] for c in collectives if c["start_error_us"] is not None]
+    worst = sorted((c for c in collectives if c["start_error_us"] is not None),
+                   key=lambda c: -abs(c["start_error_us"]))[:TOP_COLLECTIVES]
+    return {
+        "count": len(collectives),
+        "start_error": _error_stats(coll_errors, span),
+        "worst": worst,
+        "items": collectives,
     }
 
 

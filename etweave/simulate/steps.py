@@ -14,6 +14,7 @@ from typing import Any
 
 from etweave.simulate.engine import Replay, SimNode
 from etweave.simulate.metrics import measured_window
+from etweave.stats import percent
 
 PART_KINDS = frozenset({"self_part", "resume"})  # node kinds that are later periods of an op (attr part_of)
 STEP_NAME = re.compile(r"ProfilerStep#(\d+)$")
@@ -47,10 +48,6 @@ def step_bounds(nodes: Sequence[SimNode]) -> dict[int, tuple[int, int]]:
     return bounds
 
 
-def _pct(part: float, whole: float) -> float | None:
-    return round(100.0 * part / whole, 3) if whole else None
-
-
 def step_times(replay: Replay) -> dict[str, Any]:
     """{"steps": [{step, measured_us, simulated_us, error_pct, measured_start_us, simulated_start_us}],
     "span": the same over the recorded steps together (or the whole run without steps)}."""
@@ -75,7 +72,7 @@ def step_times(replay: Replay) -> dict[str, Any]:
         measured = b[1] - b[0] if b[1] >= b[0] else None
         simulated = b[3] - b[2]
         return {"step": step, "measured_us": measured, "simulated_us": simulated,
-                "error_pct": _pct(simulated - measured, measured) if measured is not None else None,
+                "error_pct": percent(simulated - measured, measured) if measured is not None else None,
                 "measured_start_us": b[0] if measured is not None else None, "simulated_start_us": b[2]}
 
     steps = [entry(s, bounds[s]) for s in sorted(bounds)]
