@@ -13,7 +13,7 @@ from typing import Any
 from etweave import __version__, progress, roofline
 from etweave.assemble import assemble
 from etweave.chakra import et_def_pb2 as pb
-from etweave.chakra.io import SCHEMA_VERSION, stage_et
+from etweave.chakra.io import SCHEMA_VERSION
 from etweave.check import NodeChecker, is_group_id
 from etweave.collectives import find_collectives
 from etweave.deps import Dependencies, infer
@@ -21,12 +21,13 @@ from etweave.errors import BadInput, CheckFailed
 from etweave.link import HostLink, link_host, mismatch_evidence, select_device
 from etweave.model import Graph
 from etweave.nodes import build_nodes
-from etweave.output import check_outputs, commit, discard, json_bytes, stage
+from etweave.output import JsonFile, Writer, check_outputs, write_together
 from etweave.progress import counted
 from etweave.read import widths
 from etweave.read.host_et import HostTrace, read_host_et
 from etweave.read.kineto import KinetoTrace, read_kineto
 from etweave.read.kineto_host import Selection, add_unlinked_cpu_ops, kineto_host, restrict
+from etweave.renderers import EtFile
 from etweave.repair import repair
 from etweave.report import build_report
 from etweave.waits import resolve_waits
@@ -179,15 +180,11 @@ def convert(host: Path | None, device: Path | None, out: Path, report_path: Path
             kineto = read_kineto(Path(device)) if device is not None else None
         result = run_pipeline(host_trace, kineto, rank, select, allow_mismatch)
         nodes = counted(result.checked_nodes(), f"writing {Path(out).name}", result.report.get("nodes"), "nodes")
-        # both staged, then renamed together: a failure anywhere leaves neither new nor changed
-        staged = [(stage_et(Path(out), result.metadata, nodes), Path(out))]  # streamed
+        # both written together: a failure anywhere leaves neither new nor changed
+        outputs: list[Writer] = [EtFile(Path(out), result.metadata, nodes)]  # streamed
         if report_path is not None:
-            try:
-                staged.append((stage(Path(report_path), json_bytes(result.report)), Path(report_path)))
-            except BaseException:
-                discard([staged[0][0]])
-                raise
-        commit(staged)
+            outputs.append(JsonFile(Path(report_path), result.report))
+        write_together(outputs)
     return result
 
 

@@ -12,7 +12,6 @@ from typing import Any
 from etweave.errors import BadInput
 from etweave.fidelity import RANK_START_OFFSET
 from etweave.nodes import is_marker_node
-from etweave.output import write_atomic
 from etweave.simulate.engine import Replay
 from etweave.simulate.metrics import measured_window
 from etweave.simulate.timeline import NO_RESOURCE
@@ -60,20 +59,20 @@ def _figure(rows: int) -> tuple[Any, Any]:
     return fig, fig.add_subplot()
 
 
-def _save(fig: Any, ax: Any, path: Path) -> None:
+def _png(fig: Any, ax: Any) -> bytes:
     # beside the axes, so it covers no track
     ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), borderaxespad=0, fontsize=8)
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
-    write_atomic(Path(path), buffer.getvalue())
+    return buffer.getvalue()
 
 
-def write_plot(path: Path, replay: Replay, ranks: set[int] | None = None,
-               window: tuple[float | None, float | None] | None = None) -> None:
+def plot_png(replay: Replay, ranks: set[int] | None = None,
+             window: tuple[float | None, float | None] | None = None) -> bytes:
     """Measured and simulated busy intervals per rank and resource, in ms after the run's first measured start.
-    `ranks`: only these; `window` (ms, either side None): only that time range."""
-    require_matplotlib(path)
+    `ranks`: only these; `window` (ms, either side None): only that time range. Needs matplotlib
+    (`require_matplotlib`)."""
     frame = measured_window(replay)
     origin = frame[0] if frame else 0
     lo_ms, hi_ms = window or (None, None)
@@ -123,7 +122,7 @@ def write_plot(path: Path, replay: Replay, ranks: set[int] | None = None,
     if len(shown) < len(keys):
         title += f" ({len(shown)} busiest of {len(keys)} resources)"
     ax.set_title(title)
-    _save(fig, ax, path)
+    return _png(fig, ax)
 
 
 BREAKDOWN_PARTS = [  # (record field, legend label, colour): the four parts that add up to a step's span
@@ -134,12 +133,12 @@ BREAKDOWN_PARTS = [  # (record field, legend label, colour): the four parts that
 ]
 
 
-def write_breakdown(path: Path, records: list[dict[str, Any]], ranks: set[int] | None = None) -> None:
-    """A stacked bar per rank and step (simulated above measured) from `breakdown.breakdown` records."""
-    require_matplotlib(path)
+def breakdown_png(records: list[dict[str, Any]], ranks: set[int] | None, target: Path) -> bytes:
+    """A stacked bar per rank and step (simulated above measured) from `breakdown.breakdown` records; `target`,
+    the file being written, is named when there is nothing to draw. Needs matplotlib (`require_matplotlib`)."""
     rows = [r for r in records if ranks is None or r["rank"] in ranks]
     if not rows:
-        raise BadInput(path, "no rank and step to draw")
+        raise BadInput(target, "no rank and step to draw")
     rows.sort(key=lambda r: (r["rank"], r["step"] if r["step"] is not None else -1, r["timeline"] != "simulated"))
     fig, ax = _figure(len(rows))
     for n, (field, label, colour) in enumerate(BREAKDOWN_PARTS):
@@ -152,4 +151,4 @@ def write_breakdown(path: Path, records: list[dict[str, Any]], ranks: set[int] |
     ax.ticklabel_format(axis="x", useOffset=False, style="plain")
     ax.set_xlabel("ms of the step's span")
     ax.set_title("per rank and step: compute, communication, exposed communication, idle")
-    _save(fig, ax, path)
+    return _png(fig, ax)

@@ -27,7 +27,6 @@ import orjson
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import attr_value, iter_et
 from etweave.nodes import DEP_EVIDENCE, is_marker_node
-from etweave.output import write_atomic
 from etweave.simulate.engine import Replay
 from etweave.simulate.metrics import measured_window
 
@@ -266,10 +265,9 @@ def _critical_flows(replay: Replay, placed: dict[tuple[int, int], tuple[int, int
     return events
 
 
-def write_timeline(path: Path, replay: Replay, details: Sequence[dict[int, NodeDetail]] | None = None) -> None:
-    """Write atomically: a temporary file beside `path`, renamed once complete. Without `details` they are read
+def timeline_bytes(replay: Replay, details: Sequence[dict[int, NodeDetail]] | None = None) -> bytes:
+    """The trace file's bytes (etweave.renderers.TimelineRenderer writes them). Without `details` they are read
     again from each rank's file."""
     if details is None:
         details = load_details(replay)
-    data = orjson.dumps({"traceEvents": timeline_events(replay, details), "displayTimeUnit": "ms"})
-    write_atomic(Path(path), data)
+    return orjson.dumps({"traceEvents": timeline_events(replay, details), "displayTimeUnit": "ms"})
