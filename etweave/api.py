@@ -100,7 +100,7 @@ class Simulation:
 
         return critical_path_records(self.replay)
 
-    def _write(self, path: PathLike, renderer: str, **options: Any) -> None:
+    def _write(self, path: PathLike, renderer: str, **options: object) -> None:
         """Through the renderer `simulate` uses for that output (etweave/renderers.py), written atomically."""
         from etweave.output import write_together
         from etweave.renderers import Rendered, replay_renderer

@@ -181,10 +181,10 @@ def convert(host: Path | None, device: Path | None, out: Path, report_path: Path
         result = run_pipeline(host_trace, kineto, rank, select, allow_mismatch)
         nodes = counted(result.checked_nodes(), f"writing {Path(out).name}", result.report.get("nodes"), "nodes")
         # both written together: a failure anywhere leaves neither new nor changed
-        outputs: list[Writer] = [EtFile(Path(out), result.metadata, nodes)]  # streamed
+        writers: list[Writer] = [EtFile(Path(out), result.metadata, nodes)]  # streamed
         if report_path is not None:
-            outputs.append(JsonFile(Path(report_path), result.report))
-        write_together(outputs)
+            writers.append(JsonFile(Path(report_path), result.report))
+        write_together(writers)
     return result
 
 

@@ -137,7 +137,7 @@ REPLAY_RENDERERS: Mapping[str, Callable[..., ReplayRenderer]] = {
 }
 
 
-def replay_renderer(name: str, **options: Any) -> ReplayRenderer:
+def replay_renderer(name: str, **options: object) -> ReplayRenderer:
     """The renderer registered as `name`, made with `options` (ValueError for an unknown name)."""
     if name not in REPLAY_RENDERERS:
         raise ValueError(f"no renderer {name!r}; there are {sorted(REPLAY_RENDERERS)}")

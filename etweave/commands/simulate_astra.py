@@ -107,7 +107,7 @@ def run_astra(args: argparse.Namespace, files: list[Path], groups: dict[str, lis
     if network.npus_count is not None and network.npus_count != len(ranks):
         for run in runs:  # the formula does not need it, but ASTRA-sim would not run this pair
             run.notes.append(f"{network.source} says npus_count {network.npus_count}; {len(ranks)} NPUs replayed")
-    summary = {
+    summary: dict[str, Any] = {  # what --json prints
         "model": "astra-sim",
         "npus": [rg.rank for rg in ranks],
         "files": sorted({rg.source for rg in ranks}),

@@ -52,7 +52,7 @@ Printed beside the measured ones: each ProfilerStep's simulated time (else the w
 the ops and nodes it changed and the us it added."""
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("simulate", help="replay .et files event by event and compare with the measured timeline",
                        description="Replay Chakra .et files (one per rank) and compare the simulated timeline with "
                                    "the measured one. Exit 0 ok, 3 on a deadlock, 2 on bad input.",
