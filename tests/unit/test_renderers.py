@@ -22,7 +22,7 @@ from etweave.renderers import (
     replay_renderer,
     summary_renderer,
 )
-from etweave.simulate.engine import Replay, RankGraph, SimNode
+from etweave.simulate.engine import RankGraph, Replay, SimNode
 from etweave.simulate.timeline import NodeDetail
 
 CPU, GPU = "cpu:tid1", "gpu0:stream7"
@@ -111,7 +111,7 @@ def test_plot_of_ranks_not_simulated_is_bad_input() -> None:
     pytest.importorskip("matplotlib")
     with pytest.raises(BadInput, match="none of ranks"):
         replay_renderer("plot", ranks=frozenset({5})).render(Source(), Path("p.png"))
-    with pytest.raises(BadInput, match="b.png: no rank and step to draw"):
+    with pytest.raises(BadInput, match=r"b\.png: no rank and step to draw"):
         replay_renderer("breakdown", ranks=frozenset({5})).render(Source(), Path("b.png"))
 
 
