@@ -143,9 +143,9 @@ def discard(paths: Iterable[Path]) -> None:
             path.unlink(missing_ok=True)
 
 
-def write_atomic(path: Path, chunks: Iterable[bytes] | bytes) -> None:
-    path = Path(path)
-    commit([(stage(path, chunks), path)])
+def write_atomic(path: Path, chunks: Content) -> None:
+    """One output, whole or not at all (`write_together` of one)."""
+    write_together([FileBytes(Path(path), chunks)])
 
 
 def json_bytes(obj: object) -> bytes:
