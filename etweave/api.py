@@ -104,30 +104,25 @@ class Simulation:
 
         return critical_path_records(self.replay)
 
+    def _write(self, path: PathLike, renderer: str, **options: object) -> None:
+        """Through the renderer `simulate` uses for that output (etweave/renderers.py), written atomically."""
+        from etweave.output import write_together
+        from etweave.renderers import Rendered, replay_renderer
+
+        write_together([Rendered(Path(path), replay_renderer(renderer, **options), self)])
+
     def write_csv(self, path: PathLike, table: str = "nodes") -> None:
         """`table`: "nodes", "steps" or "critical_path"."""
-        from etweave.simulate import tables
-
-        kinds = {"nodes": (self.nodes, tables.NODE_COLUMNS), "steps": (self.steps, tables.STEP_COLUMNS),
-                 "critical_path": (self.critical_path, tables.CRITICAL_COLUMNS)}
-        if table not in kinds:
-            raise ValueError(f"table must be one of {sorted(kinds)}, not {table!r}")
-        records, columns = kinds[table]
-        tables.write_csv(Path(path), records(), columns)
+        self._write(path, "csv", table=table)
 
     def write_timeline(self, path: PathLike) -> None:
-        from etweave.simulate.timeline import write_timeline
-
-        write_timeline(Path(path), self.replay, self.details)
+        self._write(path, "timeline")
 
     def write_plot(self, path: PathLike, ranks: Iterable[int] | None = None,
                    window_ms: tuple[float | None, float | None] | None = None) -> None:
         """Measured vs simulated per rank and resource; `ranks` only these, `window_ms` (start, end) in ms after
         the run's first measured start."""
-        from etweave.simulate.plot import require_matplotlib, write_plot
-
-        require_matplotlib(Path(path))
-        write_plot(Path(path), self.replay, set(ranks) if ranks is not None else None, window_ms)
+        self._write(path, "plot", ranks=frozenset(ranks) if ranks is not None else None, window=window_ms)
 
     def breakdown(self) -> list[dict[str, Any]]:
         """One record per timeline (simulated, measured), rank and step: compute, communication, overlapped,
@@ -138,10 +133,7 @@ class Simulation:
 
     def write_breakdown(self, path: PathLike, ranks: Iterable[int] | None = None) -> None:
         """The per-step breakdown as a PNG (needs the plot extra)."""
-        from etweave.simulate.plot import require_matplotlib, write_breakdown
-
-        require_matplotlib(Path(path))
-        write_breakdown(Path(path), self.breakdown(), set(ranks) if ranks is not None else None)
+        self._write(path, "breakdown", ranks=frozenset(ranks) if ranks is not None else None)
 
     def __repr__(self) -> str:
         s = self.summary

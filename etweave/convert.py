@@ -15,7 +15,7 @@ from typing import Any
 from etweave import __version__, progress, roofline
 from etweave.assemble import assemble
 from etweave.chakra import et_def_pb2 as pb
-from etweave.chakra.io import SCHEMA_VERSION, stage_et
+from etweave.chakra.io import SCHEMA_VERSION
 from etweave.check import NodeChecker
 from etweave.collectives import find_collectives
 from etweave.conversion import Conversion, need
@@ -33,11 +33,12 @@ from etweave.link import (
 )
 from etweave.model import Graph
 from etweave.nodes import build_nodes
-from etweave.output import check_outputs, commit, discard, json_bytes, stage
+from etweave.output import JsonFile, Writer, check_outputs, write_together
 from etweave.process_groups import local_group_ids
 from etweave.progress import counted
 from etweave.read.host_et import HostTrace, read_host_et
 from etweave.read.kineto import KinetoTrace, read_kineto
+from etweave.renderers import EtFile
 from etweave.repair import repair
 from etweave.report import Report, build_report
 from etweave.roofline import Roofline
@@ -200,15 +201,11 @@ def convert(host: Path | None, device: Path | None, out: Path, report_path: Path
             kineto = read_kineto(Path(device)) if device is not None else None
         result = run_pipeline(host_trace, kineto, rank, select, allow_mismatch)
         nodes = counted(result.checked_nodes(), f"writing {Path(out).name}", result.report.get("nodes"), "nodes")
-        # both staged, then renamed together: a failure anywhere leaves neither new nor changed
-        staged = [(stage_et(Path(out), result.metadata, nodes), Path(out))]  # streamed
+        # both written together: a failure anywhere leaves neither new nor changed
+        writers: list[Writer] = [EtFile(Path(out), result.metadata, nodes)]  # streamed
         if report_path is not None:
-            try:
-                staged.append((stage(Path(report_path), json_bytes(result.report)), Path(report_path)))
-            except BaseException:
-                discard([staged[0][0]])
-                raise
-        commit(staged)
+            writers.append(JsonFile(Path(report_path), result.report))
+        write_together(writers)
     return result
 
 

@@ -2,7 +2,8 @@
 only once every output of a command is complete are they renamed into place together (`commit`); a file already
 there is moved aside first and put back if a later rename fails, so a failed run leaves no output new or changed.
 Output paths are checked before any work (`check_outputs`), and temporary files that a killed run left behind
-are removed by the next run into that folder (`clean_stale`)."""
+are removed by the next run into that folder (`clean_stale`). A command hands all its outputs to `write_together`
+(each a `Writer`: a target and its bytes, produced only when staged), which does all of that."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import os
 import re
 import shutil
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 import orjson
 
@@ -29,6 +31,59 @@ def _temp_name(path: Path, kind: str) -> Path:
 
 def _problem(exc: OSError) -> str:
     return f"cannot write: {exc.strerror or exc}"
+
+
+Content = Iterable[bytes] | bytes  # a file's bytes: whole, or streamed in chunks
+
+
+class Writer(Protocol):
+    """One output file of a command: where it goes and its bytes. `content` is called only when the file is
+    staged, so a streamed output is never held whole and outputs are produced in the order given."""
+
+    @property
+    def path(self) -> Path: ...
+
+    def content(self) -> Content: ...
+
+
+@dataclass(frozen=True)
+class FileBytes:
+    """A Writer of bytes already made (or a stream already opened)."""
+
+    path: Path
+    data: Content
+
+    def content(self) -> Content:
+        return self.data
+
+
+@dataclass(frozen=True)
+class JsonFile:
+    """A Writer of a JSON document as `json_bytes` writes it (a report, a comm-group map)."""
+
+    path: Path
+    obj: object
+
+    def content(self) -> Content:
+        return json_bytes(self.obj)
+
+
+def write_together(outputs: Iterable[Writer], inputs: Sequence[Path | None] = (), clean: bool = True) -> list[Path]:
+    """Stage every output in turn, then rename them all into place together: all or nothing, a failure anywhere
+    (also one raised while producing an output's bytes) leaves no output new or changed. An output that is one
+    of `inputs` is refused before anything is written. `clean` as for `stage`. The targets, in order."""
+    outputs = list(outputs)
+    refuse_inputs([("output", w.path) for w in outputs], inputs)
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for writer in outputs:
+            target = Path(writer.path)
+            staged.append((stage(target, writer.content(), clean), target))
+    except BaseException:
+        discard([tmp for tmp, _ in staged])
+        raise
+    commit(staged)
+    return [target for _, target in staged]
 
 
 def stage(path: Path, chunks: Iterable[bytes] | bytes, clean: bool = True) -> Path:
@@ -88,17 +143,17 @@ def discard(paths: Iterable[Path]) -> None:
             path.unlink(missing_ok=True)
 
 
-def write_atomic(path: Path, chunks: Iterable[bytes] | bytes) -> None:
-    path = Path(path)
-    commit([(stage(path, chunks), path)])
+def write_atomic(path: Path, chunks: Content) -> None:
+    """One output, whole or not at all (`write_together` of one)."""
+    write_together([FileBytes(Path(path), chunks)])
 
 
-def json_bytes(obj: Any) -> bytes:
+def json_bytes(obj: object) -> bytes:
     """Indented, keys sorted: the same report gives the same bytes."""
     return orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
 
 
-def write_json(path: Path, obj: Any) -> None:
+def write_json(path: Path, obj: object) -> None:
     write_atomic(path, json_bytes(obj))
 
 
@@ -147,14 +202,21 @@ def check_outputs(outputs: Sequence[tuple[str, Path]], inputs: Sequence[Path | N
         if resolved in seen:
             raise BadInput(out, f"given as both {seen[resolved]} and {label}: one would overwrite the other")
         seen[resolved] = label
-        for inp in given:
-            if _same_file(out, inp):
-                raise BadInput(out, f"{label} is also an input: it would be overwritten")
+        refuse_inputs([(label, out)], given)
         if out.is_dir():
             raise BadInput(out, f"{label} is a folder, not a file")
         if out.exists() and not out.is_file():  # a device, a pipe: renaming onto it would replace it
             raise BadInput(out, f"{label} is not a regular file")
         writable_folder(out.parent, label)
+
+
+def refuse_inputs(outputs: Sequence[tuple[str, Path]], inputs: Sequence[Path | None]) -> None:
+    """Bad input when an output (labelled by its option) is one of the input files: it would be overwritten."""
+    given = [Path(p) for p in inputs if p is not None]
+    for label, out in outputs:
+        for inp in given:
+            if _same_file(Path(out), inp):
+                raise BadInput(out, f"{label} is also an input: it would be overwritten")
 
 
 def writable_folder(folder: Path, label: str) -> None:

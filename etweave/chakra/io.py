@@ -91,8 +91,13 @@ def write_et(path: Path, metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node]) 
 def stage_et(path: Path, metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node], clean: bool = True) -> Path:
     """Stream to a temporary file beside `path` (gzip when it ends in `.gz`) and return it;
     `etweave.output.commit` renames it into place."""
+    return stage(path, et_chunks(path, metadata, nodes), clean)
+
+
+def et_chunks(path: Path, metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node]) -> Iterator[bytes]:
+    """The bytes of a .et file named `path`, streamed: gzip when the name ends in `.gz`."""
     chunks = _stream(metadata, nodes)
-    return stage(path, gzipped(chunks) if is_gz_name(path) else chunks, clean)
+    return gzipped(chunks) if is_gz_name(path) else chunks
 
 
 def et_files(paths: Iterable[Path]) -> list[Path]:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from etweave.convert import convert
+from etweave.convert import Result, convert
 from etweave.errors import BadInput
 from etweave.link import Selection
 from etweave.report import summary
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("convert", help="convert one rank's traces to a Chakra .et file",
                        description="Convert a PyTorch host execution trace and/or Kineto trace of one rank. "
                        "With only --device, the Kineto cpu ops stand in for the host ET's ops.")
@@ -54,8 +54,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def explain(result: object, node_id: int) -> str:
-    g, deps = result.graph, result.deps  # type: ignore[attr-defined]
+def explain(result: Result, node_id: int) -> str:
+    g, deps = result.graph, result.deps
     it = g.by_id.get(node_id)
     if it is None:
         return f"node {node_id}: not in the output"

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 import orjson
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import chakra_json, iter_et, message_dict
-from etweave.output import check_outputs, write_atomic
+from etweave.output import FileBytes, check_outputs, write_together
 from etweave.progress import counted
 
 FORMATS = """\
@@ -27,12 +27,12 @@ Formats:
 Input: a .et file, plain or gzip-compressed (.et.gz)."""
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("jsonize", help="print a Chakra .et file as JSON",
                        description="Print a Chakra .et (or .et.gz) file as JSON, streamed node by node.",
                        epilog=FORMATS, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("trace", type=Path, help="a .et or .et.gz file")
-    p.add_argument("--format", choices=("etweave", "chakra"), default="etweave",
+    p.add_argument("--format", choices=tuple(JSON_FORMATS), default="etweave",
                    help="etweave's document (default) or Chakra's chakra_jsonizer output (see below)")
     p.add_argument("-o", "--output", type=Path, metavar="FILE",
                    help="write here (atomically: nothing on failure) instead of standard output")
@@ -44,9 +44,9 @@ def run(args: argparse.Namespace) -> int:
         check_outputs([("-o", args.output)], [args.trace])  # never the input itself
     metadata, nodes = iter_et(args.trace)
     nodes = counted(nodes, f"jsonizing {args.trace.name}", unit="nodes")
-    chunks = chakra_chunks(metadata, nodes) if args.format == "chakra" else etweave_chunks(metadata, nodes)
+    chunks = JSON_FORMATS[args.format](metadata, nodes)
     if args.output is not None:
-        write_atomic(args.output, chunks)
+        write_together([FileBytes(args.output, chunks)])
     else:
         out = sys.stdout.buffer
         for chunk in chunks:
@@ -73,3 +73,8 @@ def etweave_chunks(metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node]) -> Ite
         yield sep + _indented(message_dict(node), 4)
         sep = b",\n    "
     yield b"]\n}\n" if sep == b"\n    " else b"\n  ]\n}\n"
+
+
+# --format name -> the renderer of that JSON shape, streamed
+JSON_FORMATS: Mapping[str, Callable[[pb.GlobalMetadata, Iterable[pb.Node]], Iterator[bytes]]] = {
+    "etweave": etweave_chunks, "chakra": chakra_chunks}

@@ -56,23 +56,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="astra-sim: replay a single trace as N NPUs (default 2; ASTRA-sim refuses 1)")
 
 
+# options only this model reads: (option, attribute of the parsed arguments); etweave.commands.simulate_cmd
+# refuses them with the default model
+OPTIONS = (("--network", "network"), ("--unlimited-slots", "unlimited_slots"), ("--npus", "npus"),
+           ("--write-network", "write_network"))
+
+
 def check_arguments(args: argparse.Namespace) -> None:
-    """Options that only one model reads, given to the other: a usage error, not silently ignored."""
-    if args.model == "astra-sim":
-        for flag, value in (("--timeline", args.timeline), ("--plot", args.plot), ("--breakdown", args.breakdown),
-                            ("--csv", args.csv), ("--steps-csv", args.steps_csv)):
-            if value is not None:
-                raise BadInput(flag, "not available with --model astra-sim")
-        if args.write_network is not None and args.network == "fitted-per-type":
-            raise BadInput("--write-network", "ASTRA-sim's network file holds one latency/bandwidth pair: "
-                                              "not available with --network fitted-per-type")
-        if args.npus is not None and args.npus < 2:
-            raise BadInput("--npus", "ASTRA-sim's analytical network refuses fewer than 2 NPUs")
-    else:
-        for flag, given in (("--network", args.network is not None), ("--unlimited-slots", args.unlimited_slots),
-                            ("--npus", args.npus is not None), ("--write-network", args.write_network is not None)):
-            if given:
-                raise BadInput(flag, "only read with --model astra-sim")
+    """This model's own rules for its options (simulate_cmd.check_options calls it, with every other check)."""
+    if args.write_network is not None and args.network == "fitted-per-type":
+        raise BadInput("--write-network", "ASTRA-sim's network file holds one latency/bandwidth pair: "
+                                          "not available with --network fitted-per-type")
+    if args.npus is not None and args.npus < 2:
+        raise BadInput("--npus", "ASTRA-sim's analytical network refuses fewer than 2 NPUs")
 
 
 def _run_summary(run: AstraRun, span_us: int | None) -> dict[str, Any]:
@@ -91,7 +87,7 @@ def _run_summary(run: AstraRun, span_us: int | None) -> dict[str, Any]:
 
 
 def run_astra(args: argparse.Namespace, files: list[Path], groups: dict[str, list[int]],
-              print_json: Callable[[object], None]) -> dict[str, Any]:
+              print_json: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """Both runs, as one JSON-able dict; raises CheckFailed when the network run leaves NPUs unfinished."""
     ranks = load_for_astra(files, args.npus)
     fit = None
@@ -111,7 +107,7 @@ def run_astra(args: argparse.Namespace, files: list[Path], groups: dict[str, lis
     if network.npus_count is not None and network.npus_count != len(ranks):
         for run in runs:  # the formula does not need it, but ASTRA-sim would not run this pair
             run.notes.append(f"{network.source} says npus_count {network.npus_count}; {len(ranks)} NPUs replayed")
-    summary = {
+    summary: dict[str, Any] = {  # what --json prints
         "model": "astra-sim",
         "npus": [rg.rank for rg in ranks],
         "files": sorted({rg.source for rg in ranks}),

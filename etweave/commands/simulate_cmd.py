@@ -8,21 +8,23 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-import orjson
-
+from etweave.api import Simulation
 from etweave.chakra.io import et_files
 from etweave.commands import simulate_astra
 from etweave.errors import BadInput, CheckFailed
-from etweave.output import check_outputs
+from etweave.output import check_outputs, write_together
 from etweave.progress import counted, stage
+from etweave.renderers import Rendered, ReplayRenderer, Window, replay_renderer, summary_renderer
 from etweave.simulate import coverage
-from etweave.simulate.engine import RankGraph
+from etweave.simulate.engine import RankGraph, Replay
 from etweave.simulate.load import COMM_GROUP_FILE, find_comm_group, load_comm_group, load_rank, replay_files
-from etweave.simulate.metrics import deadlock_report, format_deadlock, format_text, summarize
-from etweave.simulate.steps import format_steps, step_times
-from etweave.simulate.whatif import apply, describe, parse_edit
+from etweave.simulate.metrics import deadlock_report, format_deadlock, summarize
+from etweave.simulate.steps import step_times
+from etweave.simulate.whatif import Edit, apply, describe, parse_edit
 
 RULES = """\
 Replay rules: a node starts when all its data_deps and ctrl_deps are done and its resource is free. Resource:
@@ -50,7 +52,7 @@ Printed beside the measured ones: each ProfilerStep's simulated time (else the w
 the ops and nodes it changed and the us it added."""
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("simulate", help="replay .et files event by event and compare with the measured timeline",
                        description="Replay Chakra .et files (one per rank) and compare the simulated timeline with "
                                    "the measured one. Exit 0 ok, 3 on a deadlock, 2 on bad input.",
@@ -101,109 +103,129 @@ class _EditAction(argparse.Action):
         namespace.edits = [*namespace.edits, (self.dest.replace("_", "-"), str(values))]
 
 
-def run(args: argparse.Namespace) -> int:
-    simulate_astra.check_arguments(args)
-    plot_ranks = plot_window = None
-    for out in (args.plot, args.breakdown):
-        if out is not None:
-            from etweave.simulate.plot import parse_ranks, parse_window, require_matplotlib
+# Output options: (option, attribute of the parsed arguments, summary key), in the order they are checked and
+# named in the text summary. Each is written by the renderer `_renderers` gives its key.
+OUTPUT_OPTIONS = (("--timeline", "timeline", "timeline"), ("--plot", "plot", "plot"),
+                  ("--breakdown", "breakdown", "breakdown"), ("--csv", "csv", "csv"),
+                  ("--steps-csv", "steps_csv", "steps_csv"))
+WRITE_ORDER = ("timeline", "csv", "steps_csv", "plot", "breakdown")  # the order --json has always listed them
 
-            require_matplotlib(out)  # fail before a long replay, not after
-            plot_ranks = parse_ranks(args.plot_ranks) if args.plot_ranks is not None else None
-            plot_window = parse_window(args.plot_window) if args.plot_window is not None else None
-    if (args.plot_ranks or args.plot_window) and args.plot is None and args.breakdown is None:
-        raise BadInput("--plot-ranks", "--plot-ranks and --plot-window choose what --plot/--breakdown draw: give one")
+
+@dataclass(frozen=True)
+class Options:
+    """The command line after every check, made before any file is loaded."""
+
+    files: list[Path]
+    edits: list[Edit]
+    outputs: dict[str, tuple[Path, ReplayRenderer]]  # summary key -> (file, its renderer), in WRITE_ORDER
+
+
+def run(args: argparse.Namespace) -> int:
+    options = check_options(args)
+    group_file = args.comm_group or find_comm_group(options.files)
+    groups = load_comm_group(group_file) if group_file is not None else {}
+    if args.model == "astra-sim":
+        return _run_astra(args, options.files, groups)
+    ranks: list[RankGraph] = [load_rank(f, default_rank=0 if len(options.files) == 1 else None)
+                              for f in counted(options.files, "loading", len(options.files), "files", chunk=1)]
+    # before the edits, which change durations: what the files hold
+    unadjusted = coverage.unadjusted_collectives(ranks)
+    applied = apply(ranks, options.edits)
+    with stage("replaying"):
+        result = replay_files(ranks, groups, options.files, group_file)
+    if result.stuck_count:
+        if args.json:
+            _print(summary_renderer("json").render({"deadlock": deadlock_report(result)}))
+        raise CheckFailed(format_deadlock(result))
+    with stage("summarizing"):
+        summary = _summary(result, ranks, options.files, unadjusted)
+    if applied:
+        summary["whatif"] = describe(applied)
+    _write_outputs(Simulation(result, summary), options)
+    summary.update({key: str(path) for key, (path, _) in options.outputs.items()})
+    _print(summary_renderer("json" if args.json else "text").render(summary))
+    return 0
+
+
+def _write_outputs(simulation: Simulation, options: Options) -> None:
+    """Every output asked for, through its renderer, all written or none. The node details are read from the
+    files once, by the first output that needs them."""
+    if options.outputs:
+        with stage("writing " + ", ".join(str(path) for path, _ in options.outputs.values())):
+            write_together([Rendered(path, renderer, simulation) for path, renderer in options.outputs.values()],
+                           options.files)
+
+
+def check_options(args: argparse.Namespace) -> Options:
+    """Every option checked before any work, in one place: options of the other model, the plot's choices,
+    every output path (writable, not an input, distinct), the what-if edits' syntax."""
+    _check_model_options(args)
+    renderers = _renderers(args)
     files = et_files(args.traces)
-    # every output path checked before the replay (etweave.output.check_outputs: writable, not an input, distinct)
-    outputs = (("--timeline", args.timeline), ("--plot", args.plot), ("--breakdown", args.breakdown),
-               ("--csv", args.csv), ("--steps-csv", args.steps_csv), ("--write-network", args.write_network))
-    check_outputs([(flag, path) for flag, path in outputs if path is not None], files)
+    outputs = [(flag, getattr(args, attr)) for flag, attr, _ in OUTPUT_OPTIONS]
+    check_outputs([(flag, path) for flag, path in [*outputs, ("--write-network", args.write_network)]
+                   if path is not None], files)
     edits = [parse_edit(action, text) for action, text in args.edits]  # bad syntax fails before loading
     if edits and args.model == "astra-sim":
         raise BadInput("simulate", "what-if edits (--scale, --set-duration, --comm-bandwidth) apply to the default "
                                    "model only; --model astra-sim replays the files as written")
-    group_file = args.comm_group or find_comm_group(files)
-    groups = load_comm_group(group_file) if group_file is not None else {}
-    if args.model == "astra-sim":
-        with stage("replaying (ASTRA-sim model)"):
-            astra = simulate_astra.run_astra(args, files, groups, _print_json)
-        if args.json:
-            _print_json(astra)
-        else:
-            print(simulate_astra.format_astra(astra))
-        return 0
+    paths = {key: getattr(args, attr) for _, attr, key in OUTPUT_OPTIONS}
+    return Options(files, edits, {key: (paths[key], renderers[key]) for key in WRITE_ORDER if paths[key] is not None})
 
-    ranks: list[RankGraph] = [load_rank(f, default_rank=0 if len(files) == 1 else None)
-                              for f in counted(files, "loading", len(files), "files", chunk=1)]
-    # before the edits, which change durations: what the files hold
-    unadjusted = coverage.unadjusted_collectives(ranks)
-    applied = apply(ranks, edits)
-    with stage("replaying"):
-        result = replay_files(ranks, groups, files, group_file)
 
-    if result.stuck_count:
-        if args.json:
-            _print_json({"deadlock": deadlock_report(result)})
-        raise CheckFailed(format_deadlock(result))
+def _check_model_options(args: argparse.Namespace) -> None:
+    """Options that only one model reads, given to the other: a usage error, not silently ignored."""
+    if args.model != "astra-sim":
+        for flag, attr in simulate_astra.OPTIONS:
+            if getattr(args, attr) is not None and getattr(args, attr) is not False:  # --npus 0 is given
+                raise BadInput(flag, "only read with --model astra-sim")
+        return
+    for flag, attr, _ in OUTPUT_OPTIONS:
+        if getattr(args, attr) is not None:
+            raise BadInput(flag, "not available with --model astra-sim")
+    simulate_astra.check_arguments(args)
 
-    with stage("summarizing"):
-        summary = summarize(result)
-        summary["step_times"] = step_times(result)
-        summary["notes"] += coverage.missing_members(ranks, coverage.run_ranks(files))
-        summary["warnings"] = [unadjusted] if unadjusted else []
-    if applied:
-        summary["whatif"] = describe(applied)
-    details = None
-    if args.timeline is not None or args.csv is not None or args.steps_csv is not None:
-        from etweave.simulate.timeline import load_details
 
-        with stage("reading node details"):
-            details = load_details(result)  # kind, parts, call stack, evidence: read again from the files
-    if args.timeline is not None:
-        from etweave.simulate.timeline import write_timeline
+def _renderers(args: argparse.Namespace) -> dict[str, ReplayRenderer]:
+    """Summary key -> the renderer of that output, with the plot's choices (checked here: before the replay)."""
+    ranks: frozenset[int] | None = None
+    window: Window | None = None
+    if args.plot is not None or args.breakdown is not None:
+        from etweave.simulate.plot import parse_ranks, parse_window, require_matplotlib
 
-        with stage(f"writing {args.timeline}"):
-            write_timeline(args.timeline, result, details)
-        summary["timeline"] = str(args.timeline)
-    if args.csv is not None or args.steps_csv is not None:
-        from etweave.simulate import tables
+        require_matplotlib(args.plot if args.plot is not None else args.breakdown)  # fail before a long replay
+        ranks = frozenset(parse_ranks(args.plot_ranks)) if args.plot_ranks is not None else None
+        window = parse_window(args.plot_window) if args.plot_window is not None else None
+    elif args.plot_ranks or args.plot_window:
+        raise BadInput("--plot-ranks", "--plot-ranks and --plot-window choose what --plot/--breakdown draw: give one")
+    return {"timeline": replay_renderer("timeline"), "plot": replay_renderer("plot", ranks=ranks, window=window),
+            "breakdown": replay_renderer("breakdown", ranks=ranks), "csv": replay_renderer("csv", table="nodes"),
+            "steps_csv": replay_renderer("csv", table="steps")}
 
-        if args.csv is not None:
-            tables.write_csv(args.csv, tables.node_records(result, details), tables.NODE_COLUMNS)
-            summary["csv"] = str(args.csv)
-        if args.steps_csv is not None:
-            tables.write_csv(args.steps_csv, tables.step_records(result, details or []), tables.STEP_COLUMNS)
-            summary["steps_csv"] = str(args.steps_csv)
-    if args.plot is not None:
-        from etweave.simulate.plot import write_plot
 
-        with stage(f"writing {args.plot}"):
-            write_plot(args.plot, result, plot_ranks, plot_window)
-        summary["plot"] = str(args.plot)
-    if args.breakdown is not None:
-        from etweave.simulate.breakdown import breakdown
-        from etweave.simulate.plot import write_breakdown
+def _summary(result: Replay, ranks: list[RankGraph], files: list[Path], unadjusted: str | None) -> dict[str, Any]:
+    summary = summarize(result)
+    summary["step_times"] = step_times(result)
+    summary["notes"] += coverage.missing_members(ranks, coverage.run_ranks(files))
+    summary["warnings"] = [unadjusted] if unadjusted else []
+    return summary
 
-        with stage(f"writing {args.breakdown}"):
-            write_breakdown(args.breakdown, breakdown(result), plot_ranks)
-        summary["breakdown"] = str(args.breakdown)
+
+def _run_astra(args: argparse.Namespace, files: list[Path], groups: dict[str, list[int]]) -> int:
+    with stage("replaying (ASTRA-sim model)"):
+        astra = simulate_astra.run_astra(args, files, groups, _print_json)
     if args.json:
-        _print_json(summary)
+        _print_json(astra)
     else:
-        text = format_text(summary)
-        if applied:
-            text += "\nwhat-if (simulated: the edited graph; measured: the run the files came from):"
-            text += "".join(f"\n  {e['edit']}: {e['ops']} op(s), {e['nodes']} node(s), {e['before_us']} -> "
-                            f"{e['after_us']} us ({e['added_us']:+d} us)" for e in summary["whatif"])
-        text += "\n" + "\n".join(format_steps(summary["step_times"]))
-        for key in ("timeline", "plot", "breakdown", "csv", "steps_csv"):
-            if key in summary:
-                text += f"\nwrote {key} {summary[key]}"
-        print(text)
+        print(simulate_astra.format_astra(astra))
     return 0
 
 
-def _print_json(obj: object) -> None:
-    sys.stdout.buffer.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2))
-    sys.stdout.buffer.write(b"\n")
+def _print_json(obj: dict[str, Any]) -> None:
+    _print(summary_renderer("json").render(obj))
+
+
+def _print(data: bytes) -> None:
+    sys.stdout.flush()
+    sys.stdout.buffer.write(data)
     sys.stdout.flush()

@@ -49,7 +49,7 @@ from typing import Any
 
 from etweave import progress as progress_ui  # `progress` is a flag here
 from etweave.errors import BadInput, CheckFailed
-from etweave.output import commit, discard, json_bytes, output_folder, stage
+from etweave.output import FileBytes, JsonFile, Writer, output_folder, write_together
 from etweave.run.cross_rank import (
     _SHOWN,
     CollSig,
@@ -86,19 +86,12 @@ def write_run(out_dir: Path, prefix: str, result: RunResult) -> list[Path]:
     """Every output staged beside its target, then all renamed into place together (etweave.output.commit): a
     failure anywhere leaves no output new or changed."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    staged: list[tuple[Path, Path]] = []
-    try:
-        for rank in sorted(result.ranks):
-            target = out_dir / et_file_name(prefix, rank)
-            # the stream write_et would write, kept as bytes by the cross-rank pass; cleaned once locked
-            staged.append((stage(target, result.ranks.stream(rank), clean=False), target))
-        for name, obj in ((COMM_GROUP_FILE, result.comm_group.to_json()), (REPORT_FILE, result.report)):
-            staged.append((stage(out_dir / name, json_bytes(obj), clean=False), out_dir / name))
-    except BaseException:
-        discard([tmp for tmp, _ in staged])
-        raise
-    commit(staged)
-    return [target for _, target in staged]
+    # the stream write_et would write, kept as bytes by the cross-rank pass; cleaned once locked
+    outputs: list[Writer] = [FileBytes(out_dir / et_file_name(prefix, rank), result.ranks.stream(rank))
+                             for rank in sorted(result.ranks)]
+    outputs += [JsonFile(out_dir / name, obj) for name, obj in ((COMM_GROUP_FILE, result.comm_group.to_json()),
+                                                                  (REPORT_FILE, result.report))]
+    return write_together(outputs, clean=False)
 
 
 def convert_run(run_dir: Path, out_dir: Path, prefix: str = "trace", allow_mismatch: bool = False,

@@ -75,30 +75,8 @@ def breakdown(replay: Replay) -> list[dict[str, Any]]:
         if timeline == "measured" and window is None:
             continue
         for ri, rg in enumerate(replay.ranks):
-            gpu_rank = any(nd.resource and nd.resource.startswith("gpu") for nd in rg.nodes)
-            ops = step_ops(rg.nodes)
-            spans: dict[int | None, list[int]] = {}
-            intervals: dict[str, list[tuple[int, int]]] = {"compute": [], "comm": []}
-            for i, nd in enumerate(rg.nodes):
-                if timeline == "simulated":
-                    # from issue: a collective holds its stream while it waits for its peers, as measured
-                    s, e = replay.issue[ri][i], replay.end[ri][i]
-                    if e < 0:
-                        continue  # never ran (a deadlocked replay)
-                else:
-                    if not nd.measured_start:
-                        continue
-                    s = nd.measured_start - origin
-                    e = s + nd.measured_duration
-                role = _role(nd, gpu_rank)
-                if role is not None:
-                    intervals[role].append((s, e))
-                if nd.name == RANK_START_OFFSET or is_marker_node(nd.type, nd.kind):
-                    continue
-                for key in {step_of(nd, ops), None} if ops else {None}:
-                    b = spans.setdefault(key, [s, e])
-                    b[0], b[1] = min(b[0], s), max(b[1], e)
-            steps = sorted(k for k in spans if k is not None)
+            spans, intervals = _rank_periods(replay, ri, timeline, origin)
+            steps: list[int | None] = [*sorted(k for k in spans if k is not None)]
             for step in steps or [None]:
                 if step not in spans:
                     continue
@@ -106,3 +84,40 @@ def breakdown(replay: Replay) -> list[dict[str, Any]]:
                 records.append({"timeline": timeline, "rank": rg.rank, "step": step, "start_us": lo,
                                 **split(intervals["compute"], intervals["comm"], lo, hi)})
     return records
+
+
+def _rank_periods(replay: Replay, ri: int, timeline: str, origin: int
+                  ) -> tuple[dict[int | None, list[int]], dict[str, list[tuple[int, int]]]]:
+    """For rank index `ri` in one timeline: each step's span [lo, hi] (None: the whole rank), and the compute and
+    communication intervals."""
+    rg = replay.ranks[ri]
+    gpu_rank = any(nd.resource and nd.resource.startswith("gpu") for nd in rg.nodes)
+    ops = step_ops(rg.nodes)
+    spans: dict[int | None, list[int]] = {}
+    intervals: dict[str, list[tuple[int, int]]] = {"compute": [], "comm": []}
+    for i, nd in enumerate(rg.nodes):
+        period = _period(replay, ri, i, timeline, origin)
+        if period is None:
+            continue
+        s, e = period
+        role = _role(nd, gpu_rank)
+        if role is not None:
+            intervals[role].append((s, e))
+        if nd.name == RANK_START_OFFSET or is_marker_node(nd.type, nd.kind):
+            continue
+        for key in {step_of(nd, ops), None} if ops else {None}:
+            b = spans.setdefault(key, [s, e])
+            b[0], b[1] = min(b[0], s), max(b[1], e)
+    return spans, intervals
+
+
+def _period(replay: Replay, ri: int, i: int, timeline: str, origin: int) -> tuple[int, int] | None:
+    """Node i's (start, end) in `timeline`: simulated from issue (a collective holds its stream while it waits for
+    its peers, as measured), measured after `origin`; None when it has none (never ran, not measured)."""
+    if timeline == "simulated":
+        s, e = replay.issue[ri][i], replay.end[ri][i]
+        return (s, e) if e >= 0 else None  # e < 0: a deadlocked replay
+    nd = replay.ranks[ri].nodes[i]
+    if not nd.measured_start:
+        return None
+    return nd.measured_start - origin, nd.measured_start - origin + nd.measured_duration

@@ -10,11 +10,9 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 from etweave.chakra import et_def_pb2 as pb
-from etweave.output import write_atomic
 from etweave.simulate.engine import Replay
 from etweave.simulate.metrics import measured_window
 from etweave.simulate.timeline import NodeDetail, op_spans
@@ -118,7 +116,7 @@ def _us(value: float) -> int | float:
     return int(value) if value.is_integer() else value
 
 
-def _csv_chunks(records: Sequence[dict[str, Any]], columns: Sequence[str]) -> Iterator[bytes]:
+def csv_chunks(records: Sequence[dict[str, Any]], columns: Sequence[str]) -> Iterator[bytes]:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(columns), lineterminator="\n", extrasaction="ignore")
     writer.writeheader()
@@ -129,8 +127,3 @@ def _csv_chunks(records: Sequence[dict[str, Any]], columns: Sequence[str]) -> It
             buf.seek(0)
             buf.truncate()
     yield buf.getvalue().encode()
-
-
-def write_csv(path: Path, records: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
-    """Atomically: nothing is left behind on failure."""
-    write_atomic(Path(path), _csv_chunks(records, columns))

@@ -27,8 +27,7 @@ import orjson
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import attr_value, iter_et
 from etweave.nodes import DEP_EVIDENCE, is_marker_node
-from etweave.output import write_atomic
-from etweave.simulate.engine import Replay
+from etweave.simulate.engine import Replay, SimNode
 from etweave.simulate.metrics import measured_window
 
 NO_RESOURCE = "no resource"
@@ -49,7 +48,8 @@ class NodeDetail:
 def node_details(nodes: Iterable[pb.Node]) -> dict[int, NodeDetail]:
     out: dict[int, NodeDetail] = {}
     for node in nodes:
-        kind, part_of, parent, evidence = "", None, None, ()
+        kind, part_of, parent = "", None, None
+        evidence: tuple[str, ...] = ()
         for a in node.attr:
             if a.name == "kind":
                 kind = a.string_val
@@ -82,7 +82,7 @@ class _Slice:
     end: float
 
 
-def _slices(nodes: Sequence[Any], details: dict[int, NodeDetail], times: Sequence[tuple[float, float] | None]
+def _slices(nodes: Sequence[SimNode], details: dict[int, NodeDetail], times: Sequence[tuple[float, float] | None]
             ) -> list[_Slice]:
     """One slice per op that has a time in this view, spanning its parts and its same-track call-stack children."""
     index = {nd.id: i for i, nd in enumerate(nodes)}
@@ -161,49 +161,81 @@ def timeline_events(replay: Replay, details: Sequence[dict[int, NodeDetail]] | N
     critical: dict[tuple[int, int], int] = dict(zip(replay.critical_path, replay.contribution, strict=True))
     # where each critical node's slice sits in the simulated view, for the flow arrows: (pid, tid)
     placed: dict[tuple[int, int], tuple[int, int]] = {}
-    for ri, rg in enumerate(replay.ranks):
-        det = details[ri]
+    for ri in range(len(replay.ranks)):
         measured_pid, simulated_pid = 1 + 2 * ri, 2 + 2 * ri  # alternate so each rank's pair sits together
-        issue, start = replay.issue[ri], replay.start[ri]
         measured_times, simulated_times = _view_times(replay, ri, origin)
-        for pid, label, times in ((measured_pid, "measured", measured_times),
-                                  (simulated_pid, "simulated", simulated_times)):
-            slices = _slices(rg.nodes, det, times)
-            lanes = _lanes(slices)
-            names = sorted({(s.track, lane) for s, lane in zip(slices, lanes, strict=True)},
-                           key=lambda tl: (_track_sort_key(tl[0]), tl[1]))
-            tids = {tl: k + 1 for k, tl in enumerate(names)}
-            for s, lane in zip(slices, lanes, strict=True):
-                nd = rg.nodes[s.op]
-                d = det.get(nd.id)
-                args: dict[str, Any] = {"id": nd.id}
-                if d is not None:
-                    args["kind"] = d.kind
-                    if d.deps:
-                        args["evidence"] = [f"{dep} {d.evidence[k] if k < len(d.evidence) else 'unknown'}"
-                                            for k, dep in enumerate(d.deps)]
-                merged = [rg.nodes[p].id for p in s.parts if p != s.op]
-                if merged:
-                    args["parts"] = merged
-                if label == "simulated":
-                    if start[s.op] > issue[s.op]:
-                        args["wait_us"] = start[s.op] - issue[s.op]
-                    on_path = [critical[(ri, p)] for p in s.parts if (ri, p) in critical]
-                    if on_path:
-                        args["critical_path_us"] = sum(on_path)
-                        for p in s.parts:
-                            placed[(ri, p)] = (pid, tids[(s.track, lane)])
-                events.append({"name": nd.name, "ph": "X", "pid": pid, "tid": tids[(s.track, lane)],
-                               "ts": s.start, "dur": s.end - s.start, "args": args})
-            events.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": f"{label} rank {rg.rank}"}})
-            events.append({"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": pid}})
-            for (track, lane), tid in tids.items():
-                name = track if lane == 0 else f"{track} (overlap {lane})"
-                events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
-                events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
-                               "args": {"sort_index": tid}})
+        view = _View(replay, ri, details[ri], critical, placed)
+        events += view.events(measured_pid, "measured", measured_times)
+        events += view.events(simulated_pid, "simulated", simulated_times)
         events.extend(_critical_track(replay, ri, simulated_pid, origin))
     events.extend(_critical_flows(replay, placed, origin))
+    return events
+
+
+@dataclass(slots=True)
+class _View:
+    """One rank's slices in one view (measured or simulated) as trace events; a simulated slice on the critical
+    path is noted in `placed` for the flow arrows."""
+
+    replay: Replay
+    ri: int
+    details: dict[int, NodeDetail]
+    critical: dict[tuple[int, int], int]
+    placed: dict[tuple[int, int], tuple[int, int]]
+
+    def events(self, pid: int, label: str, times: Sequence[tuple[float, float] | None]) -> list[dict[str, Any]]:
+        rg = self.replay.ranks[self.ri]
+        slices = _slices(rg.nodes, self.details, times)
+        lanes = _lanes(slices)
+        names = sorted({(s.track, lane) for s, lane in zip(slices, lanes, strict=True)},
+                       key=lambda tl: (_track_sort_key(tl[0]), tl[1]))
+        tids = {tl: k + 1 for k, tl in enumerate(names)}
+        events: list[dict[str, Any]] = []
+        for s, lane in zip(slices, lanes, strict=True):
+            tid = tids[(s.track, lane)]
+            args = self._args(s)
+            if label == "simulated":
+                self._simulated_args(args, s)
+                if "critical_path_us" in args:
+                    self.placed.update(((self.ri, p), (pid, tid)) for p in s.parts)
+            events.append({"name": rg.nodes[s.op].name, "ph": "X", "pid": pid, "tid": tid,
+                           "ts": s.start, "dur": s.end - s.start, "args": args})
+        return events + _track_names(pid, f"{label} rank {rg.rank}", tids)
+
+    def _args(self, s: _Slice) -> dict[str, Any]:
+        """The op's node id, kind, the evidence of each data dep, the other nodes merged into the slice."""
+        nodes = self.replay.ranks[self.ri].nodes
+        d = self.details.get(nodes[s.op].id)
+        args: dict[str, Any] = {"id": nodes[s.op].id}
+        if d is not None:
+            args["kind"] = d.kind
+            if d.deps:
+                args["evidence"] = [f"{dep} {d.evidence[k] if k < len(d.evidence) else 'unknown'}"
+                                    for k, dep in enumerate(d.deps)]
+        merged = [nodes[p].id for p in s.parts if p != s.op]
+        if merged:
+            args["parts"] = merged
+        return args
+
+    def _simulated_args(self, args: dict[str, Any], s: _Slice) -> None:
+        """The wait from issue to start, and what the slice adds to the critical path."""
+        issue, start = self.replay.issue[self.ri][s.op], self.replay.start[self.ri][s.op]
+        if start > issue:
+            args["wait_us"] = start - issue
+        on_path = [self.critical[(self.ri, p)] for p in s.parts if (self.ri, p) in self.critical]
+        if on_path:
+            args["critical_path_us"] = sum(on_path)
+
+
+def _track_names(pid: int, process: str, tids: dict[tuple[str, int], int]) -> list[dict[str, Any]]:
+    """Metadata events: the process's name and order, each track's name (`(overlap N)` for lane N) and order."""
+    events: list[dict[str, Any]] = [
+        {"name": "process_name", "ph": "M", "pid": pid, "args": {"name": process}},
+        {"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": pid}}]
+    for (track, lane), tid in tids.items():
+        name = track if lane == 0 else f"{track} (overlap {lane})"
+        events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
+        events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
     return events
 
 
@@ -226,10 +258,10 @@ def op_spans(replay: Replay, ri: int, details: dict[int, NodeDetail], origin: in
              ) -> tuple[dict[int, tuple[float, float]], dict[int, tuple[float, float]]]:
     """Per op (node index of its first node), its slice's (start, end): measured, and simulated in the measured
     frame, as the timeline draws them."""
-    views = _view_times(replay, ri, origin)
-    nodes = replay.ranks[ri].nodes
-    return tuple({s.op: (s.start, s.end) for s in _slices(nodes, details, times)}  # type: ignore[return-value]
-                 for times in views)
+    measured, simulated = (
+        {s.op: (s.start, s.end) for s in _slices(replay.ranks[ri].nodes, details, times)}
+        for times in _view_times(replay, ri, origin))
+    return measured, simulated
 
 
 def _critical_track(replay: Replay, ri: int, pid: int, origin: int) -> list[dict[str, Any]]:
@@ -266,10 +298,9 @@ def _critical_flows(replay: Replay, placed: dict[tuple[int, int], tuple[int, int
     return events
 
 
-def write_timeline(path: Path, replay: Replay, details: Sequence[dict[int, NodeDetail]] | None = None) -> None:
-    """Write atomically: a temporary file beside `path`, renamed once complete. Without `details` they are read
+def timeline_bytes(replay: Replay, details: Sequence[dict[int, NodeDetail]] | None = None) -> bytes:
+    """The trace file's bytes (etweave.renderers.TimelineRenderer writes them). Without `details` they are read
     again from each rank's file."""
     if details is None:
         details = load_details(replay)
-    data = orjson.dumps({"traceEvents": timeline_events(replay, details), "displayTimeUnit": "ms"})
-    write_atomic(Path(path), data)
+    return orjson.dumps({"traceEvents": timeline_events(replay, details), "displayTimeUnit": "ms"})
