@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from etweave.collectives import CollectiveStats
-from etweave.deps import Dependencies
+from etweave.deps import Dependencies, by_name
+from etweave.deps.evidence import Evidence
 from etweave.fidelity import PathNode, delay_share
 from etweave.link import DeviceSelection, HostLink, LeftOut
 from etweave.model import DELAY, GPU_KINDS, HOST_OP, RUNTIME, THREAD_ROOT, UNTRACED, WAKEUP, Graph
@@ -79,8 +80,8 @@ def build_report(host: HostTrace | None, kineto: KinetoTrace | None, link: HostL
                  "collectives": m.collectives} for m in (rep.missing if rep else [])
             ],
         },
-        "edges": {"total": sum(deps.per_source.values()), "per_source": dict(sorted(deps.per_source.items())),
-                  "inferred": dict(sorted(deps.inferred.items()))},
+        "edges": {"total": sum(deps.per_source.values()), "per_source": by_name(deps.per_source),
+                  "inferred": by_name(deps.inferred)},
         "nodes": len(g.items),
         "roofline": _roofline(g),
         "delays": delays(g, deps),
@@ -157,7 +158,7 @@ def collectives_without_dependents(g: Graph, deps: Dependencies) -> list[dict[st
     for target, edges in deps.preds.items():
         dst = g.by_id[target]
         for e in edges:
-            if e.source in ("thread_order", "collective_order"):
+            if e.source in (Evidence.THREAD_ORDER, Evidence.COLLECTIVE_ORDER):
                 continue
             src = g.by_id[e.src]
             if (src.tid, src.device, src.stream) != (dst.tid, dst.device, dst.stream):

@@ -1,8 +1,8 @@
 """Stage 5a, waits: time a thread or stream spent waiting becomes an edge, never a duration.
 
 Each finder looks at the measured timeline, records on the waiting item what it waited for (`Item.awaits`,
-turned into edges by the evidence sources `sync`, `event_wait`, `stream_wait`, `thread_wait` and `handoff` in
-etweave.deps.sources), and cuts the waiting time out of the node: a blocking CUDA call keeps a zero-length node
+turned into edges by the wait sources `sync`, `event_wait`, `stream_wait`, `thread_wait` and `handoff` in
+etweave.deps.awaited), and cuts the waiting time out of the node: a blocking CUDA call keeps a zero-length node
 where it began and gets a RESUME node for what it did after the wait was over; a thread that waited for another
 thread keeps a zero-length node where the wait began and ends in a WAKEUP node, from the awaited end to its
 resuming (the measured latency); an idle gap explained by a handoff from another thread disappears (or becomes
@@ -17,6 +17,8 @@ import bisect
 import math
 from collections import defaultdict
 
+from etweave.deps.evidence import WAIT_TOLERANCE as TOLERANCE
+from etweave.deps.evidence import Evidence
 from etweave.model import (
     DELAY,
     GPU_KINDS,
@@ -28,14 +30,13 @@ from etweave.model import (
     THREAD_ROOT,
     UNTRACED,
     WAKEUP,
+    Await,
     Graph,
     Item,
 )
 from etweave.read.host_et import tensors
 from etweave.read.kineto import Event, as_int
 
-# A waiter resumes within this long after what it waited for ended (µs), as FORMATS.md's traces show.
-TOLERANCE = 5.0
 # Only periods at least this long are examined for a hidden wait on another thread (µs).
 MIN_WAIT = 20.0
 # A thread waiting for work it handed to another thread (a gloo worker, the autograd engine, a helper thread)
@@ -206,7 +207,7 @@ def _event_waits(g: Graph, records: _SyncRecords) -> None:
             continue
         waiter = records.first_launched_after(as_int(ev.args.device, 0) or 0, stream, call.start)
         if waiter is not None and waiter is not awaited and awaited.start <= waiter.start:
-            waiter.awaits.append((awaited.id, "event_wait", False))
+            waiter.awaits.append(Await(awaited.id, Evidence.EVENT_WAIT, False))
 
 
 def _unrecorded_event_waits(g: Graph, records: _SyncRecords) -> None:
@@ -246,7 +247,7 @@ def _unrecorded_event_waits(g: Graph, records: _SyncRecords) -> None:
         if awaited is None or (awaited.id, waiter.id) in done:
             continue
         if awaited.start + awaited.dur <= waiter.start + TOLERANCE and awaited.start < waiter.start:
-            waiter.awaits.append((awaited.id, "event_wait", True))
+            waiter.awaits.append(Await(awaited.id, Evidence.EVENT_WAIT, True))
             done.add((awaited.id, waiter.id))
 
 
@@ -284,7 +285,7 @@ def _blocking_calls(g: Graph, chains: _Chains, records: _SyncRecords) -> None:
             continue
         resume = chains.split(it, it.start, RESUME)  # the call's own node keeps its entry; the rest waited
         resume.start = min(max(resume.start, awaited.start + awaited.dur), resume.seg_end)
-        resume.awaits.append((awaited.id, "sync", False))
+        resume.awaits.append(Await(awaited.id, Evidence.SYNC, False))
 
 
 def _cross_thread_waits(g: Graph, chains: _Chains, served: _Handed, moments: dict[int | str, list[float]]) -> None:
@@ -317,13 +318,13 @@ def _cross_thread_waits(g: Graph, chains: _Chains, served: _Handed, moments: dic
         wake = chains.split(it, wait_from, WAKEUP)
         wake.start = min(x_end, wake.seg_end)
         wake.dur = wake.excl = wake.seg_end - wake.start
-        wake.awaits.append((x.id, "thread_wait", True))
+        wake.awaits.append(Await(x.id, Evidence.THREAD_WAIT, True))
         # Collectives of the threads it handed work to that ended while it waited were waited for too (DDP's
         # buckets, all waited for at the end of backward): each gates the wake-up, whichever ends last.
         lo = bisect.bisect_left(ends, wait_from)
         for o in tops[lo:bisect.bisect_left(ends, x_end)]:
             if o.comm is not None and served.holds(it.tid, o) and o is not x:  # type: ignore[arg-type]
-                wake.awaits.append((o.id, "thread_wait", True))
+                wake.awaits.append(Await(o.id, Evidence.THREAD_WAIT, True))
         if it.kind == DELAY and wait_from == it.start:  # the idle period was all waiting: only its wake-up is left
             chains.removed.add(it.id)
     chains.reset_starts()
@@ -350,16 +351,16 @@ def _await_last_periods(g: Graph, chains: _Chains) -> None:
     (the op may have been cut into periods after the wait was found)."""
     chains.reset_starts()
     for it in g.items:
-        for n, (src, how, inferred) in enumerate(it.awaits):
-            x = g.by_id[src]
-            if how != "thread_wait" or x.tid is None:
+        for n, a in enumerate(it.awaits):
+            x = g.by_id[a.item]
+            if a.evidence is not Evidence.THREAD_WAIT or x.tid is None:
                 continue
             order, end = chains.ids[x.tid], x.start + x.dur
             k = bisect.bisect_left(chains.starts(x.tid), end) - 1
             while k >= 0 and order[k] in chains.removed:
                 k -= 1
-            if k >= 0 and order[k] != src and g.by_id[order[k]].start >= x.start:
-                it.awaits[n] = (order[k], how, inferred)
+            if k >= 0 and order[k] != a.item and g.by_id[order[k]].start >= x.start:
+                it.awaits[n] = Await(order[k], a.evidence, a.inferred)
 
 
 def _name_untraced(g: Graph, chains: _Chains) -> None:
@@ -513,7 +514,7 @@ def _handoffs(g: Graph, chains: _Chains, evidence: _HandOverEvidence, apply: boo
                     if not apply:
                         given.append((queued.tid, nxt.start, None))
                 if apply:
-                    nxt.awaits.append((queued.id, "handoff", True))
+                    nxt.awaits.append(Await(queued.id, Evidence.HANDOFF, True))
                 continue
             if found is None:
                 continue
@@ -529,14 +530,14 @@ def _handoffs(g: Graph, chains: _Chains, evidence: _HandOverEvidence, apply: boo
             if running:
                 if src.seg_end - nxt.start >= 0.5 and nxt.start - src.start >= 0.5:
                     chains.split(src, nxt.start, SELF_PART if src.kind != RESUME else RESUME)
-                nxt.awaits.append((src.id, "handoff", True))
+                nxt.awaits.append(Await(src.id, Evidence.HANDOFF, True))
                 chains.removed.add(gap.id)
             else:  # the worker woke up after the handing thread began to wait: that latency is a wake-up
                 gap.kind, gap.name = WAKEUP, "[wake-up]"
                 gap.start = max(gap.start, src.seg_end if src.seg_end > src.start
                                 else math.nextafter(src.start, math.inf))
                 gap.dur = gap.excl = gap.seg_end - gap.start
-                gap.awaits.append((src.id, "handoff", True))
+                gap.awaits.append(Await(src.id, Evidence.HANDOFF, True))
                 chains.reset_starts()
         if not apply:
             for k, (by, lo, hi) in enumerate(given):
@@ -618,7 +619,7 @@ def _stream_waits(g: Graph) -> None:
             launch = g.by_id.get(it.launcher) if it.launcher is not None else None
             # A stream starts idle at the run's first instant: a first op with no launch record waited from there.
             ready = max(prev.start + prev.dur if prev else t0, launch.seg_end if launch else float("-inf"),
-                        *(g.by_id[a].start + g.by_id[a].dur for a, how, _ in it.awaits if how == "event_wait"))
+                        *(g.by_id[a.item].start + g.by_id[a.item].dur for a in it.awaits if a.evidence is Evidence.EVENT_WAIT))
             if it.start - ready > TOLERANCE:
                 ends, ops = index[key[0]]
                 x = _latest_before(ends, ops, ready, it.start + TOLERANCE,
@@ -627,7 +628,7 @@ def _stream_waits(g: Graph) -> None:
                 if x is not None:
                     x_end = x.start + x.dur
                     if it.start - x_end <= TOLERANCE:
-                        it.awaits.append((x.id, "stream_wait", True))
+                        it.awaits.append(Await(x.id, Evidence.STREAM_WAIT, True))
                         idle_from = it.start
                     else:  # it waited for x, then for something no record shows: idle after x
                         idle_from = x_end
@@ -642,10 +643,10 @@ def _stream_waits(g: Graph) -> None:
                     # the idle time starts once whatever made the op ready is done: its launch, an event waited
                     # on, or the op on another stream it waited for
                     if launch is not None:
-                        d.awaits.append((launch.id, "launch", False))
-                    d.awaits.extend(a for a in it.awaits if a[1] == "event_wait")
+                        d.awaits.append(Await(launch.id, Evidence.LAUNCH, False))
+                    d.awaits.extend(a for a in it.awaits if a.evidence is Evidence.EVENT_WAIT)
                     if x is not None and idle_from > ready:
-                        d.awaits.append((x.id, "stream_wait", True))
+                        d.awaits.append(Await(x.id, Evidence.STREAM_WAIT, True))
                     new_order.append(d.id)
             new_order.append(i)
             prev = it

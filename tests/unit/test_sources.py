@@ -1,0 +1,97 @@
+"""Each evidence source on a small hand-built graph: the edges it gives, with its own evidence."""
+
+from __future__ import annotations
+
+from etweave.chakra import et_def_pb2 as pb
+from etweave.deps import SOURCES, awaited, sources
+from etweave.deps.evidence import Evidence
+from etweave.model import HOST_OP, KERNEL, PROCESS_ROOT, RESUME, RUNTIME, THREAD_ROOT, Await, Comm, Edge, Item
+
+from .graphs import graph, host_op
+
+
+def _pairs(edges: list[Edge]) -> list[tuple[int, int]]:
+    return [(e.src, e.dst) for e in edges]
+
+
+def test_thread_order_chains_each_thread_and_hangs_thread_roots_on_the_process_root() -> None:
+    g = graph(Item(1, PROCESS_ROOT, "root"), Item(2, THREAD_ROOT, "t1"), Item(3, HOST_OP, "a", tid=1),
+              Item(4, HOST_OP, "b", tid=1), Item(5, THREAD_ROOT, "t2"), Item(6, HOST_OP, "c", tid=2),
+              threads={1: [2, 3, 4], 2: [5, 6]})
+    edges = sources.thread_order(g)
+    assert _pairs(edges) == [(2, 3), (3, 4), (5, 6), (1, 2), (1, 5)]
+    assert {e.source for e in edges} == {Evidence.THREAD_ORDER} and not any(e.inferred for e in edges)
+
+
+def test_launch_links_call_to_kernel_and_to_the_idle_time_before_it() -> None:
+    call = Item(1, RUNTIME, "cudaLaunchKernel", tid=1)
+    kernel = Item(2, KERNEL, "k", launcher=1, device=0, stream=7)
+    idle = Item(3, "delay", "[gpu idle]", device=0, stream=7, awaits=[Await(1, Evidence.LAUNCH, False)])
+    edges = sources.launch(graph(call, kernel, idle))
+    assert edges == [Edge(1, 2, Evidence.LAUNCH), Edge(1, 3, Evidence.LAUNCH)]
+
+
+def test_stream_order_chains_each_stream() -> None:
+    g = graph(*(Item(i, KERNEL, f"k{i}") for i in (1, 2, 3, 4)), streams={(0, 7): [1, 3], (0, 8): [2, 4]})
+    assert _pairs(sources.stream_order(g)) == [(1, 3), (2, 4)]
+
+
+def test_autograd_ties_backward_ops_on_another_thread_to_their_forward_op() -> None:
+    fwd = Item(1, HOST_OP, "mm", start=0.0, tid=1, host=host_op(1, "mm", seq_id=5))
+    bwd = Item(2, HOST_OP, "MmBackward", start=10.0, tid=2, host=host_op(2, "MmBackward", seq_id=5))
+    inner = Item(3, HOST_OP, "mm", start=11.0, tid=2, enclosing=2, host=host_op(3, "mm", seq_id=5))
+    same_thread = Item(4, HOST_OP, "add", start=12.0, tid=1, host=host_op(4, "add", seq_id=5))
+    other_seq = Item(5, HOST_OP, "add", start=13.0, tid=2, host=host_op(5, "add", seq_id=6))
+    edges = sources.autograd(graph(fwd, bwd, inner, same_thread, other_seq))
+    assert edges == [Edge(1, 2, Evidence.AUTOGRAD)], "one edge per backward op, not to ops inside it or on its thread"
+
+
+def test_tensor_flow_only_across_threads() -> None:
+    writer = Item(1, HOST_OP, "loss", start=0.0, tid=1, host=host_op(1, "loss", writes=(10,)))
+    same = Item(2, HOST_OP, "add", start=1.0, tid=1, host=host_op(2, "add", reads=(10,)))
+    other = Item(3, HOST_OP, "c10d::allreduce_", start=2.0, tid=2, host=host_op(3, "c10d::allreduce_", reads=(10,)))
+    unrelated = Item(4, HOST_OP, "mul", start=3.0, tid=2, host=host_op(4, "mul", reads=(11,)))
+    assert sources.tensor_flow(graph(writer, same, other, unrelated)) == [Edge(1, 3, Evidence.TENSOR_FLOW)]
+
+
+def _coll(i: int, start: float, dur: float, seq: int | None, pg: str = "0") -> Item:
+    return Item(i, KERNEL, f"nccl{i}", start=start, dur=dur,
+                comm=Comm(pb.COMM_COLL_NODE, "allreduce", pb.ALL_REDUCE, 8, pg_name=pg, seq=seq))
+
+
+def test_collective_order_by_seq_within_a_group_and_not_between_overlapping_ones() -> None:
+    first, second = _coll(1, 10.0, 10.0, seq=0), _coll(2, 50.0, 10.0, seq=1)
+    third = _coll(3, 120.0, 10.0, seq=2)
+    overlapping = _coll(4, 121.0, 10.0, seq=3)  # began before the third ended: no "after it is done" edge
+    other_group = _coll(5, 200.0, 1.0, seq=0, pg="1")
+    edges = sources.collective_order(graph(overlapping, third, other_group, second, first))
+    assert _pairs(edges) == [(1, 2), (2, 3)]
+    assert {e.source for e in edges} == {Evidence.COLLECTIVE_ORDER}
+
+
+def test_wait_sources_turn_each_recorded_wait_into_an_edge_of_its_evidence() -> None:
+    waiter = Item(3, RESUME, "sync [resumed]", awaits=[
+        Await(1, Evidence.SYNC, False), Await(2, Evidence.THREAD_WAIT, True), Await(4, Evidence.EVENT_WAIT, True)])
+    other = Item(5, KERNEL, "k", awaits=[Await(1, Evidence.EVENT_WAIT, False), Await(2, Evidence.STREAM_WAIT, True),
+                                          Await(6, Evidence.HANDOFF, True)])
+    g = graph(waiter, other)
+    assert awaited.sync(g) == [Edge(1, 3, Evidence.SYNC, False)]
+    assert awaited.event_wait(g) == [Edge(4, 3, Evidence.EVENT_WAIT, True), Edge(1, 5, Evidence.EVENT_WAIT, False)]
+    assert awaited.stream_wait(g) == [Edge(2, 5, Evidence.STREAM_WAIT, True)]
+    assert awaited.thread_wait(g) == [Edge(2, 3, Evidence.THREAD_WAIT, True)]
+    assert awaited.handoff(g) == [Edge(6, 5, Evidence.HANDOFF, True)]
+
+
+def test_every_registered_source_gives_edges_of_its_own_evidence() -> None:
+    items = [Item(1, PROCESS_ROOT, "root"), Item(2, THREAD_ROOT, "t"),
+             Item(3, RUNTIME, "cudaLaunchKernel", tid=1),
+             Item(4, KERNEL, "k", launcher=3, device=0, stream=7, comm=_coll(0, 0, 0, 0).comm,
+                  awaits=[Await(3, e, False) for e in SOURCES]),
+             Item(5, HOST_OP, "bwd", tid=2, start=1.0, host=host_op(5, "bwd", seq_id=1, reads=(1,))),
+             _coll(6, 5.0, 1.0, seq=1),
+             Item(7, HOST_OP, "fwd", tid=1, start=0.5, host=host_op(7, "fwd", seq_id=1, writes=(1,)))]
+    g = graph(*items, threads={1: [2, 3]}, streams={(0, 7): [4, 6]})
+    for evidence, source in SOURCES.items():
+        edges = source(g)
+        assert edges, f"{evidence} finds its edge in the graph made for all of them"
+        assert {e.source for e in edges} == {evidence}
