@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 
 from etweave.deps.evidence import WAIT_TOLERANCE as TOLERANCE
 from etweave.deps.evidence import Evidence
@@ -86,6 +87,14 @@ class _Chains:
     def reset_starts(self) -> None:
         """Forget the period starts after periods were moved: rebuilt from the items on next use."""
         self._starts.clear()
+
+    def move_start(self, it: Item, pos: int, start: float) -> None:
+        """Move the start of period `it`, at `pos` of its thread, keeping that thread's period starts in step (what a
+        rebuild would give, without one per moved period)."""
+        it.start = start
+        starts = self._starts.get(it.tid)  # type: ignore[arg-type]
+        if starts is not None:
+            starts[pos] = start
 
     def split(self, it: Item, at: float, kind: str) -> Item:
         """Cut `it`'s period at `at`: `it` keeps [start, at], a new item of `kind` takes [at, end]."""
@@ -220,14 +229,7 @@ def _unrecorded_event_waits(g: Graph, records: _SyncRecords) -> None:
                     and records.of(it) is None), key=lambda it: (it.start, it.id))
     if not calls:
         return
-    launches: dict[int | str, list[tuple[float, Item]]] = defaultdict(list)  # thread -> (launch time, GPU op)
-    for it in g.items:
-        if it.kind in GPU_KINDS and it.launcher is not None:
-            call = g.by_id[it.launcher]
-            if call.tid is not None:
-                launches[call.tid].append((call.start, it))
-    for seq in launches.values():
-        seq.sort(key=lambda p: (p[0], p[1].id))
+    launches = _launches_by_thread(g)
     times = {tid: [t for t, _ in seq] for tid, seq in launches.items()}
     done: set[tuple[int, int]] = set()
     for call in calls:
@@ -236,19 +238,40 @@ def _unrecorded_event_waits(g: Graph, records: _SyncRecords) -> None:
         if k >= len(seq):
             continue
         waiter = seq[k][1]
-        earlier = (seq[j][1] for j in range(k - 1, -1, -1))  # walked back, not copied: one call is O(its reach)
-        awaited = next((op for op in earlier if op.stream != waiter.stream and op.device == waiter.device), None)
-        if awaited is not None and awaited.start + awaited.dur > waiter.start + TOLERANCE:
-            # The waiter started before that op ended: the event was recorded before it was enqueued, after an
-            # earlier op of the same stream (back-to-back NCCL kernels, then work.wait() for the first).
-            awaited = next((seq[j][1] for j in range(k - 1, -1, -1) if seq[j][1].stream == awaited.stream
-                            and seq[j][1].device == waiter.device
-                            and seq[j][1].start + seq[j][1].dur <= waiter.start + TOLERANCE), None)
+        awaited = _event_recorded_after(seq, k, waiter)
         if awaited is None or (awaited.id, waiter.id) in done:
             continue
         if awaited.start + awaited.dur <= waiter.start + TOLERANCE and awaited.start < waiter.start:
             waiter.awaits.append(Await(awaited.id, Evidence.EVENT_WAIT, True))
             done.add((awaited.id, waiter.id))
+
+
+def _launches_by_thread(g: Graph) -> dict[int | str, list[tuple[float, Item]]]:
+    """thread -> (launch time, GPU op) of every GPU op its runtime calls launched, in launch order."""
+    launches: dict[int | str, list[tuple[float, Item]]] = defaultdict(list)
+    for it in g.items:
+        if it.kind in GPU_KINDS and it.launcher is not None:
+            call = g.by_id[it.launcher]
+            if call.tid is not None:
+                launches[call.tid].append((call.start, it))
+    for seq in launches.values():
+        seq.sort(key=lambda p: (p[0], p[1].id))
+    return launches
+
+
+def _event_recorded_after(seq: list[tuple[float, Item]], k: int, waiter: Item) -> Item | None:
+    """The op an unrecorded event waited on by `waiter` (the k-th launch of its thread) stands for: the last op
+    launched before it on another stream of its device. Earlier launches are walked back, not copied: one call is
+    O(its reach)."""
+    earlier = (seq[j][1] for j in range(k - 1, -1, -1))
+    awaited = next((op for op in earlier if op.stream != waiter.stream and op.device == waiter.device), None)
+    if awaited is not None and awaited.start + awaited.dur > waiter.start + TOLERANCE:
+        # The waiter started before that op ended: the event was recorded before it was enqueued, after an
+        # earlier op of the same stream (back-to-back NCCL kernels, then work.wait() for the first).
+        awaited = next((seq[j][1] for j in range(k - 1, -1, -1) if seq[j][1].stream == awaited.stream
+                        and seq[j][1].device == waiter.device
+                        and seq[j][1].start + seq[j][1].dur <= waiter.start + TOLERANCE), None)
+    return awaited
 
 
 def _blocking_calls(g: Graph, chains: _Chains, records: _SyncRecords) -> None:
@@ -417,7 +440,9 @@ class _HandOverEvidence:
         self.issued: dict[int | str, tuple[list[float], list[Item]]] = {}  # thread -> its collective issues
         self.ops: dict[int | str, tuple[list[float], list[Item]]] = {}  # thread -> its host ops by start
         self.forward_tid: dict[int, int | str] = {}  # autograd sequence id -> the thread of its forward op
-        self.writers: dict[tuple[int, int], list[Item]] = defaultdict(list)  # tensor -> the ops that wrote it
+        # (tensor, storage, thread) -> the starts of that thread's ops that wrote the tensor, and the ops, in
+        # (start, id) order: the latest writer by a time is one bisection, not a scan of every writer
+        self.writers: dict[tuple[int, int, int | str], tuple[list[float], list[Item]]] = {}
         per: dict[int | str, list[Item]] = defaultdict(list)
         issued: dict[int | str, list[Item]] = defaultdict(list)
         for it in sorted((x for x in g.items if x.kind == HOST_OP and x.tid is not None and x.measured),
@@ -432,7 +457,9 @@ class _HandOverEvidence:
             if h.seq_id >= 0:
                 self.forward_tid.setdefault(h.seq_id, tid)
             for _, tensor, storage, _, _ in tensors(h.outputs.values, h.outputs.types):
-                self.writers[(tensor, storage)].append(it)
+                w_starts, w_ops = self.writers.setdefault((tensor, storage, tid), ([], []))
+                w_starts.append(it.start)
+                w_ops.append(it)
         self.ops = {tid: ([x.start for x in ops], ops) for tid, ops in per.items()}
         self.issued = {tid: ([x.start for x in ops], ops) for tid, ops in issued.items()}
 
@@ -456,9 +483,10 @@ class _HandOverEvidence:
             if h.seq_id >= 0 and self.forward_tid.get(h.seq_id) == by and o.tid != by:
                 return True, None  # the backward of an op `by` ran forward: `by` called backward()
             for _, tensor, storage, _, _ in tensors(h.inputs.values, h.inputs.types):
-                wrote = [w for w in self.writers.get((tensor, storage), ()) if w.tid == by and w.start <= t]
-                if wrote:  # reads what `by` wrote: handed over as data
-                    w = max(wrote, key=lambda x: (x.start, x.id))  # an issuing op names the hand-over
+                wrote = self.writers.get((tensor, storage, by))
+                k = bisect.bisect_right(wrote[0], t) if wrote is not None else 0
+                if wrote is not None and k:  # reads what `by` wrote: handed over as data
+                    w = wrote[1][k - 1]  # the latest writer by then; an issuing op names the hand-over
                     return True, w if w.start + w.dur <= t and w.name.startswith(_ISSUE_PREFIXES) else None
         return False, None
 
@@ -475,77 +503,124 @@ def _handoffs(g: Graph, chains: _Chains, evidence: _HandOverEvidence, apply: boo
     handed over, and thread -> the moments it did (sorted); with `apply` False nothing is changed."""
     handed = _Handed()
     moments: dict[int | str, list[float]] = defaultdict(list)
-    firsts = {tid: next((g.by_id[i].start for i in order if g.by_id[i].kind not in (THREAD_ROOT, DELAY)), None)
-              for tid, order in chains.ids.items()}
-    timed = {t: s for t, s in firsts.items() if s is not None}
-    if len(timed) < 2:
+    main = _main_thread(g, chains)
+    if main is None:
         return handed, moments
-    main = min(timed, key=lambda t: (timed[t], -len(chains.ids[t]), str(t)))
-    for tid, order in sorted(chains.ids.items(), key=lambda kv: str(kv[0])):
+    for tid in sorted(chains.ids, key=str):
         if tid == main:
             continue
-        started = False
-        given: list[tuple[int | str, float, float | None]] = []  # (by, from, to: None = until the next hand-over)
-        for pos, i in enumerate(list(order)):
-            gap = g.by_id[i]
-            if gap.kind != DELAY or pos + 1 >= len(order) or i in chains.removed:
-                started = started or gap.kind not in (THREAD_ROOT, DELAY, WAKEUP)
-                continue
-            nxt = g.by_id[order[pos + 1]]
-            found, moment, queued = None, nxt.start, None
-            for t in [main, *(t for t in sorted(chains.ids, key=str) if t not in (tid, main))]:
-                f = _handing(g, chains, t, gap, nxt.start, idle_hands=t == main)
-                shown, issuer = evidence.shows(t, gap, nxt) if started else (f is not None, None)
-                if not shown:
-                    continue
-                if (issuer is not None and issuer.start + issuer.dur <= gap.start
-                        and nxt.start - gap.start <= MAX_WAKEUP):
-                    # queued while the worker was still busy: handed over when the issuing op ended, not when the
-                    # worker got to it (the handing thread's wait for it began then)
-                    moment = issuer.start + issuer.dur
-                    if f is None:  # the handing thread is long blocked by now (waiting for this very work)
-                        queued = chains.last_period(issuer)
-                if f is not None or queued is not None:
-                    found = f
-                    break
-            if queued is not None:  # the worker took it up after its previous work: its idle time stays its own
-                if queued.tid is not None:
-                    moments[queued.tid].append(moment)
-                    if not apply:
-                        given.append((queued.tid, nxt.start, None))
-                if apply:
-                    nxt.awaits.append(Await(queued.id, Evidence.HANDOFF, True))
-                continue
-            if found is None:
-                continue
-            src, running = found
-            if src.tid is not None:
-                moments[src.tid].append(moment)
-                # Work handed over with evidence (a collective, a backward pass) runs until the worker is handed
-                # work again, across idle time of its own (the engine waiting inside the backward pass); a thread
-                # merely started was handed its first stretch of work, up to its first idle time.
-                given.append((src.tid, nxt.start, None if started else _stretch_end(g, order, pos + 1)))
-            if not apply:
-                continue
-            if running:
-                if src.seg_end - nxt.start >= 0.5 and nxt.start - src.start >= 0.5:
-                    chains.split(src, nxt.start, SELF_PART if src.kind != RESUME else RESUME)
-                nxt.awaits.append(Await(src.id, Evidence.HANDOFF, True))
-                chains.removed.add(gap.id)
-            else:  # the worker woke up after the handing thread began to wait: that latency is a wake-up
-                gap.kind, gap.name = WAKEUP, "[wake-up]"
-                gap.start = max(gap.start, src.seg_end if src.seg_end > src.start
-                                else math.nextafter(src.start, math.inf))
-                gap.dur = gap.excl = gap.seg_end - gap.start
-                gap.awaits.append(Await(src.id, Evidence.HANDOFF, True))
-                chains.reset_starts()
+        # who may have handed work over, in the order asked: the main thread first
+        by = [main, *(t for t in sorted(chains.ids, key=str) if t not in (tid, main))]
+        given = _worker_handoffs(g, chains, evidence, _Worker(tid, by, moments), apply)
         if not apply:
-            for k, (by, lo, hi) in enumerate(given):
-                handed.add(by, tid, lo, hi if hi is not None else given[k + 1][1] if k + 1 < len(given) else math.inf)
+            for k, (giver, lo, hi) in enumerate(given):
+                until = given[k + 1][1] if k + 1 < len(given) else math.inf  # the worker's next hand-over
+                handed.add(giver, tid, lo, hi if hi is not None else until)
     for times in moments.values():
         times.sort()
     handed.sort()
     return handed, moments
+
+
+def _main_thread(g: Graph, chains: _Chains) -> int | str | None:
+    """The thread that began working first (of the longest chain on a tie); None with fewer than two threads that
+    worked: nothing was handed over."""
+    firsts = {tid: next((g.by_id[i].start for i in order if g.by_id[i].kind not in (THREAD_ROOT, DELAY)), None)
+              for tid, order in chains.ids.items()}
+    timed = {t: s for t, s in firsts.items() if s is not None}
+    if len(timed) < 2:
+        return None
+    return min(timed, key=lambda t: (timed[t], -len(chains.ids[t]), str(t)))
+
+
+@dataclass(slots=True)
+class _Worker:
+    """A thread whose idle gaps may end in a hand-over, the threads that may have handed it work (in the order
+    asked) and the moments each thread handed work over (filled in)."""
+
+    tid: int | str
+    by: list[int | str]
+    moments: dict[int | str, list[float]]
+
+
+# A hand-over of work: by whom, from when, to when (None: until the worker's next hand-over).
+_Given = tuple[int | str, float, float | None]
+
+
+def _worker_handoffs(g: Graph, chains: _Chains, evidence: _HandOverEvidence, worker: _Worker,
+                     apply: bool) -> list[_Given]:
+    """The hand-overs that ended the idle gaps of one worker thread (see _handoffs), recorded and applied with
+    `apply`."""
+    order = chains.ids[worker.tid]
+    started = False
+    given: list[_Given] = []
+    for pos, i in enumerate(list(order)):
+        gap = g.by_id[i]
+        if gap.kind != DELAY or pos + 1 >= len(order) or i in chains.removed:
+            started = started or gap.kind not in (THREAD_ROOT, DELAY, WAKEUP)
+            continue
+        nxt = g.by_id[order[pos + 1]]
+        found, moment, queued = _hand_over(g, chains, evidence, worker.by, gap, nxt, started)
+        if queued is not None:  # the worker took it up after its previous work: its idle time stays its own
+            if queued.tid is not None:
+                worker.moments[queued.tid].append(moment)
+                if not apply:
+                    given.append((queued.tid, nxt.start, None))
+            if apply:
+                nxt.awaits.append(Await(queued.id, Evidence.HANDOFF, True))
+            continue
+        if found is None:
+            continue
+        src, running = found
+        if src.tid is not None:
+            worker.moments[src.tid].append(moment)
+            # Work handed over with evidence (a collective, a backward pass) runs until the worker is handed work
+            # again, across idle time of its own (the engine waiting inside the backward pass); a thread merely
+            # started was handed its first stretch of work, up to its first idle time.
+            given.append((src.tid, nxt.start, None if started else _stretch_end(g, order, pos + 1)))
+        if apply:
+            _apply_handoff(chains, gap, nxt, src, running, pos)
+    return given
+
+
+def _hand_over(g: Graph, chains: _Chains, evidence: _HandOverEvidence, by: list[int | str], gap: Item, nxt: Item,
+               started: bool) -> tuple[tuple[Item, bool] | None, float, Item | None]:
+    """Who handed over the work `nxt` begins after the idle `gap`: the handing period (and whether it was running,
+    see _handing), the moment of the hand-over, and the issuing op's last period where the work was queued while
+    the worker was still busy (the handing thread long blocked by then)."""
+    moment = nxt.start
+    for t in by:
+        f = _handing(g, chains, t, gap, nxt.start, idle_hands=t == by[0])
+        shown, issuer = evidence.shows(t, gap, nxt) if started else (f is not None, None)
+        if not shown:
+            continue
+        queued = None
+        if issuer is not None and issuer.start + issuer.dur <= gap.start and nxt.start - gap.start <= MAX_WAKEUP:
+            # queued while the worker was still busy: handed over when the issuing op ended, not when the worker
+            # got to it (the handing thread's wait for it began then)
+            moment = issuer.start + issuer.dur
+            if f is None:  # the handing thread is long blocked by now (waiting for this very work)
+                queued = chains.last_period(issuer)
+        if f is not None or queued is not None:
+            return f, moment, queued
+    return None, moment, None
+
+
+def _apply_handoff(chains: _Chains, gap: Item, nxt: Item, src: Item, running: bool, pos: int) -> None:
+    """The idle `gap` (at `pos` of its thread) before `nxt` ends in a hand-over from `src`: the op `src` was running
+    is cut there and the gap disappears; or, `src` having begun to wait, the gap becomes the worker's WAKEUP."""
+    if running:
+        if src.seg_end - nxt.start >= 0.5 and nxt.start - src.start >= 0.5:
+            chains.split(src, nxt.start, SELF_PART if src.kind != RESUME else RESUME)
+        nxt.awaits.append(Await(src.id, Evidence.HANDOFF, True))
+        chains.removed.add(gap.id)
+        return
+    # the worker woke up after the handing thread began to wait: that latency is a wake-up
+    gap.kind, gap.name = WAKEUP, "[wake-up]"
+    chains.move_start(gap, pos, max(gap.start, src.seg_end if src.seg_end > src.start
+                                    else math.nextafter(src.start, math.inf)))
+    gap.dur = gap.excl = gap.seg_end - gap.start
+    gap.awaits.append(Await(src.id, Evidence.HANDOFF, True))
 
 
 def _stretch_end(g: Graph, order: list[int], pos: int) -> float:
@@ -606,7 +681,7 @@ def _stream_waits(g: Graph) -> None:
     for it in g.items:
         if it.kind in GPU_KINDS:
             by_device[it.device or 0].append(it)
-    index = {}
+    index: dict[int, tuple[list[float], list[Item]]] = {}
     for dev, ops in by_device.items():
         ops.sort(key=lambda it: (it.start + it.dur, it.id))
         index[dev] = ([it.start + it.dur for it in ops], ops)
@@ -616,41 +691,52 @@ def _stream_waits(g: Graph) -> None:
         prev: Item | None = None
         for i in order:
             it = g.by_id[i]
-            launch = g.by_id.get(it.launcher) if it.launcher is not None else None
             # A stream starts idle at the run's first instant: a first op with no launch record waited from there.
-            ready = max(prev.start + prev.dur if prev else t0, launch.seg_end if launch else float("-inf"),
-                        *(g.by_id[a.item].start + g.by_id[a.item].dur for a in it.awaits if a.evidence is Evidence.EVENT_WAIT))
-            if it.start - ready > TOLERANCE:
-                ends, ops = index[key[0]]
-                x = _latest_before(ends, ops, ready, it.start + TOLERANCE,
-                                   lambda o, s=key[1]: (o.stream or 0) != s)
-                idle_from = ready
-                if x is not None:
-                    x_end = x.start + x.dur
-                    if it.start - x_end <= TOLERANCE:
-                        it.awaits.append(Await(x.id, Evidence.STREAM_WAIT, True))
-                        idle_from = it.start
-                    else:  # it waited for x, then for something no record shows: idle after x
-                        idle_from = x_end
-                if launch is not None and idle_from <= launch.start:
-                    # a launch that returned at once (a zero-length node) starts where the idle time does: keep
-                    # the idle node a hair later so its edge from the launch goes forward in the total order
-                    idle_from = math.nextafter(launch.start, math.inf)
-                if it.start - idle_from > TOLERANCE:
-                    d = g.add(Item(id=0, kind=DELAY, name="[gpu idle]", start=idle_from, seg_end=it.start,
-                                   measured=True, device=key[0], stream=key[1]))
-                    d.dur = d.excl = it.start - idle_from
-                    # the idle time starts once whatever made the op ready is done: its launch, an event waited
-                    # on, or the op on another stream it waited for
-                    if launch is not None:
-                        d.awaits.append(Await(launch.id, Evidence.LAUNCH, False))
-                    d.awaits.extend(a for a in it.awaits if a.evidence is Evidence.EVENT_WAIT)
-                    if x is not None and idle_from > ready:
-                        d.awaits.append(Await(x.id, Evidence.STREAM_WAIT, True))
-                    new_order.append(d.id)
+            idle = _late_start(g, it, key, prev.start + prev.dur if prev else t0, index)
+            if idle is not None:
+                new_order.append(idle.id)
             new_order.append(i)
             prev = it
         g.streams[key] = new_order
+
+
+def _late_start(g: Graph, it: Item, key: tuple[int, int], stream_free: float,
+                index: dict[int, tuple[list[float], list[Item]]]) -> Item | None:
+    """What a GPU op on stream `key` that started later than the stream (free from `stream_free`), its launch and
+    the events it waited for allowed waited for: another stream's op that ended within TOLERANCE before it (a
+    `stream_wait`), and idle time before it where it started later still (a `[gpu idle]` DELAY, returned)."""
+    launch = g.by_id.get(it.launcher) if it.launcher is not None else None
+    ready = max(stream_free, launch.seg_end if launch else float("-inf"),
+                *(g.by_id[a.item].start + g.by_id[a.item].dur for a in it.awaits if a.evidence is Evidence.EVENT_WAIT))
+    if it.start - ready <= TOLERANCE:
+        return None
+    ends, ops = index[key[0]]
+    x = _latest_before(ends, ops, ready, it.start + TOLERANCE, lambda o, s=key[1]: (o.stream or 0) != s)
+    idle_from = ready
+    if x is not None:
+        x_end = x.start + x.dur
+        if it.start - x_end <= TOLERANCE:
+            it.awaits.append(Await(x.id, Evidence.STREAM_WAIT, True))
+            idle_from = it.start
+        else:  # it waited for x, then for something no record shows: idle after x
+            idle_from = x_end
+    if launch is not None and idle_from <= launch.start:
+        # a launch that returned at once (a zero-length node) starts where the idle time does: keep the idle node a
+        # hair later so its edge from the launch goes forward in the total order
+        idle_from = math.nextafter(launch.start, math.inf)
+    if it.start - idle_from <= TOLERANCE:
+        return None
+    d = g.add(Item(id=0, kind=DELAY, name="[gpu idle]", start=idle_from, seg_end=it.start, measured=True,
+                   device=key[0], stream=key[1]))
+    d.dur = d.excl = it.start - idle_from
+    # the idle time starts once whatever made the op ready is done: its launch, an event waited on, or the op on
+    # another stream it waited for
+    if launch is not None:
+        d.awaits.append(Await(launch.id, Evidence.LAUNCH, False))
+    d.awaits.extend(a for a in it.awaits if a.evidence is Evidence.EVENT_WAIT)
+    if x is not None and idle_from > ready:
+        d.awaits.append(Await(x.id, Evidence.STREAM_WAIT, True))
+    return d
 
 
 class NoWaitEvidence:
