@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from etweave.deps.evidence import WAIT_TOLERANCE as TOLERANCE
@@ -92,7 +93,7 @@ class _Chains:
         """Move the start of period `it`, at `pos` of its thread, keeping that thread's period starts in step (what a
         rebuild would give, without one per moved period)."""
         it.start = start
-        starts = self._starts.get(it.tid)  # type: ignore[arg-type]
+        starts = self._starts.get(_thread(it))
         if starts is not None:
             starts[pos] = start
 
@@ -110,8 +111,8 @@ class _Chains:
         if it.kind == DELAY:  # an idle period is nothing but its period
             it.dur = it.excl = it.seg_end - it.start
         self.g.add(tail)
-        order = self.ids[it.tid]  # type: ignore[index]
-        starts = self._starts.get(it.tid)  # type: ignore[arg-type]
+        order = self.ids[_thread(it)]
+        starts = self._starts.get(_thread(it))
         pos = -1
         if starts is not None:  # find the period by its start instead of scanning the chain
             pos = bisect.bisect_left(starts, it.start)
@@ -126,9 +127,9 @@ class _Chains:
 
     def last_period(self, op: Item) -> Item:
         """The last period of `op` still on its thread (an op may have been cut into periods)."""
-        order = self.ids[op.tid]  # type: ignore[index]
+        order = self.ids[_thread(op)]
         end = op.start + op.dur
-        k = bisect.bisect_left(self.starts(op.tid), end) - 1  # type: ignore[arg-type]
+        k = bisect.bisect_left(self.starts(_thread(op)), end) - 1
         while k >= 0 and (order[k] in self.removed or self.g.by_id[order[k]].start < op.start):
             k -= 1
         return self.g.by_id[order[k]] if k >= 0 and self.g.by_id[order[k]].start >= op.start else op
@@ -147,12 +148,27 @@ def _gpu_ends(g: Graph) -> tuple[list[float], list[Item]]:
     return [it.start + it.dur for it in ops], ops
 
 
-def _latest_before(ends: list[float], ops: list[Item], lo: float, hi: float, ok: object = None) -> Item | None:
+def _thread(it: Item) -> int | str:
+    """The thread of a period on a thread's chain (every one has one)."""
+    assert it.tid is not None, f"{it.name} ({it.id}) is on no thread"
+    return it.tid
+
+
+def _on_stream(stream: int | None) -> Callable[[Item], bool]:
+    return lambda o: o.stream == stream
+
+
+def _off_thread(tid: int | str) -> Callable[[Item], bool]:
+    return lambda o: o.tid != tid
+
+
+def _latest_before(ends: list[float], ops: list[Item], lo: float, hi: float,
+                   ok: Callable[[Item], bool] | None = None) -> Item | None:
     """The item with the latest end in [lo, hi] (that `ok` accepts)."""
     k = bisect.bisect_right(ends, hi)
     while k > 0 and ends[k - 1] >= lo:
         k -= 1
-        if ok is None or ok(ops[k]):  # type: ignore[operator]
+        if ok is None or ok(ops[k]):
             return ops[k]
     return None
 
@@ -233,8 +249,10 @@ def _unrecorded_event_waits(g: Graph, records: _SyncRecords) -> None:
     times = {tid: [t for t, _ in seq] for tid, seq in launches.items()}
     done: set[tuple[int, int]] = set()
     for call in calls:
-        seq = launches.get(call.tid, [])  # type: ignore[call-overload]
-        k = bisect.bisect_right(times.get(call.tid, []), call.start)  # type: ignore[call-overload]
+        if call.tid is None:  # launched nothing a thread's launches show
+            continue
+        seq = launches.get(call.tid, [])
+        k = bisect.bisect_right(times.get(call.tid, []), call.start)
         if k >= len(seq):
             continue
         waiter = seq[k][1]
@@ -295,7 +313,7 @@ def _blocking_calls(g: Graph, chains: _Chains, records: _SyncRecords) -> None:
                     awaited = None
             elif record is not None and kind == "Stream Sync" and (as_int(record.args.stream, -1) or -1) >= 0:
                 stream = as_int(record.args.stream)
-                awaited = _latest_before(ends, ops, it.start, end + TOLERANCE, lambda o, s=stream: o.stream == s)
+                awaited = _latest_before(ends, ops, it.start, end + TOLERANCE, _on_stream(stream))
             else:
                 awaited = _latest_before(ends, ops, it.start, end + TOLERANCE)
         elif it.name.startswith(_COPY_PREFIXES):
@@ -328,14 +346,14 @@ def _cross_thread_waits(g: Graph, chains: _Chains, served: _Handed, moments: dic
     for it in periods:
         if it.seg_end - it.start < MIN_WAIT:
             continue
-        x = _latest_before(ends, tops, it.start + TOLERANCE, it.seg_end, lambda o, t=it.tid: o.tid != t)
+        tid = _thread(it)
+        x = _latest_before(ends, tops, it.start + TOLERANCE, it.seg_end, _off_thread(tid))
         if x is None or it.seg_end - (x.start + x.dur) > TOLERANCE:
-            x = _latest_before(ends, tops, it.start + TOLERANCE, it.seg_end,
-                               lambda o, w=it.tid: served.holds(w, o))  # type: ignore[misc]
+            x = _latest_before(ends, tops, it.start + TOLERANCE, it.seg_end, _handed_by(served, tid))
             if x is None or it.seg_end - (x.start + x.dur) > _max_wakeup(g, it, x):
                 continue
         x_end = x.start + x.dur
-        times = moments.get(it.tid, [])  # type: ignore[call-overload]
+        times = moments.get(tid, [])
         k = bisect.bisect_right(times, it.start)
         wait_from = times[k] if k < len(times) and times[k] < x_end else it.start
         wake = chains.split(it, wait_from, WAKEUP)
@@ -346,11 +364,16 @@ def _cross_thread_waits(g: Graph, chains: _Chains, served: _Handed, moments: dic
         # buckets, all waited for at the end of backward): each gates the wake-up, whichever ends last.
         lo = bisect.bisect_left(ends, wait_from)
         for o in tops[lo:bisect.bisect_left(ends, x_end)]:
-            if o.comm is not None and served.holds(it.tid, o) and o is not x:  # type: ignore[arg-type]
+            if o.comm is not None and served.holds(tid, o) and o is not x:
                 wake.awaits.append(Await(o.id, Evidence.THREAD_WAIT, True))
         if it.kind == DELAY and wait_from == it.start:  # the idle period was all waiting: only its wake-up is left
             chains.removed.add(it.id)
     chains.reset_starts()
+
+
+def _handed_by(served: _Handed, tid: int | str) -> Callable[[Item], bool]:
+    """Whether an op ran in work thread `tid` handed over."""
+    return lambda o: served.holds(tid, o)
 
 
 def _max_wakeup(g: Graph, it: Item, x: Item) -> float:
@@ -418,7 +441,7 @@ class _Handed:
 
     def holds(self, by: int | str, op: Item) -> bool:
         """Whether `op` ran in work that thread `by` handed to op's thread."""
-        spans = self.stretches.get((by, op.tid)) if op.tid is not None else None  # type: ignore[arg-type]
+        spans = self.stretches.get((by, op.tid)) if op.tid is not None else None
         if not spans:
             return False
         k = bisect.bisect_right(spans, (op.start, math.inf)) - 1
@@ -447,7 +470,7 @@ class _HandOverEvidence:
         issued: dict[int | str, list[Item]] = defaultdict(list)
         for it in sorted((x for x in g.items if x.kind == HOST_OP and x.tid is not None and x.measured),
                          key=lambda x: (x.start, x.id)):
-            tid: int | str = it.tid  # type: ignore[assignment]
+            tid = _thread(it)
             per[tid].append(it)
             if it.name.startswith(_ISSUE_PREFIXES):
                 issued[tid].append(it)
@@ -467,7 +490,7 @@ class _HandOverEvidence:
         """Whether thread `by` handed over the work that `woken` (the first period after the idle `gap` of its
         thread) begins, and the op of `by` that handed it over where the evidence names one (it ended by then)."""
         t = woken.start
-        starts, ops = self.ops.get(woken.tid, ([], []))  # type: ignore[arg-type]
+        starts, ops = self.ops.get(woken.tid, ([], [])) if woken.tid is not None else ([], [])
         window = ops[bisect.bisect_left(starts, t):bisect.bisect_right(starts, t + max(woken.dur,
                                                                                       woken.seg_end - woken.start))]
         if any(o.comm is not None for o in window):  # the woken op and the ops inside it
@@ -711,7 +734,7 @@ def _late_start(g: Graph, it: Item, key: tuple[int, int], stream_free: float,
     if it.start - ready <= TOLERANCE:
         return None
     ends, ops = index[key[0]]
-    x = _latest_before(ends, ops, ready, it.start + TOLERANCE, lambda o, s=key[1]: (o.stream or 0) != s)
+    x = _latest_before(ends, ops, ready, it.start + TOLERANCE, lambda o: (o.stream or 0) != key[1])
     idle_from = ready
     if x is not None:
         x_end = x.start + x.dur

@@ -10,6 +10,7 @@ from etweave.model import (
     KERNEL,
     RESUME,
     RUNTIME,
+    SELF_PART,
     THREAD_ROOT,
     UNTRACED,
     WAKEUP,
@@ -17,7 +18,7 @@ from etweave.model import (
     Graph,
     Item,
 )
-from etweave.waits import resolve_waits
+from etweave.waits import _Chains, resolve_waits
 
 from .graphs import graph
 
@@ -124,3 +125,17 @@ def test_idle_time_between_ops_that_nothing_explains_is_untraced_and_before_the_
     assert (idle.kind, idle.name) == (DELAY, "[idle]")
     assert (gap.kind, gap.name, gap.dur) == (UNTRACED, "[untraced]", 30.0)
     assert g.threads[1] == [1, 2, 3, 4, 5] and len(g.items) == 5
+
+
+def test_period_chains_keep_their_starts_in_step_with_cuts_and_moves() -> None:
+    a, b = _period(2, HOST_OP, "a", 0.0, 100.0), _period(3, HOST_OP, "b", 100.0, 50.0)
+    g = graph(Item(1, THREAD_ROOT, "t1", tid=1), a, b, threads={1: [1, 2, 3]})
+    chains = _Chains(g)
+    assert chains.starts(1) == [0.0, 0.0, 100.0]
+    tail = chains.split(a, 40.0, SELF_PART)
+    assert (tail.kind, tail.start, tail.seg_end, tail.part_of, a.seg_end) == (SELF_PART, 40.0, 100.0, 2, 40.0)
+    assert chains.ids[1] == [1, 2, tail.id, 3]
+    chains.move_start(b, 3, 120.0)
+    assert b.start == 120.0
+    assert chains.starts(1) == [g.by_id[i].start for i in chains.ids[1]] == [0.0, 0.0, 40.0, 120.0]
+    assert chains.last_period(a) is tail
