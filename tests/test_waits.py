@@ -12,13 +12,14 @@ import pytest
 from conftest import PAIRS, REPO, convert_pair
 
 from etweave.convert import Result, run_pipeline
-from etweave.deps.evidence import Evidence
+from etweave.deps.evidence import MAX_WAKEUP, Evidence
+from etweave.deps.thread_wait import ISSUER_MAX_WAKEUP
 from etweave.fidelity import NO_OP_KINDS, blocked_in_gpu_syncs, critical_path, delay_share, measure, path_nodes
 from etweave.model import GPU_KINDS, HOST_OP, UNTRACED, WAKEUP, Graph, Item
 from etweave.read.host_et import read_host_et
 from etweave.read.kineto import read_kineto
 from etweave.report import LONG_DELAY
-from etweave.waits import ISSUER_MAX_WAKEUP, MAX_WAKEUP, no_wait_evidence
+from etweave.waits import no_wait_evidence
 
 EXAMPLE = REPO / "etweave" / "examples" / "gloo_w2"
 # Pairs whose critical path runs through code the profiler did not record, with nothing on another thread ending

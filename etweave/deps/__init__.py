@@ -1,5 +1,7 @@
 """Stage 5, infer dependencies. Each evidence source is a function `(Graph) -> list[Edge]`, registered in SOURCES
-under its `Evidence` member; the stage applies them in turn, then keeps each (src, dst) pair once, first source
+under its `Evidence` member (the sources read from the graph's structure in `sources.py`; each wait source in its
+own module with the finder that the waits stage runs: `sync`, `event_wait`, `stream_wait`, `thread_wait`,
+`handoff`); the stage applies them in turn, then keeps each (src, dst) pair once, first source
 wins, and drops edges that would go backwards in measured time (counted). Adding a source is adding one function,
 one `Evidence` member and its place in SOURCES."""
 
@@ -9,7 +11,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from etweave.deps import awaited, sources
+from etweave.deps import event_wait, handoff, sources, stream_wait, sync, thread_wait
 from etweave.deps.evidence import WAIT_TOLERANCE, Evidence
 from etweave.model import PROCESS_ROOT, THREAD_ROOT, Edge, Graph, Item
 
@@ -20,11 +22,11 @@ SOURCES: dict[Evidence, Source] = {
     Evidence.THREAD_ORDER: sources.thread_order,
     Evidence.LAUNCH: sources.launch,
     Evidence.STREAM_ORDER: sources.stream_order,
-    Evidence.SYNC: awaited.sync,
-    Evidence.EVENT_WAIT: awaited.event_wait,
-    Evidence.STREAM_WAIT: awaited.stream_wait,
-    Evidence.THREAD_WAIT: awaited.thread_wait,
-    Evidence.HANDOFF: awaited.handoff,
+    Evidence.SYNC: sync.sync,
+    Evidence.EVENT_WAIT: event_wait.event_wait,
+    Evidence.STREAM_WAIT: stream_wait.stream_wait,
+    Evidence.THREAD_WAIT: thread_wait.thread_wait,
+    Evidence.HANDOFF: handoff.handoff,
     Evidence.AUTOGRAD: sources.autograd,
     Evidence.TENSOR_FLOW: sources.tensor_flow,
     Evidence.COLLECTIVE_ORDER: sources.collective_order,

@@ -1,5 +1,5 @@
-"""The evidence sources read from the graph's structure: each `(Graph) -> list[Edge]`, one `Evidence` each (the
-wait sources, which read what the waits stage found, are in etweave.deps.awaited)."""
+"""The evidence sources read from the graph's structure: each `(Graph) -> list[Edge]`, one `Evidence` each (each
+wait source is in its own module, with its finder)."""
 
 from __future__ import annotations
 

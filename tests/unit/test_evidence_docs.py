@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from etweave.deps import SOURCES, awaited
+from etweave.deps import SOURCES
 from etweave.deps.evidence import Evidence
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,7 +50,8 @@ def test_output_doc_names_the_wait_finders_and_dep_evidence_names() -> None:
     m = re.search(r"wait finders included\s*\(([^)]*)\)", text)
     assert m, "docs/OUTPUT.md lists the sources of the waits stage under edges.per_source"
     listed = set(re.findall(r"`(\w+)`", m[1]))
-    found_by_waits = {e.value for e, source in SOURCES.items() if source.__module__ == awaited.__name__}
+    # each wait source has its own module, with the finder the waits stage runs
+    found_by_waits = {e.value for e, source in SOURCES.items() if source.__module__ == f"etweave.deps.{e.value}"}
     assert listed == found_by_waits
     dep_evidence = next(line for line in text.splitlines() if "attr `dep_evidence`" in line)
     assert set(re.findall(r"`(\w+)`", dep_evidence)) - {"dep_evidence", "data_deps", "convert-run"} <= {

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from etweave.chakra import et_def_pb2 as pb
-from etweave.deps import SOURCES, awaited, sources
+from etweave.deps import SOURCES, sources
 from etweave.deps.evidence import Evidence
 from etweave.model import HOST_OP, KERNEL, PROCESS_ROOT, RESUME, RUNTIME, THREAD_ROOT, Await, Comm, Edge, Item
 
@@ -75,11 +75,12 @@ def test_wait_sources_turn_each_recorded_wait_into_an_edge_of_its_evidence() -> 
     other = Item(5, KERNEL, "k", awaits=[Await(1, Evidence.EVENT_WAIT, False), Await(2, Evidence.STREAM_WAIT, True),
                                           Await(6, Evidence.HANDOFF, True)])
     g = graph(waiter, other)
-    assert awaited.sync(g) == [Edge(1, 3, Evidence.SYNC, False)]
-    assert awaited.event_wait(g) == [Edge(4, 3, Evidence.EVENT_WAIT, True), Edge(1, 5, Evidence.EVENT_WAIT, False)]
-    assert awaited.stream_wait(g) == [Edge(2, 5, Evidence.STREAM_WAIT, True)]
-    assert awaited.thread_wait(g) == [Edge(2, 3, Evidence.THREAD_WAIT, True)]
-    assert awaited.handoff(g) == [Edge(6, 5, Evidence.HANDOFF, True)]
+    assert SOURCES[Evidence.SYNC](g) == [Edge(1, 3, Evidence.SYNC, False)]
+    assert SOURCES[Evidence.EVENT_WAIT](g) == [Edge(4, 3, Evidence.EVENT_WAIT, True),
+                                              Edge(1, 5, Evidence.EVENT_WAIT, False)]
+    assert SOURCES[Evidence.STREAM_WAIT](g) == [Edge(2, 5, Evidence.STREAM_WAIT, True)]
+    assert SOURCES[Evidence.THREAD_WAIT](g) == [Edge(2, 3, Evidence.THREAD_WAIT, True)]
+    assert SOURCES[Evidence.HANDOFF](g) == [Edge(6, 5, Evidence.HANDOFF, True)]
 
 
 def test_every_registered_source_gives_edges_of_its_own_evidence() -> None:

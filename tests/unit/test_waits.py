@@ -18,7 +18,8 @@ from etweave.model import (
     Graph,
     Item,
 )
-from etweave.waits import _Chains, resolve_waits
+from etweave.periods import Chains
+from etweave.waits import resolve_waits
 
 from .graphs import graph
 
@@ -130,7 +131,7 @@ def test_idle_time_between_ops_that_nothing_explains_is_untraced_and_before_the_
 def test_period_chains_keep_their_starts_in_step_with_cuts_and_moves() -> None:
     a, b = _period(2, HOST_OP, "a", 0.0, 100.0), _period(3, HOST_OP, "b", 100.0, 50.0)
     g = graph(Item(1, THREAD_ROOT, "t1", tid=1), a, b, threads={1: [1, 2, 3]})
-    chains = _Chains(g)
+    chains = Chains(g)
     assert chains.starts(1) == [0.0, 0.0, 100.0]
     tail = chains.split(a, 40.0, SELF_PART)
     assert (tail.kind, tail.start, tail.seg_end, tail.part_of, a.seg_end) == (SELF_PART, 40.0, 100.0, 2, 40.0)
