@@ -15,7 +15,7 @@ class Chains:
         self.g = g
         self.ids: dict[int | str, list[int]] = {tid: list(order) for tid, order in g.threads.items()}
         self.removed: set[int] = set()
-        # Period starts per thread, parallel to `ids`: built on first use by executing (once every start is
+        # Period starts per thread, parallel to `ids`: built on first use (by the handoff finders, once every start is
         # final) and kept in step by split, so lookups are O(log n) instead of a rebuild per call.
         self._starts: dict[int | str, list[float]] = {}
 

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.deps import SOURCES, sources
-from etweave.deps.evidence import Evidence
-from etweave.model import HOST_OP, KERNEL, PROCESS_ROOT, RESUME, RUNTIME, THREAD_ROOT, Await, Comm, Edge, Item
+from etweave.deps.cuda_sync import SyncRecords
+from etweave.deps.evidence import MAX_WAKEUP, Evidence
+from etweave.deps.handoff import Handed, HandOverEvidence
+from etweave.deps.stream_wait import find_late_start
+from etweave.deps.sync import find_blocking_calls
+from etweave.deps.thread_wait import find_thread_waits, max_wakeup
+from etweave.model import HOST_OP, KERNEL, MEMCPY, PROCESS_ROOT, RESUME, RUNTIME, THREAD_ROOT, Await, Comm, Edge, Item
 
 from .graphs import graph, host_op
 
@@ -96,3 +101,53 @@ def test_every_registered_source_gives_edges_of_its_own_evidence() -> None:
         edges = source(g)
         assert edges, f"{evidence} finds its edge in the graph made for all of them"
         assert {e.source for e in edges} == {evidence}
+
+
+def _measured(i: int, kind: str, name: str, start: float, dur: float, tid: int | None = 1, **kw: object) -> Item:
+    it = Item(i, kind, name, start=start, dur=dur, excl=dur, seg_end=start + dur, measured=True, tid=tid)
+    for k, v in kw.items():
+        setattr(it, k, v)
+    return it
+
+
+def test_sync_finder_takes_the_gpu_op_that_ended_last_during_a_blocking_call() -> None:
+    launch = _measured(1, RUNTIME, "cudaLaunchKernel", 0.0, 2.0)
+    sync_call = _measured(2, RUNTIME, "cudaDeviceSynchronize", 10.0, 90.0)
+    early = _measured(3, KERNEL, "early", 2.0, 5.0, tid=None, launcher=1, device=0, stream=7)  # done before
+    first = _measured(4, KERNEL, "first", 12.0, 40.0, tid=None, launcher=1, device=0, stream=7)
+    last = _measured(5, KERNEL, "last", 52.0, 50.0, tid=None, launcher=1, device=0, stream=8)  # ends 2 µs late
+    copy = _measured(6, RUNTIME, "cudaMemcpy", 200.0, 20.0)
+    dma = _measured(7, MEMCPY, "Memcpy DtoH", 205.0, 30.0, tid=None, launcher=6, device=0, stream=7)
+    g = graph(launch, sync_call, early, first, last, copy, dma)
+    found = find_blocking_calls(g, SyncRecords(g))
+    assert [(c.id, o.id) for c, o in found] == [(2, 5), (6, 7)], "a copy waits for its own DMA (covered half of it)"
+
+
+def test_thread_wait_finder_waits_for_the_op_of_another_thread_that_ended_as_the_period_did() -> None:
+    waiting = _measured(1, HOST_OP, "join", 0.0, 200.0)
+    other = _measured(2, HOST_OP, "work", 50.0, 147.0, tid=2)
+    short = _measured(3, HOST_OP, "short", 0.0, 10.0, tid=3)  # under MIN_WAIT: not examined
+    (w,) = find_thread_waits(graph(waiting, other, short), set(), Handed(), {})
+    assert (w.period, w.op, w.wait_from, w.also) == (waiting, other, 0.0, [])
+    assert max_wakeup(graph(waiting, other), waiting, other) == MAX_WAKEUP, "no collective: the plain bound"
+
+
+def test_stream_wait_finder_says_what_a_late_gpu_op_waited_for() -> None:
+    call = _measured(1, RUNTIME, "cudaLaunchKernel", 0.0, 1.0)
+    a = _measured(2, KERNEL, "a", 0.5, 49.5, tid=None, device=0, stream=7)
+    b = _measured(3, KERNEL, "b", 53.0, 10.0, tid=None, launcher=1, device=0, stream=8)
+    g = graph(call, a, b)
+    ends = ([50.0, 63.0], [a, b])
+    assert find_late_start(g, a, 7, 0.0, ends) is None, "started as soon as it could"
+    late = find_late_start(g, b, 8, 0.0, ends)
+    assert late is not None
+    assert (late.launch, late.ready, late.other, late.waited, late.idle_from) == (call, 1.0, a, True, 53.0)
+
+
+def test_handoff_evidence_a_worker_reading_what_the_handing_thread_wrote() -> None:
+    issue = _measured(1, HOST_OP, "c10d::allreduce_", 0.0, 10.0, host=host_op(1, "c10d::allreduce_", writes=(9,)))
+    gap = _measured(2, "delay", "[idle]", 5.0, 15.0, tid=2)
+    work = _measured(3, HOST_OP, "gloo:all_reduce", 20.0, 30.0, tid=2, host=host_op(3, "x", reads=(9,)))
+    evidence = HandOverEvidence(graph(issue, gap, work))
+    assert evidence.shows(1, gap, work) == (True, issue), "handed over by the issuing op, which ended by then"
+    assert evidence.shows(3, gap, work) == (False, None), "thread 3 wrote nothing it reads"
