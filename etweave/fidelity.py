@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import node_attrs
+from etweave.deps.evidence import Evidence
 from etweave.model import DELAY, GPU_KINDS, UNTRACED, WAKEUP, Graph
 from etweave.stats import upper_percentile
 
@@ -196,10 +197,10 @@ def blocked_in_gpu_syncs(g: Graph) -> tuple[float, float]:
         spans.sort()
     blocked = while_busy = 0.0
     for it in g.items:
-        for src, how, _ in it.awaits:
-            if how != "sync" or it.part_of is None:
+        for a in it.awaits:
+            if a.evidence is not Evidence.SYNC or it.part_of is None:
                 continue
-            awaited, call = g.by_id[src], g.by_id[it.part_of]
+            awaited, call = g.by_id[a.item], g.by_id[it.part_of]
             lo, hi = call.start, min(awaited.start + awaited.dur, call.start + call.dur)
             blocked += max(0.0, hi - lo)
             cur = lo

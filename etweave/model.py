@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from etweave.read.host_et import HostOp
 from etweave.read.kineto import Event
+
+if TYPE_CHECKING:  # annotations only: etweave.deps imports this module
+    from etweave.deps.evidence import Evidence
 
 # Item kinds. A kind decides the node type and attrs when nodes are built.
 PROCESS_ROOT, THREAD_ROOT, HOST_OP, RUNTIME = "process_root", "thread_root", "host_op", "runtime"
@@ -56,14 +60,24 @@ class Item:
     comm: Comm | None = None
     pos: int = 0  # place in its thread's or stream's chain: breaks ties between equal start times
     part_of: int | None = None  # SELF_PART / RESUME / WAKEUP / DELAY: the op (or thread) this period belongs to
-    awaits: list[tuple[int, str, bool]] = field(default_factory=list)  # (item waited for, evidence, inferred)
+    awaits: list[Await] = field(default_factory=list)  # what the waits stage found this item waited for
+
+
+@dataclass(slots=True, frozen=True)
+class Await:
+    """One wait the waits stage found: the item waited for, on which evidence. The wait sources in etweave.deps
+    turn each into an edge to the waiting item."""
+
+    item: int  # the item waited for
+    evidence: Evidence
+    inferred: bool  # True when the evidence is indirect (timing, partial records)
 
 
 @dataclass(slots=True, frozen=True)
 class Edge:
     src: int
     dst: int
-    source: str  # the evidence source (function) that produced it
+    source: Evidence  # the evidence source that produced it
     inferred: bool = False  # True when the evidence is indirect (timing, partial records)
 
 

@@ -101,7 +101,7 @@ def build_nodes(g: Graph, deps: Dependencies, roofline: Roofline | None = None) 
             node.attr.append(_attr("num_ops", int64_val=num_ops))
             node.attr.append(_attr("tensor_size", uint64_val=tensor_size))
         if preds:  # why each data_dep is there: its evidence source, in data_deps order (docs/OUTPUT.md)
-            node.attr.append(_evidence_attr(tuple(e.source for e in preds)))
+            node.attr.append(_evidence_attr(tuple(e.source.value for e in preds)))
         yield node
 
 

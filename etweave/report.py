@@ -10,7 +10,8 @@ from typing import Any
 
 from etweave.collectives import CollectiveStats
 from etweave.conversion import Conversion, need
-from etweave.deps import Dependencies
+from etweave.deps import Dependencies, by_name
+from etweave.deps.evidence import Evidence
 from etweave.fidelity import PathNode, delay_share
 from etweave.link import DeviceSelection, HostLink, LeftOut
 from etweave.model import DELAY, GPU_KINDS, HOST_OP, RUNTIME, THREAD_ROOT, UNTRACED, WAKEUP, Graph
@@ -265,8 +266,7 @@ def build_report(c: Conversion) -> Report:
         warnings=_warnings(c, g, deps, stats, rep),
         orphans=Orphans(len(rep.orphan_parent), [
             MissingParentEntry(m.id, m.thread, len(m.orphans), m.nodes_below, m.collectives) for m in rep.missing]),
-        edges=EdgeCounts(sum(deps.per_source.values()), dict(sorted(deps.per_source.items())),
-                         dict(sorted(deps.inferred.items()))),
+        edges=EdgeCounts(sum(deps.per_source.values()), by_name(deps.per_source), by_name(deps.inferred)),
         nodes=len(g.items),
         roofline=_roofline(g, c.roofline),
         delays=delays(g, deps),
@@ -385,7 +385,7 @@ def collectives_without_dependents(g: Graph, deps: Dependencies) -> list[Collect
     for target, edges in deps.preds.items():
         dst = g.by_id[target]
         for e in edges:
-            if e.source in ("thread_order", "collective_order"):
+            if e.source in (Evidence.THREAD_ORDER, Evidence.COLLECTIVE_ORDER):
                 continue
             src = g.by_id[e.src]
             if (src.tid, src.device, src.stream) != (dst.tid, dst.device, dst.stream):

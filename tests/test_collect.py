@@ -27,6 +27,7 @@ from etweave.chakra.io import node_attrs, read_et
 from etweave.cli import main as etweave_main
 from etweave.commands import COMMANDS
 from etweave.convert import run_pipeline
+from etweave.deps.evidence import Evidence
 from etweave.fidelity import measure
 from etweave.read.host_et import read_host_et
 from etweave.read.kineto import read_kineto
@@ -330,12 +331,13 @@ def test_main_thread_waits_for_the_helper_it_joins(tmp_path: Path) -> None:
     for h in helpers:
         chain = [g.by_id[i] for i in g.threads[h.tid]]
         upto = chain[:chain.index(h) + 1]
-        handed = [g.by_id[e.src] for it in upto for e in preds.get(it.id, ()) if e.source == "handoff"]
+        handed = [g.by_id[e.src] for it in upto for e in preds.get(it.id, ()) if e.source is Evidence.HANDOFF]
         assert any(src.tid == main for src in handed), "the helper's work follows the main thread's hand-over"
         end = h.start + h.dur
         woken = [it for it in g.items if it.kind == "wakeup" and it.tid == main
-                 and any(e.source == "thread_wait" and g.by_id[e.src].tid == h.tid and g.by_id[e.src].start >= h.start
-                         and g.by_id[e.src].seg_end >= end - 1 for e in preds.get(it.id, ()))]
+                 and any(e.source is Evidence.THREAD_WAIT and g.by_id[e.src].tid == h.tid
+                         and g.by_id[e.src].start >= h.start and g.by_id[e.src].seg_end >= end - 1
+                         for e in preds.get(it.id, ()))]
         assert len(woken) == 1, "the main thread's join ends in a wake-up after the helper's work"
     assert abs(measure(result.nodes).critical_path_error) <= 2.0
 

@@ -10,7 +10,7 @@ from conftest import PAIRS, convert_pair, load_gz, write_gz
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import node_attrs
 from etweave.convert import Result, run_pipeline
-from etweave.deps import WAIT_SOURCES
+from etweave.deps.evidence import Evidence
 from etweave.fidelity import asap, measure
 from etweave.read.host_et import read_host_et
 from etweave.read.kineto import read_kineto
@@ -51,7 +51,7 @@ def test_edges_forward_in_time_and_linear_in_count(traces: Path, rel: str) -> No
         for e in edges:
             src = g.by_id[e.src]
             assert src.start <= dst.start, f"{e} goes backwards in measured time"
-            if e.source in WAIT_SOURCES:
+            if e.source.waits:
                 late += src.start + src.dur > dst.start + 5.0
     assert late == sum(result.deps.late.values()) == (1 if rel == "gpu/resnet" else 0)
     assert result.report["edges"]["total"] <= 2 * len(result.nodes)
@@ -67,7 +67,7 @@ def test_sync_waits_are_edges_not_durations(traces: Path) -> None:
     for it in syncs:
         assert it.seg_end == it.start, "the blocking call keeps no waiting time"
     resumed = [it for it in result.graph.items if it.kind == "resume" and it.awaits]
-    assert any(src for it in resumed for src, how, _ in it.awaits if how == "sync")
+    assert any(a.item for it in resumed for a in it.awaits if a.evidence is Evidence.SYNC)
     longest = max(node_attrs(n).get("measured_duration_micros", 0) or n.duration_micros for n in result.nodes
                   if n.name.startswith("cudaStreamSynchronize"))
     assert longest < 100, "no node carries the ~2 ms the call spent waiting"

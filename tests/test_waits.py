@@ -12,12 +12,14 @@ import pytest
 from conftest import PAIRS, REPO, convert_pair
 
 from etweave.convert import Result, run_pipeline
+from etweave.deps.evidence import MAX_WAKEUP, Evidence
+from etweave.deps.thread_wait import ISSUER_MAX_WAKEUP
 from etweave.fidelity import NO_OP_KINDS, blocked_in_gpu_syncs, critical_path, delay_share, measure, path_nodes
 from etweave.model import GPU_KINDS, HOST_OP, UNTRACED, WAKEUP, Graph, Item
 from etweave.read.host_et import read_host_et
 from etweave.read.kineto import read_kineto
 from etweave.report import LONG_DELAY
-from etweave.waits import ISSUER_MAX_WAKEUP, MAX_WAKEUP, no_wait_evidence
+from etweave.waits import no_wait_evidence
 
 EXAMPLE = REPO / "etweave" / "examples" / "gloo_w2"
 # Pairs whose critical path runs through code the profiler did not record, with nothing on another thread ending
@@ -61,9 +63,9 @@ def test_delay_share_of_bundled_example(rank: int) -> None:
     assert abs(measure(result.nodes).critical_path_error) <= 2.0
 
 
-def _wait_edges(result: Result, it: Item) -> list[tuple[Item, str]]:
+def _wait_edges(result: Result, it: Item) -> list[tuple[Item, Evidence]]:
     return [(result.graph.by_id[e.src], e.source) for e in result.deps.preds.get(it.id, ())
-            if e.source in ("thread_wait", "handoff")]
+            if e.source in (Evidence.THREAD_WAIT, Evidence.HANDOFF)]
 
 
 @pytest.mark.parametrize("rel", PAIRS)
@@ -74,7 +76,7 @@ def test_wakeups_follow_the_edge_they_wake_up_from(traces: Path, rel: str) -> No
             continue
         waits = _wait_edges(result, it)
         assert waits, f"{it.name} {it.id} wakes up after nothing"
-        assert len(waits) == 1 or all(how == "thread_wait" for _, how in waits), waits
+        assert len(waits) == 1 or all(how is Evidence.THREAD_WAIT for _, how in waits), waits
         for src, _ in waits:
             assert src.tid != it.tid, "a thread wakes up after another thread's op"
             assert src.seg_end <= it.start + 0.5, "the wake-up starts once what it waited for is done"

@@ -1,51 +1,59 @@
-"""Stage 5, infer dependencies. Each evidence source is a function `(Graph) -> list[Edge]` in SOURCES; the stage
-applies them in turn, then keeps each (src, dst) pair once, first source wins, and drops edges that would go
-backwards in measured time (counted). Adding a source is adding one function to SOURCES."""
+"""Stage 5, infer dependencies. Each evidence source is a function `(Graph) -> list[Edge]`, registered in SOURCES
+under its `Evidence` member (the sources read from the graph's structure in `sources.py`; each wait source in its
+own module with the finder that the waits stage runs: `sync`, `event_wait`, `stream_wait`, `thread_wait`,
+`handoff`); the stage applies them in turn, then keeps each (src, dst) pair once, first source
+wins, and drops edges that would go backwards in measured time (counted). Adding a source is adding one function,
+one `Evidence` member and its place in SOURCES."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from etweave.deps.sources import (
-    autograd,
-    collective_order,
-    event_wait,
-    handoff,
-    launch,
-    stream_order,
-    stream_wait,
-    sync,
-    tensor_flow,
-    thread_order,
-    thread_wait,
-)
+from etweave.deps import event_wait, handoff, sources, stream_wait, sync, thread_wait
+from etweave.deps.evidence import WAIT_TOLERANCE, Evidence
 from etweave.model import PROCESS_ROOT, THREAD_ROOT, Edge, Graph, Item
-from etweave.waits import TOLERANCE as WAIT_TOLERANCE
 
 Source = Callable[[Graph], list[Edge]]
 
-SOURCES: list[Source] = [thread_order, launch, stream_order, sync, event_wait, stream_wait, thread_wait, handoff,
-                         autograd, tensor_flow, collective_order]
+# The per-rank evidence sources in the order they are applied (the first source of an edge is the one kept).
+SOURCES: dict[Evidence, Source] = {
+    Evidence.THREAD_ORDER: sources.thread_order,
+    Evidence.LAUNCH: sources.launch,
+    Evidence.STREAM_ORDER: sources.stream_order,
+    Evidence.SYNC: sync.sync,
+    Evidence.EVENT_WAIT: event_wait.event_wait,
+    Evidence.STREAM_WAIT: stream_wait.stream_wait,
+    Evidence.THREAD_WAIT: thread_wait.thread_wait,
+    Evidence.HANDOFF: handoff.handoff,
+    Evidence.AUTOGRAD: sources.autograd,
+    Evidence.TENSOR_FLOW: sources.tensor_flow,
+    Evidence.COLLECTIVE_ORDER: sources.collective_order,
+}
 
 
 @dataclass(slots=True)
 class Dependencies:
     preds: dict[int, list[Edge]]  # target id -> its incoming edges, in source order
-    per_source: Counter[str] = field(default_factory=Counter)
-    inferred: Counter[str] = field(default_factory=Counter)
-    rejected: Counter[str] = field(default_factory=Counter)  # evidence that contradicts the timeline
-    late: Counter[str] = field(default_factory=Counter)  # wait edges whose source ended after its target began
+    per_source: Counter[Evidence] = field(default_factory=Counter)
+    inferred: Counter[Evidence] = field(default_factory=Counter)
+    rejected: Counter[Evidence] = field(default_factory=Counter)  # evidence that contradicts the timeline
+    late: Counter[Evidence] = field(default_factory=Counter)  # wait edges whose source ended after its target began
 
 
-def infer(g: Graph, sources: list[Source] | None = None) -> Dependencies:
+def by_name(counts: Counter[Evidence]) -> dict[str, int]:
+    """Counts per evidence as the report writes them: keyed by name, in name order."""
+    return {e.value: n for e, n in sorted(counts.items())}
+
+
+def infer(g: Graph, applied: Iterable[Source] | None = None) -> Dependencies:
     for chain in (*g.threads.values(), *g.streams.values()):
         for pos, i in enumerate(chain):
             g.by_id[i].pos = pos
     deps = Dependencies(preds={})
     seen: set[tuple[int, int]] = set()
-    for source in sources or SOURCES:
+    for source in SOURCES.values() if applied is None else applied:
         for e in source(g):
             if e.src == e.dst or (e.src, e.dst) in seen:
                 continue
@@ -53,17 +61,13 @@ def infer(g: Graph, sources: list[Source] | None = None) -> Dependencies:
                 deps.rejected[e.source] += 1
                 continue
             seen.add((e.src, e.dst))
-            if e.source in WAIT_SOURCES and _ends_late(g, e):
+            if e.source.waits and _ends_late(g, e):
                 deps.late[e.source] += 1
             deps.preds.setdefault(e.dst, []).append(e)
             deps.per_source[e.source] += 1
             if e.inferred:
                 deps.inferred[e.source] += 1
     return deps
-
-
-# Sources whose edges say "the target waited for the source to end": those ended before the target started.
-WAIT_SOURCES = frozenset({"stream_order", "sync", "event_wait", "stream_wait", "thread_wait"})
 
 
 def _ends_late(g: Graph, e: Edge) -> bool:

@@ -1,4 +1,5 @@
-"""Evidence sources: each `(Graph) -> list[Edge]`, one kind of evidence each."""
+"""The evidence sources read from the graph's structure: each `(Graph) -> list[Edge]`, one `Evidence` each (each
+wait source is in its own module, with its finder)."""
 
 from __future__ import annotations
 
@@ -6,66 +7,36 @@ import itertools
 from collections import defaultdict
 
 from etweave.chakra import et_def_pb2 as pb
+from etweave.deps.awaited import awaited
+from etweave.deps.evidence import WAIT_TOLERANCE, Evidence
 from etweave.model import HOST_OP, PROCESS_ROOT, THREAD_ROOT, Edge, Graph, Item
 from etweave.read.host_et import tensors
-from etweave.waits import TOLERANCE as WAIT_TOLERANCE
 
 
 def thread_order(g: Graph) -> list[Edge]:
     """Ops on one CPU thread run one after another in measured order; each thread root follows the process root."""
     edges: list[Edge] = []
     for order in g.threads.values():
-        edges.extend(Edge(a, b, "thread_order") for a, b in itertools.pairwise(order))
+        edges.extend(Edge(a, b, Evidence.THREAD_ORDER) for a, b in itertools.pairwise(order))
     root = next((it.id for it in g.items if it.kind == PROCESS_ROOT), None)
     if root is not None:
-        edges.extend(Edge(root, it.id, "thread_order") for it in g.items if it.kind == THREAD_ROOT)
+        edges.extend(Edge(root, it.id, Evidence.THREAD_ORDER) for it in g.items if it.kind == THREAD_ROOT)
     return edges
 
 
 def launch(g: Graph) -> list[Edge]:
     """A runtime launch call -> the GPU event it launched (Kineto correlation), and -> the idle time on the stream
     before that event (it began once the launch was done)."""
-    return [Edge(it.launcher, it.id, "launch") for it in g.items if it.launcher is not None] + _awaited(g, "launch")
+    return [Edge(it.launcher, it.id, Evidence.LAUNCH) for it in g.items if it.launcher is not None] + awaited(
+        g, Evidence.LAUNCH)
 
 
 def stream_order(g: Graph) -> list[Edge]:
     """Events on one (device, stream) run in measured order."""
     edges: list[Edge] = []
     for order in g.streams.values():
-        edges.extend(Edge(a, b, "stream_order") for a, b in itertools.pairwise(order))
+        edges.extend(Edge(a, b, Evidence.STREAM_ORDER) for a, b in itertools.pairwise(order))
     return edges
-
-
-def _awaited(g: Graph, evidence: str) -> list[Edge]:
-    """The waits of one kind of evidence that etweave.waits found and recorded on the waiting items."""
-    return [Edge(src, it.id, how, inferred) for it in g.items for src, how, inferred in it.awaits if how == evidence]
-
-
-def sync(g: Graph) -> list[Edge]:
-    """A blocking CUDA call (stream/device/event sync, synchronous copy) resumed after the GPU op it waited for."""
-    return _awaited(g, "sync")
-
-
-def event_wait(g: Graph) -> list[Edge]:
-    """cudaStreamWaitEvent: the first op on the waiting stream after the op the event was recorded after (recorded
-    by a `Stream Wait Event` record; inferred from the launch order where there is none)."""
-    return _awaited(g, "event_wait")
-
-
-def stream_wait(g: Graph) -> list[Edge]:
-    """A GPU op that started later than its stream and launch allowed, after another stream's op (inferred)."""
-    return _awaited(g, "stream_wait")
-
-
-def thread_wait(g: Graph) -> list[Edge]:
-    """A thread's wake-up after the op of another thread it waited for: a collective its gloo worker ran, the
-    backward pass on the autograd engine thread, a helper thread it joined (inferred)."""
-    return _awaited(g, "thread_wait")
-
-
-def handoff(g: Graph) -> list[Edge]:
-    """A worker thread's first op (or wake-up) after the op of the thread that handed it work (inferred)."""
-    return _awaited(g, "handoff")
 
 
 def autograd(g: Graph) -> list[Edge]:
@@ -79,7 +50,7 @@ def autograd(g: Graph) -> list[Edge]:
         ops = sorted(by_seq[seq], key=lambda it: (it.start, it.id))
         fwd = ops[0]
         ids = {it.id for it in ops}
-        edges.extend(Edge(fwd.id, it.id, "autograd") for it in ops[1:]
+        edges.extend(Edge(fwd.id, it.id, Evidence.AUTOGRAD) for it in ops[1:]
                      if it.tid != fwd.tid and it.enclosing not in ids)
     return edges
 
@@ -99,7 +70,7 @@ def tensor_flow(g: Graph) -> list[Edge]:
         for _, tensor, storage, _, _ in tensors(h.inputs.values, h.inputs.types):
             w = writer.get((tensor, storage))
             if w is not None and w.tid != it.tid:
-                edges.append(Edge(w.id, it.id, "tensor_flow"))
+                edges.append(Edge(w.id, it.id, Evidence.TENSOR_FLOW))
         for _, tensor, storage, _, _ in tensors(h.outputs.values, h.outputs.types):
             writer[(tensor, storage)] = it
     return edges
@@ -117,6 +88,6 @@ def collective_order(g: Graph) -> list[Edge]:
                                                  it.start, it.id))
         # An edge says "b starts after a is done": collectives that overlapped (gloo runs one group's work on
         # several worker threads) were ordered at issue, on the issuing thread, not at completion.
-        edges.extend(Edge(a.id, b.id, "collective_order") for a, b in itertools.pairwise(ops)
+        edges.extend(Edge(a.id, b.id, Evidence.COLLECTIVE_ORDER) for a, b in itertools.pairwise(ops)
                      if a.start + a.dur <= b.start + WAIT_TOLERANCE)
     return edges

@@ -14,6 +14,7 @@ from etweave.chakra.accepts import COMM_NODE_TYPES, comm_type_name
 from etweave.chakra.io import attr_value, parse, serialize
 from etweave.check import Violation, check_nodes, check_run
 from etweave.collectives import classify
+from etweave.deps.evidence import Evidence
 from etweave.errors import BadInput, CheckFailed
 from etweave.fidelity import RANK_START_OFFSET
 from etweave.matching import collective_instances
@@ -542,13 +543,14 @@ def _add_start_offset(nodes: list[pb.Node], start: int, run_t0: int) -> int:
     delay.attr.add(name="is_cpu_op", bool_val=True)
     delay.attr.add(name="num_ops", int64_val=0)  # every COMP_NODE has both (FORMATS.md 3b.3)
     delay.attr.add(name="tensor_size", uint64_val=0)
-    delay.attr.add(name=DEP_EVIDENCE).string_list.values.extend(["rank_start_offset"] * len(delay.data_deps))
+    evidence = [Evidence.RANK_START_OFFSET.value] * len(delay.data_deps)
+    delay.attr.add(name=DEP_EVIDENCE).string_list.values.extend(evidence)
     for n in nodes:
         # sources of the rank, and its thread roots (everything on a thread follows its root)
         if (n.id not in markers and set(n.data_deps) <= roots and not n.ctrl_deps) or (
                 n.id in markers and n.id not in roots and set(n.data_deps) <= roots):
             n.data_deps.append(delay.id)
-            _add_evidence(n, "rank_start_offset")
+            _add_evidence(n, Evidence.RANK_START_OFFSET.value)
     nodes.append(delay)
     return offset
 

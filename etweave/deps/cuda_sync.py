@@ -1,0 +1,55 @@
+"""Kineto's `cuda_sync` records, indexed for the wait finders (`sync`, `event_wait`)."""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+
+from etweave.model import GPU_KINDS, RUNTIME, Graph, Item
+from etweave.read.kineto import Event, as_int
+
+
+class SyncRecords:
+    """Kineto `cuda_sync` events (when the profiler recorded them): which stream a sync call waited on, and which
+    GPU op a recorded CUDA event stands for (the last op enqueued on its stream before cudaEventRecord)."""
+
+    def __init__(self, g: Graph) -> None:
+        self.by_call: dict[int, Event] = {}  # runtime call correlation -> its cuda_sync event
+        self.runtime: dict[int, Item] = {}  # correlation -> runtime item
+        for it in g.items:
+            if it.kind == RUNTIME and it.event is not None:
+                corr = as_int(it.event.args.correlation)
+                if corr is not None:
+                    self.runtime[corr] = it
+        for ev in g.sync_events:
+            corr = as_int(ev.args.correlation)
+            if corr is not None:
+                self.by_call[corr] = ev
+        # per (device, stream): GPU ops in launch order, with their launch times
+        self.launched: dict[tuple[int, int], tuple[list[float], list[Item]]] = {}
+        per: dict[tuple[int, int], list[tuple[float, Item]]] = defaultdict(list)
+        for it in g.items:
+            if it.kind in GPU_KINDS and it.launcher is not None:
+                per[(it.device or 0, it.stream or 0)].append((g.by_id[it.launcher].start, it))
+        for key, pairs in per.items():
+            pairs.sort(key=lambda p: (p[0], p[1].id))
+            self.launched[key] = ([t for t, _ in pairs], [it for _, it in pairs])
+
+    def of(self, call: Item) -> Event | None:
+        corr = as_int(call.event.args.correlation) if call.event is not None else None
+        return self.by_call.get(corr) if corr is not None else None
+
+    def recorded_op(self, ev: Event) -> Item | None:
+        """The GPU op a waited-on CUDA event stands for."""
+        record = self.runtime.get(as_int(ev.args.wait_on_event_corr, -1) or -1)
+        stream = as_int(ev.args.wait_on_stream, -1)
+        if record is None or stream is None or stream < 0:
+            return None
+        times, ops = self.launched.get((as_int(ev.args.device, 0) or 0, stream), ([], []))
+        k = bisect.bisect_right(times, record.start)
+        return ops[k - 1] if k else None
+
+    def first_launched_after(self, device: int, stream: int, t: float) -> Item | None:
+        times, ops = self.launched.get((device, stream), ([], []))
+        k = bisect.bisect_left(times, t)
+        return ops[k] if k < len(ops) else None

@@ -1,0 +1,93 @@
+"""Evidence `event_wait`: cudaStreamWaitEvent. The finders record on the first op of the waiting stream the op the
+event was recorded after (run by the waits stage, whose stream waits build on them); the source gives their edges."""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+
+from etweave.deps.awaited import awaited
+from etweave.deps.cuda_sync import SyncRecords
+from etweave.deps.evidence import WAIT_TOLERANCE as TOLERANCE
+from etweave.deps.evidence import Evidence
+from etweave.model import GPU_KINDS, RUNTIME, Await, Edge, Graph, Item
+from etweave.read.kineto import as_int
+
+
+def event_wait(g: Graph) -> list[Edge]:
+    """cudaStreamWaitEvent: the first op on the waiting stream after the op the event was recorded after (recorded
+    by a `Stream Wait Event` record; inferred from the launch order where there is none)."""
+    return awaited(g, Evidence.EVENT_WAIT)
+
+
+def recorded_event_waits(g: Graph, records: SyncRecords) -> None:
+    """cudaStreamWaitEvent with its `Stream Wait Event` record: the first op enqueued on the waiting stream after
+    the call waits for the op the event was recorded after (recorded evidence)."""
+    for ev in g.sync_events:
+        if ev.args.sync_kind != "Stream Wait Event":
+            continue
+        awaited = records.recorded_op(ev)
+        stream = as_int(ev.args.stream, -1)
+        call = records.runtime.get(as_int(ev.args.correlation, -1) or -1)
+        if awaited is None or call is None or stream is None or stream < 0:
+            continue
+        waiter = records.first_launched_after(as_int(ev.args.device, 0) or 0, stream, call.start)
+        if waiter is not None and waiter is not awaited and awaited.start <= waiter.start:
+            waiter.awaits.append(Await(awaited.id, Evidence.EVENT_WAIT, False))
+
+
+def unrecorded_event_waits(g: Graph, records: SyncRecords) -> None:
+    """cudaStreamWaitEvent with no `Stream Wait Event` record (most traces): the stream of the next GPU op the
+    calling thread launches waits for the event, which was recorded after the last op enqueued on another stream
+    before the call (`work.wait()` after a NCCL collective: the compute stream waits for the collective's kernel;
+    before one: the NCCL stream waits for its input). Inferred, and kept only where the timeline agrees (the awaited
+    op ended before the waiting op started)."""
+    calls = sorted((it for it in g.items if it.kind == RUNTIME and it.name.endswith("StreamWaitEvent")
+                    and records.of(it) is None), key=lambda it: (it.start, it.id))
+    if not calls:
+        return
+    launches = _launches_by_thread(g)
+    times = {tid: [t for t, _ in seq] for tid, seq in launches.items()}
+    done: set[tuple[int, int]] = set()
+    for call in calls:
+        if call.tid is None:  # launched nothing a thread's launches show
+            continue
+        seq = launches.get(call.tid, [])
+        k = bisect.bisect_right(times.get(call.tid, []), call.start)
+        if k >= len(seq):
+            continue
+        waiter = seq[k][1]
+        awaited = _event_recorded_after(seq, k, waiter)
+        if awaited is None or (awaited.id, waiter.id) in done:
+            continue
+        if awaited.start + awaited.dur <= waiter.start + TOLERANCE and awaited.start < waiter.start:
+            waiter.awaits.append(Await(awaited.id, Evidence.EVENT_WAIT, True))
+            done.add((awaited.id, waiter.id))
+
+
+def _launches_by_thread(g: Graph) -> dict[int | str, list[tuple[float, Item]]]:
+    """thread -> (launch time, GPU op) of every GPU op its runtime calls launched, in launch order."""
+    launches: dict[int | str, list[tuple[float, Item]]] = defaultdict(list)
+    for it in g.items:
+        if it.kind in GPU_KINDS and it.launcher is not None:
+            call = g.by_id[it.launcher]
+            if call.tid is not None:
+                launches[call.tid].append((call.start, it))
+    for seq in launches.values():
+        seq.sort(key=lambda p: (p[0], p[1].id))
+    return launches
+
+
+def _event_recorded_after(seq: list[tuple[float, Item]], k: int, waiter: Item) -> Item | None:
+    """The op an unrecorded event waited on by `waiter` (the k-th launch of its thread) stands for: the last op
+    launched before it on another stream of its device. Earlier launches are walked back, not copied: one call is
+    O(its reach)."""
+    earlier = (seq[j][1] for j in range(k - 1, -1, -1))
+    awaited = next((op for op in earlier if op.stream != waiter.stream and op.device == waiter.device), None)
+    if awaited is not None and awaited.start + awaited.dur > waiter.start + TOLERANCE:
+        # The waiter started before that op ended: the event was recorded before it was enqueued, after an
+        # earlier op of the same stream (back-to-back NCCL kernels, then work.wait() for the first).
+        awaited = next((seq[j][1] for j in range(k - 1, -1, -1) if seq[j][1].stream == awaited.stream
+                        and seq[j][1].device == waiter.device
+                        and seq[j][1].start + seq[j][1].dur <= waiter.start + TOLERANCE), None)
+    return awaited

@@ -1,0 +1,195 @@
+"""Evidence `handoff`: a worker thread's first op (or wake-up) after idle follows the op of the thread that handed it
+work (inferred). The finders say which thread handed which work, when (run by the waits stage, which cuts the
+periods where work was handed over); the source gives the edges."""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import defaultdict
+
+from etweave.deps.awaited import awaited
+from etweave.deps.evidence import MAX_WAKEUP, Evidence
+from etweave.model import DELAY, HOST_OP, RESUME, RUNTIME, SELF_PART, THREAD_ROOT, Edge, Graph, Item
+from etweave.periods import Chains, thread_of
+from etweave.read.host_et import tensors
+
+
+def handoff(g: Graph) -> list[Edge]:
+    """A worker thread's first op (or wake-up) after the op of the thread that handed it work (inferred)."""
+    return awaited(g, Evidence.HANDOFF)
+
+
+class Handed:
+    """The work each thread handed to other threads: per (handing thread, worker thread), the worker's stretches of
+    that work (from the op it was handed to its next hand-over; a thread merely started, to its first idle time),
+    so a wait is only ever for work the waiter handed over."""
+
+    def __init__(self) -> None:
+        self.stretches: dict[tuple[int | str, int | str], list[tuple[float, float]]] = defaultdict(list)
+
+    def add(self, by: int | str, worker: int | str, lo: float, hi: float) -> None:
+        self.stretches[(by, worker)].append((lo, hi))
+
+    def sort(self) -> None:
+        for spans in self.stretches.values():
+            spans.sort()
+
+    def holds(self, by: int | str, op: Item) -> bool:
+        """Whether `op` ran in work that thread `by` handed to op's thread."""
+        spans = self.stretches.get((by, op.tid)) if op.tid is not None else None
+        if not spans:
+            return False
+        k = bisect.bisect_right(spans, (op.start, math.inf)) - 1
+        return k >= 0 and spans[k][0] <= op.start < spans[k][1]
+
+
+# Ops that hand work to another thread of the process: issuing a collective that a gloo worker runs.
+ISSUE_PREFIXES = ("c10d::",)
+
+
+class HandOverEvidence:
+    """What says that a thread handed the work a woken thread then ran, beyond the timing (a thread that wakes up on
+    its own, a periodic background thread, is handed nothing): the handing thread issued a collective since the
+    worker went idle and the worker runs a collective; the worker runs backward functions of ops the handing thread
+    ran forward (autograd sequence ids); or the worker's op reads a tensor the handing thread wrote (a collective
+    queued while the worker was still busy with the previous one: the issuing op wrote its tensor)."""
+
+    def __init__(self, g: Graph) -> None:
+        self.issued: dict[int | str, tuple[list[float], list[Item]]] = {}  # thread -> its collective issues
+        self.ops: dict[int | str, tuple[list[float], list[Item]]] = {}  # thread -> its host ops by start
+        self.forward_tid: dict[int, int | str] = {}  # autograd sequence id -> the thread of its forward op
+        # (tensor, storage, thread) -> the starts of that thread's ops that wrote the tensor, and the ops, in
+        # (start, id) order: the latest writer by a time is one bisection, not a scan of every writer
+        self.writers: dict[tuple[int, int, int | str], tuple[list[float], list[Item]]] = {}
+        per: dict[int | str, list[Item]] = defaultdict(list)
+        issued: dict[int | str, list[Item]] = defaultdict(list)
+        for it in sorted((x for x in g.items if x.kind == HOST_OP and x.tid is not None and x.measured),
+                         key=lambda x: (x.start, x.id)):
+            tid = thread_of(it)
+            per[tid].append(it)
+            if it.name.startswith(ISSUE_PREFIXES):
+                issued[tid].append(it)
+            h = it.host
+            if h is None:
+                continue
+            if h.seq_id >= 0:
+                self.forward_tid.setdefault(h.seq_id, tid)
+            for _, tensor, storage, _, _ in tensors(h.outputs.values, h.outputs.types):
+                w_starts, w_ops = self.writers.setdefault((tensor, storage, tid), ([], []))
+                w_starts.append(it.start)
+                w_ops.append(it)
+        self.ops = {tid: ([x.start for x in ops], ops) for tid, ops in per.items()}
+        self.issued = {tid: ([x.start for x in ops], ops) for tid, ops in issued.items()}
+
+    def shows(self, by: int | str, gap: Item, woken: Item) -> tuple[bool, Item | None]:
+        """Whether thread `by` handed over the work that `woken` (the first period after the idle `gap` of its
+        thread) begins, and the op of `by` that handed it over where the evidence names one (it ended by then)."""
+        t = woken.start
+        starts, ops = self.ops.get(woken.tid, ([], [])) if woken.tid is not None else ([], [])
+        window = ops[bisect.bisect_left(starts, t):bisect.bisect_right(starts, t + max(woken.dur,
+                                                                                      woken.seg_end - woken.start))]
+        if any(o.comm is not None for o in window):  # the woken op and the ops inside it
+            i_starts, i_ops = self.issued.get(by, ([], []))
+            k = bisect.bisect_right(i_starts, t) - 1
+            if k >= 0 and i_starts[k] >= gap.start:  # a collective issued by `by` while the worker was idle
+                op = i_ops[k]
+                return True, op if op.start + op.dur <= t else None
+        for o in window:
+            h = o.host
+            if h is None:
+                continue
+            if h.seq_id >= 0 and self.forward_tid.get(h.seq_id) == by and o.tid != by:
+                return True, None  # the backward of an op `by` ran forward: `by` called backward()
+            for _, tensor, storage, _, _ in tensors(h.inputs.values, h.inputs.types):
+                wrote = self.writers.get((tensor, storage, by))
+                k = bisect.bisect_right(wrote[0], t) if wrote is not None else 0
+                if wrote is not None and k:  # reads what `by` wrote: handed over as data
+                    w = wrote[1][k - 1]  # the latest writer by then; an issuing op names the hand-over
+                    return True, w if w.start + w.dur <= t and w.name.startswith(ISSUE_PREFIXES) else None
+        return False, None
+
+
+def main_thread(g: Graph, chains: Chains) -> int | str | None:
+    """The thread that began working first (of the longest chain on a tie); None with fewer than two threads that
+    worked: nothing was handed over."""
+    firsts = {tid: next((g.by_id[i].start for i in order if g.by_id[i].kind not in (THREAD_ROOT, DELAY)), None)
+              for tid, order in chains.ids.items()}
+    timed = {t: s for t, s in firsts.items() if s is not None}
+    if len(timed) < 2:
+        return None
+    return min(timed, key=lambda t: (timed[t], -len(chains.ids[t]), str(t)))
+
+
+def hand_over(g: Graph, chains: Chains, evidence: HandOverEvidence, by: list[int | str], gap: Item, nxt: Item,
+               started: bool) -> tuple[tuple[Item, bool] | None, float, Item | None]:
+    """Who handed over the work `nxt` begins after the idle `gap`: the handing period (and whether it was running,
+    see handing), the moment of the hand-over, and the issuing op's last period where the work was queued while
+    the worker was still busy (the handing thread long blocked by then)."""
+    moment = nxt.start
+    for t in by:
+        f = handing(g, chains, t, gap, nxt.start, idle_hands=t == by[0])
+        shown, issuer = evidence.shows(t, gap, nxt) if started else (f is not None, None)
+        if not shown:
+            continue
+        queued = None
+        if issuer is not None and issuer.start + issuer.dur <= gap.start and nxt.start - gap.start <= MAX_WAKEUP:
+            # queued while the worker was still busy: handed over when the issuing op ended, not when the worker
+            # got to it (the handing thread's wait for it began then)
+            moment = issuer.start + issuer.dur
+            if f is None:  # the handing thread is long blocked by now (waiting for this very work)
+                queued = chains.last_period(issuer)
+        if f is not None or queued is not None:
+            return f, moment, queued
+    return None, moment, None
+
+
+def stretch_end(g: Graph, order: list[int], pos: int) -> float:
+    """When the busy stretch of a thread that begins at order[pos] ends: at its next idle period (or never)."""
+    for i in order[pos + 1:]:
+        if g.by_id[i].kind == DELAY:
+            return g.by_id[i].start
+    return math.inf
+
+
+def handing(g: Graph, chains: Chains, tid: int | str, gap: Item, t: float,
+             idle_hands: bool = False) -> tuple[Item, bool] | None:
+    """The period of thread `tid` that handed work to a thread whose idle `gap` ended at t: the op it was running
+    then (True), or the blocking node it had entered while the gap was open, within MAX_WAKEUP (False). With
+    `idle_hands` (the main thread), its untraced code (Python calling `backward()`, starting a thread) hands work
+    over too; a worker's idle time is only waiting."""
+    running = executing(g, chains, tid, t, idle_hands)
+    if running is not None:
+        return running, True
+    order = chains.ids[tid]
+    k = bisect.bisect_right(chains.starts(tid), t) - 1
+    while k >= 0 and order[k] in chains.removed:
+        k -= 1
+    if k < 0:
+        return None
+    last = g.by_id[order[k]]
+    if (last.kind != THREAD_ROOT and (idle_hands or last.kind != DELAY) and last.seg_end > last.start
+            and t - last.seg_end < 0.5):
+        return last, True  # it ended as the gap did (a period cut where it handed the work over)
+    if (last.kind in (HOST_OP, RUNTIME, SELF_PART, RESUME) and last.seg_end == last.start
+            and gap.start <= last.start and t - last.start <= MAX_WAKEUP):
+        return last, False
+    return None
+
+
+def executing(g: Graph, chains: Chains, tid: int | str, t: float, idle: bool) -> Item | None:
+    """The period running on thread `tid` at time t, if any (an idle period only with `idle`)."""
+    order = chains.ids[tid]
+    starts = chains.starts(tid)  # periods are in start order
+    k = bisect.bisect_right(starts, t) - 1
+    while k >= 0:
+        it = g.by_id[order[k]]
+        if order[k] in chains.removed:
+            k -= 1
+            continue
+        if it.kind != THREAD_ROOT and (idle or it.kind != DELAY) and it.start <= t < max(it.seg_end, it.start + 1e-9):
+            return it
+        if it.seg_end <= t:
+            return None
+        k -= 1
+    return None

@@ -1,0 +1,59 @@
+"""Evidence `sync`: a blocking CUDA call (stream/device/event sync, synchronous copy) resumed after the GPU op it
+waited for (recorded). The finder says which call waited for which op (run by the waits stage, which cuts the
+waiting time out of the call); the source gives the edges."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from etweave.deps.awaited import awaited
+from etweave.deps.cuda_sync import SyncRecords
+from etweave.deps.evidence import WAIT_TOLERANCE as TOLERANCE
+from etweave.deps.evidence import Evidence
+from etweave.deps.timeline import gpu_ends, latest_before, on_stream
+from etweave.model import MEMCPY, RUNTIME, Edge, Graph, Item
+from etweave.read.kineto import as_int
+
+_SYNC_WORDS = ("Synchronize",)
+_COPY_PREFIXES = ("cudaMemcpy", "hipMemcpy", "cuMemcpy")
+
+
+def sync(g: Graph) -> list[Edge]:
+    """A blocking CUDA call (stream/device/event sync, synchronous copy) resumed after the GPU op it waited for."""
+    return awaited(g, Evidence.SYNC)
+
+
+def find_blocking_calls(g: Graph, records: SyncRecords) -> list[tuple[Item, Item]]:
+    """(call, GPU op it waited for): cudaStreamSynchronize & co., and copies that ran inside their call, waited for
+    GPU work that ended after they began (recorded). A `cuda_sync` record names the stream or event waited on;
+    without one, the GPU op that ended last during the call is what it waited for."""
+    ends, ops = gpu_ends(g)
+    launched: dict[int, list[Item]] = defaultdict(list)
+    for it in g.items:
+        if it.launcher is not None:
+            launched[it.launcher].append(it)
+    found: list[tuple[Item, Item]] = []
+    for it in [x for x in g.items if x.kind == RUNTIME]:
+        end = it.start + it.dur
+        awaited_op: Item | None = None
+        if any(w in it.name for w in _SYNC_WORDS):
+            record = records.of(it)
+            kind = record.args.sync_kind if record is not None else None
+            if record is not None and kind == "Event Sync":
+                awaited_op = records.recorded_op(record)
+                if awaited_op is not None and not it.start <= awaited_op.start + awaited_op.dur <= end + TOLERANCE:
+                    awaited_op = None
+            elif record is not None and kind == "Stream Sync" and (as_int(record.args.stream, -1) or -1) >= 0:
+                stream = as_int(record.args.stream)
+                awaited_op = latest_before(ends, ops, it.start, end + TOLERANCE, on_stream(stream))
+            else:
+                awaited_op = latest_before(ends, ops, it.start, end + TOLERANCE)
+        elif it.name.startswith(_COPY_PREFIXES):
+            # A synchronous copy runs inside its call. A pageable one returns once the last chunk is staged,
+            # a little before the DMA ends: the call covered most of the copy, so it waited for it.
+            own = [x for x in launched.get(it.id, ()) if x.kind == MEMCPY and x.dur > 0]
+            awaited_op = next((x for x in own if x.start <= end and (x.start + x.dur <= end + TOLERANCE
+                                                                     or end - x.start >= 0.5 * x.dur)), None)
+        if awaited_op is not None and awaited_op.start + awaited_op.dur > it.start:
+            found.append((it, awaited_op))
+    return found

@@ -1,0 +1,89 @@
+"""The periods of each CPU thread while the waits stage cuts them: thread chains with their period starts, kept
+sorted (for lookups by time) while periods are split, moved and removed."""
+
+from __future__ import annotations
+
+import bisect
+
+from etweave.model import DELAY, RESUME, WAKEUP, Graph, Item
+
+
+class Chains:
+    """Thread chains with their period starts, kept sorted while periods are split."""
+
+    def __init__(self, g: Graph) -> None:
+        self.g = g
+        self.ids: dict[int | str, list[int]] = {tid: list(order) for tid, order in g.threads.items()}
+        self.removed: set[int] = set()
+        # Period starts per thread, parallel to `ids`: built on first use (by the handoff finders, once every start is
+        # final) and kept in step by split, so lookups are O(log n) instead of a rebuild per call.
+        self._starts: dict[int | str, list[float]] = {}
+
+    def starts(self, tid: int | str) -> list[float]:
+        s = self._starts.get(tid)
+        if s is None:
+            s = self._starts[tid] = [self.g.by_id[i].start for i in self.ids[tid]]
+        return s
+
+    def reset_starts(self) -> None:
+        """Forget the period starts after periods were moved: rebuilt from the items on next use."""
+        self._starts.clear()
+
+    def move_start(self, it: Item, pos: int, start: float) -> None:
+        """Move the start of period `it`, at `pos` of its thread, keeping that thread's period starts in step (what a
+        rebuild would give, without one per moved period)."""
+        it.start = start
+        starts = self._starts.get(thread_of(it))
+        if starts is not None:
+            starts[pos] = start
+
+    def split(self, it: Item, at: float, kind: str) -> Item:
+        """Cut `it`'s period at `at`: `it` keeps [start, at], a new item of `kind` takes [at, end]."""
+        owner: int | None = it.part_of if it.part_of is not None else it.id
+        name = self.g.by_id[owner].name if owner in self.g.by_id else it.name
+        if it.kind == DELAY:  # an idle period belongs to no op
+            owner, name = None, ""
+        suffix = {RESUME: "[resumed]", WAKEUP: "[wake-up]"}.get(kind, "[self]")
+        tail = Item(id=0, kind=kind, name=f"{name} {suffix}".strip(), part_of=owner,
+                    start=at, seg_end=max(at, it.seg_end), measured=True, tid=it.tid)
+        tail.dur = tail.excl = tail.seg_end - at
+        it.seg_end = max(it.start, min(it.seg_end, at))
+        if it.kind == DELAY:  # an idle period is nothing but its period
+            it.dur = it.excl = it.seg_end - it.start
+        self.g.add(tail)
+        order = self.ids[thread_of(it)]
+        starts = self._starts.get(thread_of(it))
+        pos = -1
+        if starts is not None:  # find the period by its start instead of scanning the chain
+            pos = bisect.bisect_left(starts, it.start)
+            while pos < len(order) and order[pos] != it.id and starts[pos] == it.start:
+                pos += 1
+        if not 0 <= pos < len(order) or order[pos] != it.id:
+            pos = order.index(it.id)
+        order.insert(pos + 1, tail.id)
+        if starts is not None:
+            starts.insert(pos + 1, at)
+        return tail
+
+    def last_period(self, op: Item) -> Item:
+        """The last period of `op` still on its thread (an op may have been cut into periods)."""
+        order = self.ids[thread_of(op)]
+        end = op.start + op.dur
+        k = bisect.bisect_left(self.starts(thread_of(op)), end) - 1
+        while k >= 0 and (order[k] in self.removed or self.g.by_id[order[k]].start < op.start):
+            k -= 1
+        return self.g.by_id[order[k]] if k >= 0 and self.g.by_id[order[k]].start >= op.start else op
+
+    def store(self) -> None:
+        for tid, order in self.ids.items():
+            self.g.threads[tid] = [i for i in order if i not in self.removed]
+        if self.removed:
+            self.g.items = [it for it in self.g.items if it.id not in self.removed]
+            for i in self.removed:
+                del self.g.by_id[i]
+
+
+def thread_of(it: Item) -> int | str:
+    """The thread of a period on a thread's chain (every one has one)."""
+    assert it.tid is not None, f"{it.name} ({it.id}) is on no thread"
+    return it.tid

@@ -1,0 +1,25 @@
+"""Small hand-built graphs for the unit tests of the evidence stages: items written inline, no trace files."""
+
+from __future__ import annotations
+
+from etweave.model import Graph, Item
+from etweave.read.host_et import IO, HostOp
+
+
+def graph(*items: Item, threads: dict[int | str, list[int]] | None = None,
+          streams: dict[tuple[int, int], list[int]] | None = None) -> Graph:
+    """A graph of these items (ids as given); next_id after the largest."""
+    return Graph(items=list(items), by_id={it.id: it for it in items}, threads=threads or {}, streams=streams or {},
+                 next_id=max((it.id for it in items), default=0) + 1)
+
+
+def host_op(op_id: int, name: str, seq_id: int = -1, reads: tuple[int, ...] = (),
+            writes: tuple[int, ...] = ()) -> HostOp:
+    """A host op whose inputs are the tensors `reads` and outputs the tensors `writes` (tensor id = storage id)."""
+
+    def io(ids: tuple[int, ...]) -> IO:
+        return IO(values=[[t, t, 0, 4, 4, "cpu"] for t in ids], shapes=[[4] for _ in ids],
+                  types=["Tensor(float)" for _ in ids])
+
+    return HostOp(id=op_id, name=name, parent=0, et_tid=0, rf_id=0, seq_id=seq_id, fw_parent=0, fw_tid=0, scope=0,
+                  op_schema="", inputs=io(reads), outputs=io(writes))

@@ -1,0 +1,142 @@
+"""The waits stage (period surgery) on hand-built threads and streams: what each finder records as awaited, how the
+waiting time is cut out of the periods, and the items it adds."""
+
+from __future__ import annotations
+
+from etweave.deps.evidence import Evidence
+from etweave.model import (
+    DELAY,
+    HOST_OP,
+    KERNEL,
+    RESUME,
+    RUNTIME,
+    SELF_PART,
+    THREAD_ROOT,
+    UNTRACED,
+    WAKEUP,
+    Await,
+    Graph,
+    Item,
+)
+from etweave.periods import Chains
+from etweave.waits import resolve_waits
+
+from .graphs import graph
+
+
+def _period(i: int, kind: str, name: str, start: float, dur: float, tid: int | None = 1, **kw: object) -> Item:
+    """A measured item whose first period is all of it (unless `seg_end` is given)."""
+    it = Item(i, kind, name, start=start, dur=dur, excl=dur, seg_end=start + dur, measured=True, tid=tid)
+    for k, v in kw.items():
+        setattr(it, k, v)
+    return it
+
+
+def _kernel(i: int, start: float, dur: float, launcher: int | None, stream: int = 7) -> Item:
+    return _period(i, KERNEL, f"kernel{i}", start, dur, tid=None, launcher=launcher, device=0, stream=stream)
+
+
+def _added(g: Graph, before: int) -> list[Item]:
+    return [it for it in g.items if it.id >= before]
+
+
+def test_a_blocking_sync_keeps_its_entry_and_resumes_after_the_gpu_op_it_waited_for() -> None:
+    root, launch = Item(1, THREAD_ROOT, "t1", tid=1), _period(2, RUNTIME, "cudaLaunchKernel", 0.0, 5.0)
+    sync = _period(3, RUNTIME, "cudaStreamSynchronize", 10.0, 90.0)
+    kernel = _kernel(4, 20.0, 70.0, launcher=2)
+    g = graph(root, launch, sync, kernel, threads={1: [1, 2, 3]}, streams={(0, 7): [4]})
+    resolve_waits(g)
+    resume, idle = _added(g, 5)
+    assert sync.seg_end == sync.start == 10.0, "the call keeps no waiting time"
+    assert (resume.kind, resume.part_of, resume.start, resume.seg_end) == (RESUME, 3, 90.0, 100.0)
+    assert resume.awaits == [Await(4, Evidence.SYNC, False)]
+    assert g.threads[1] == [1, 2, 3, resume.id]
+    # the kernel began 15 µs after its launch returned, with nothing else on the device: idle on its stream
+    assert (idle.kind, idle.name, idle.start, idle.seg_end) == (DELAY, "[gpu idle]", 5.0, 20.0)
+    assert idle.awaits == [Await(2, Evidence.LAUNCH, False)]
+    assert g.streams[(0, 7)] == [idle.id, 4]
+
+
+def _two_streams(b_start: float) -> Graph:
+    calls = [_period(1, RUNTIME, "cudaLaunchKernel", 0.0, 1.0), _period(2, RUNTIME, "cudaLaunchKernel", 1.0, 1.0)]
+    a, b = _kernel(3, 0.5, 49.5, launcher=1, stream=7), _kernel(4, b_start, 10.0, launcher=2, stream=8)
+    return graph(*calls, a, b, threads={1: [1, 2]}, streams={(0, 7): [3], (0, 8): [4]})
+
+
+def test_a_late_gpu_op_waited_for_the_op_of_another_stream_that_ended_just_before() -> None:
+    g = _two_streams(b_start=53.0)
+    resolve_waits(g)
+    assert g.by_id[4].awaits == [Await(3, Evidence.STREAM_WAIT, True)]
+    assert not _added(g, 5), "no idle time: it started within the tolerance of the awaited end"
+
+
+def test_a_gpu_op_later_still_waited_then_idled() -> None:
+    g = _two_streams(b_start=80.0)
+    resolve_waits(g)
+    (idle,) = _added(g, 5)
+    assert not g.by_id[4].awaits
+    assert (idle.start, idle.seg_end, idle.dur) == (50.0, 80.0, 30.0)
+    assert idle.awaits == [Await(2, Evidence.LAUNCH, False), Await(3, Evidence.STREAM_WAIT, True)]
+    assert g.streams[(0, 8)] == [idle.id, 4]
+
+
+def test_an_unrecorded_stream_wait_event_waits_for_the_last_op_launched_on_another_stream() -> None:
+    calls = [_period(1, RUNTIME, "cudaLaunchKernel", 0.0, 1.0), _period(2, RUNTIME, "cudaStreamWaitEvent", 5.0, 1.0),
+             _period(3, RUNTIME, "cudaLaunchKernel", 7.0, 1.0)]
+    nccl, compute = _kernel(4, 3.0, 37.0, launcher=1, stream=7), _kernel(5, 45.0, 5.0, launcher=3, stream=8)
+    g = graph(*calls, nccl, compute, threads={1: [1, 2, 3]}, streams={(0, 7): [4], (0, 8): [5]})
+    resolve_waits(g)
+    assert compute.awaits == [Await(4, Evidence.EVENT_WAIT, True)]
+    assert not _added(g, 6), "ready when the awaited op ended: no stream wait, no idle time"
+
+
+def test_a_thread_that_resumed_as_another_threads_op_ended_waited_for_it() -> None:
+    waiting, other = _period(2, HOST_OP, "join", 0.0, 200.0), _period(4, HOST_OP, "work", 50.0, 147.0, tid=2)
+    g = graph(Item(1, THREAD_ROOT, "t1", tid=1), waiting, Item(3, THREAD_ROOT, "t2", tid=2), other,
+              threads={1: [1, 2], 2: [3, 4]})
+    resolve_waits(g)
+    (wake,) = _added(g, 5)
+    assert waiting.seg_end == waiting.start, "the op keeps a zero-length node where the wait began"
+    assert (wake.kind, wake.start, wake.seg_end, wake.part_of) == (WAKEUP, 197.0, 200.0, 2)
+    assert wake.awaits == [Await(4, Evidence.THREAD_WAIT, True)]
+    assert g.threads[1] == [1, 2, wake.id]
+
+
+def test_main_thread_hands_a_helper_work_and_waits_for_it() -> None:
+    main_op = _period(2, HOST_OP, "spawn_and_join", 0.0, 100.0)
+    gap = _period(4, DELAY, "[idle]", 0.0, 50.0, tid=2)
+    helper = _period(5, HOST_OP, "helper_work", 50.0, 10.0, tid=2)
+    g = graph(Item(1, THREAD_ROOT, "t1", tid=1), main_op, Item(3, THREAD_ROOT, "t2", tid=2), gap, helper,
+              threads={1: [1, 2], 2: [3, 4, 5]})
+    resolve_waits(g)
+    assert helper.awaits == [Await(2, Evidence.HANDOFF, True)], "handed over by the op running then"
+    assert 4 not in g.by_id and g.threads[2] == [3, 5], "the helper's idle time became the edge"
+    (wake,) = _added(g, 6)
+    assert main_op.seg_end == 50.0, "the main op ran until it handed the work over, then waited"
+    assert (wake.kind, wake.start, wake.seg_end) == (WAKEUP, 60.0, 100.0)
+    assert wake.awaits == [Await(5, Evidence.THREAD_WAIT, True)], "a wait for the work it handed over, 40 µs late"
+
+
+def test_idle_time_between_ops_that_nothing_explains_is_untraced_and_before_the_first_op_idle() -> None:
+    idle = _period(2, DELAY, "[idle]", 0.0, 10.0)
+    gap = _period(4, DELAY, "[idle]", 20.0, 30.0)
+    g = graph(Item(1, THREAD_ROOT, "t1", tid=1), idle, _period(3, HOST_OP, "a", 10.0, 10.0), gap,
+              _period(5, HOST_OP, "b", 50.0, 10.0), threads={1: [1, 2, 3, 4, 5]})
+    resolve_waits(g)
+    assert (idle.kind, idle.name) == (DELAY, "[idle]")
+    assert (gap.kind, gap.name, gap.dur) == (UNTRACED, "[untraced]", 30.0)
+    assert g.threads[1] == [1, 2, 3, 4, 5] and len(g.items) == 5
+
+
+def test_period_chains_keep_their_starts_in_step_with_cuts_and_moves() -> None:
+    a, b = _period(2, HOST_OP, "a", 0.0, 100.0), _period(3, HOST_OP, "b", 100.0, 50.0)
+    g = graph(Item(1, THREAD_ROOT, "t1", tid=1), a, b, threads={1: [1, 2, 3]})
+    chains = Chains(g)
+    assert chains.starts(1) == [0.0, 0.0, 100.0]
+    tail = chains.split(a, 40.0, SELF_PART)
+    assert (tail.kind, tail.start, tail.seg_end, tail.part_of, a.seg_end) == (SELF_PART, 40.0, 100.0, 2, 40.0)
+    assert chains.ids[1] == [1, 2, tail.id, 3]
+    chains.move_start(b, 3, 120.0)
+    assert b.start == 120.0
+    assert chains.starts(1) == [g.by_id[i].start for i in chains.ids[1]] == [0.0, 0.0, 40.0, 120.0]
+    assert chains.last_period(a) is tail
