@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from etweave.model import Graph, Item
+from etweave.model import Graph, Ids, Item
 from etweave.read.host_et import IO, HostOp
 
 
 def graph(*items: Item, threads: dict[int | str, list[int]] | None = None,
           streams: dict[tuple[int, int], list[int]] | None = None) -> Graph:
-    """A graph of these items (ids as given); next_id after the largest."""
+    """A graph of these items (ids as given); fresh ids from after the largest."""
     return Graph(items=list(items), by_id={it.id: it for it in items}, threads=threads or {}, streams=streams or {},
-                 next_id=max((it.id for it in items), default=0) + 1)
+                 ids=Ids(max((it.id for it in items), default=0) + 1))
 
 
 def host_op(op_id: int, name: str, seq_id: int = -1, reads: tuple[int, ...] = (),
