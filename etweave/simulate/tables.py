@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from etweave.chakra import et_def_pb2 as pb
+from etweave.chakra.io import node_type_name
 from etweave.simulate.engine import Replay
 from etweave.simulate.metrics import measured_window
 from etweave.simulate.timeline import NodeDetail, op_spans
@@ -34,7 +35,7 @@ def _origin(replay: Replay) -> int:
 
 
 def _type_name(value: int) -> str:
-    return pb.NodeType.Name(value) if value in pb.NodeType.values() else str(value)
+    return node_type_name(value) if value in pb.NodeType.values() else str(value)
 
 
 def critical_path_records(replay: Replay) -> list[dict[str, Any]]:
