@@ -15,7 +15,7 @@ from etweave.cli import main
 @pytest.mark.parametrize("rel", PAIRS)
 def test_simulate_every_pair(traces: Path, rel: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     result = convert_pair(traces, rel)
-    path = tmp_path / "trace.0.et"
+    path = tmp_path / f"trace.{result.report['rank']}.et"  # a file's name gives its rank (etweave.runfolder)
     write_et(path, result.metadata, result.nodes)
     assert main(["simulate", str(path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
