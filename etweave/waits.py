@@ -30,9 +30,8 @@ from etweave.model import (
     WAKEUP,
     Graph,
     Item,
+    SyncRecord,
 )
-from etweave.read.host_et import tensors
-from etweave.read.kineto import Event, as_int
 
 # A waiter resumes within this long after what it waited for ended (µs), as FORMATS.md's traces show.
 TOLERANCE = 5.0
@@ -152,17 +151,14 @@ class _SyncRecords:
     GPU op a recorded CUDA event stands for (the last op enqueued on its stream before cudaEventRecord)."""
 
     def __init__(self, g: Graph) -> None:
-        self.by_call: dict[int, Event] = {}  # runtime call correlation -> its cuda_sync event
+        self.by_call: dict[int, SyncRecord] = {}  # runtime call correlation -> its cuda_sync event
         self.runtime: dict[int, Item] = {}  # correlation -> runtime item
         for it in g.items:
-            if it.kind == RUNTIME and it.event is not None:
-                corr = as_int(it.event.args.correlation)
-                if corr is not None:
-                    self.runtime[corr] = it
+            if it.kind == RUNTIME and it.correlation is not None:
+                self.runtime[it.correlation] = it
         for ev in g.extra.get("cuda_sync", ()):
-            corr = as_int(ev.args.correlation)
-            if corr is not None:
-                self.by_call[corr] = ev
+            if ev.correlation is not None:
+                self.by_call[ev.correlation] = ev
         # per (device, stream): GPU ops in launch order, with their launch times
         self.launched: dict[tuple[int, int], tuple[list[float], list[Item]]] = {}
         per: dict[tuple[int, int], list[tuple[float, Item]]] = defaultdict(list)
@@ -173,17 +169,17 @@ class _SyncRecords:
             pairs.sort(key=lambda p: (p[0], p[1].id))
             self.launched[key] = ([t for t, _ in pairs], [it for _, it in pairs])
 
-    def of(self, call: Item) -> Event | None:
-        corr = as_int(call.event.args.correlation) if call.event is not None else None
+    def of(self, call: Item) -> SyncRecord | None:
+        corr = call.correlation
         return self.by_call.get(corr) if corr is not None else None
 
-    def recorded_op(self, ev: Event) -> Item | None:
+    def recorded_op(self, ev: SyncRecord) -> Item | None:
         """The GPU op a waited-on CUDA event stands for."""
-        record = self.runtime.get(as_int(ev.args.wait_on_event_corr, -1) or -1)
-        stream = as_int(ev.args.wait_on_stream, -1)
+        record = self.runtime.get(ev.wait_on_event_corr or -1)
+        stream = ev.wait_on_stream
         if record is None or stream is None or stream < 0:
             return None
-        times, ops = self.launched.get((as_int(ev.args.device, 0) or 0, stream), ([], []))
+        times, ops = self.launched.get((ev.device, stream), ([], []))
         k = bisect.bisect_right(times, record.start)
         return ops[k - 1] if k else None
 
@@ -197,14 +193,14 @@ def _event_waits(g: Graph, records: _SyncRecords) -> None:
     """cudaStreamWaitEvent with its `Stream Wait Event` record: the first op enqueued on the waiting stream after
     the call waits for the op the event was recorded after (recorded evidence)."""
     for ev in g.extra.get("cuda_sync", ()):
-        if ev.args.sync_kind != "Stream Wait Event":
+        if ev.kind != "Stream Wait Event":
             continue
         awaited = records.recorded_op(ev)
-        stream = as_int(ev.args.stream, -1)
-        call = records.runtime.get(as_int(ev.args.correlation, -1) or -1)
+        stream = ev.stream
+        call = records.runtime.get(ev.correlation or -1)
         if awaited is None or call is None or stream is None or stream < 0:
             continue
-        waiter = records.first_launched_after(as_int(ev.args.device, 0) or 0, stream, call.start)
+        waiter = records.first_launched_after(ev.device, stream, call.start)
         if waiter is not None and waiter is not awaited and awaited.start <= waiter.start:
             waiter.awaits.append((awaited.id, "event_wait", False))
 
@@ -264,13 +260,13 @@ def _blocking_calls(g: Graph, chains: _Chains, records: _SyncRecords) -> None:
         awaited: Item | None = None
         if any(w in it.name for w in _SYNC_WORDS):
             record = records.of(it)
-            kind = record.args.sync_kind if record is not None else None
+            kind = record.kind if record is not None else None
             if record is not None and kind == "Event Sync":
                 awaited = records.recorded_op(record)
                 if awaited is not None and not it.start <= awaited.start + awaited.dur <= end + TOLERANCE:
                     awaited = None
-            elif record is not None and kind == "Stream Sync" and (as_int(record.args.stream, -1) or -1) >= 0:
-                stream = as_int(record.args.stream)
+            elif record is not None and kind == "Stream Sync" and (record.stream or -1) >= 0:
+                stream = record.stream
                 awaited = _latest_before(ends, ops, it.start, end + TOLERANCE, lambda o, s=stream: o.stream == s)
             else:
                 awaited = _latest_before(ends, ops, it.start, end + TOLERANCE)
@@ -430,7 +426,7 @@ class _HandOverEvidence:
                 continue
             if h.seq_id >= 0:
                 self.forward_tid.setdefault(h.seq_id, tid)
-            for _, tensor, storage, _, _ in tensors(h.outputs.values, h.outputs.types):
+            for _, tensor, storage, _, _ in h.output_tensors:
                 self.writers[(tensor, storage)].append(it)
         self.ops = {tid: ([x.start for x in ops], ops) for tid, ops in per.items()}
         self.issued = {tid: ([x.start for x in ops], ops) for tid, ops in issued.items()}
@@ -454,7 +450,7 @@ class _HandOverEvidence:
                 continue
             if h.seq_id >= 0 and self.forward_tid.get(h.seq_id) == by and o.tid != by:
                 return True, None  # the backward of an op `by` ran forward: `by` called backward()
-            for _, tensor, storage, _, _ in tensors(h.inputs.values, h.inputs.types):
+            for _, tensor, storage, _, _ in h.input_tensors:
                 wrote = [w for w in self.writers.get((tensor, storage), ()) if w.tid == by and w.start <= t]
                 if wrote:  # reads what `by` wrote: handed over as data
                     w = max(wrote, key=lambda x: (x.start, x.id))  # an issuing op names the hand-over

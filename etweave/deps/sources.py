@@ -7,7 +7,6 @@ from collections import defaultdict
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.model import HOST_OP, PROCESS_ROOT, THREAD_ROOT, Edge, Graph, Item
-from etweave.read.host_et import tensors
 from etweave.waits import TOLERANCE as WAIT_TOLERANCE
 
 
@@ -96,11 +95,11 @@ def tensor_flow(g: Graph) -> list[Edge]:
     for it in ops:
         h = it.host
         assert h is not None
-        for _, tensor, storage, _, _ in tensors(h.inputs.values, h.inputs.types):
+        for _, tensor, storage, _, _ in h.input_tensors:
             w = writer.get((tensor, storage))
             if w is not None and w.tid != it.tid:
                 edges.append(Edge(w.id, it.id, "tensor_flow"))
-        for _, tensor, storage, _, _ in tensors(h.outputs.values, h.outputs.types):
+        for _, tensor, storage, _, _ in h.output_tensors:
             writer[(tensor, storage)] = it
     return edges
 
