@@ -111,13 +111,13 @@ PARAM_COMMS = "record_param_comms"
 
 def op_record(op: HostOp) -> OpRecord:
     """What later stages read of a host op, decoded once: its tensors, and a collective's arguments."""
+    inputs, outputs = op.inputs, op.outputs
     collective_call = is_collective_call(op)
-    return OpRecord(et_tid=op.et_tid, et_parent=op.parent, rf_id=op.rf_id, seq_id=op.seq_id,
-                    op_schema=op.op_schema, inputs=op.inputs, outputs=op.outputs,
-                    input_tensors=tuple(tensors(op.inputs.values, op.inputs.types)),
-                    output_tensors=tuple(tensors(op.outputs.values, op.outputs.types)),
-                    collective_call=collective_call,
-                    comm=_comm_args(op) if collective_call or op.name == PARAM_COMMS else None)
+    # positional and without a generator where there is nothing to decode: one per host op, millions in a trace
+    return OpRecord(op.et_tid, op.parent, op.rf_id, op.seq_id, op.op_schema, inputs, outputs,
+                    tuple(tensors(inputs.values, inputs.types)) if inputs.values else (),
+                    tuple(tensors(outputs.values, outputs.types)) if outputs.values else (),
+                    collective_call, _comm_args(op) if collective_call or op.name == PARAM_COMMS else None)
 
 
 def _comm_args(op: HostOp) -> CommArgs:
@@ -157,10 +157,9 @@ def kineto_args(args: Args) -> KinetoArgs | None:
     if name is None and nelems is None and dims is None and types is None and args.dtype is None \
             and args.pg_name is None and args.seq is None:
         return None
-    return KinetoArgs(collective_name=name, in_nelems=as_int(nelems), dtype=args.dtype, pg_name=args.pg_name,
-                      seq=as_int(args.seq), input_dims=dims if isinstance(dims, list) else None,
-                      input_type=types if isinstance(types, list) else None,
-                      collective_args=name is not None or nelems is not None)
+    return KinetoArgs(name, as_int(nelems) if nelems is not None else None, args.dtype, args.pg_name,
+                      as_int(args.seq) if args.seq is not None else None, dims if isinstance(dims, list) else None,
+                      types if isinstance(types, list) else None, name is not None or nelems is not None)
 
 
 def sync_record(ev: Event) -> SyncRecord:

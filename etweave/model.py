@@ -49,7 +49,7 @@ class CommArgs:
     tag: int = 0  # send/recv: the second
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass is built at twice the cost, and there is one per host op
 class OpRecord:
     """The host op an item stands for, decoded once when items are built: what later stages read of it."""
 
@@ -66,7 +66,7 @@ class OpRecord:
     comm: CommArgs | None = None  # collective calls and record_param_comms ops only
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)  # not frozen: one per event with args (see OpRecord)
 class KinetoArgs:
     """The Kineto `args` of an item's event that later stages read (collective metadata, input shapes), decoded
     once when items are built. Events without any of them carry none."""
