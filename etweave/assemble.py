@@ -1,5 +1,9 @@
 """Stage 4, assemble: one item per future node (host ops, thread roots, runtime calls, GPU events), each CPU
-thread's program order with exclusive durations from time containment, and each GPU stream's order."""
+thread's program order with exclusive durations from time containment, and each GPU stream's order.
+
+This is where the reader's records end: each item carries the fields later stages read of its host op
+(`OpRecord`) and of its Kineto event (`correlation`, `device`, `stream`, `KinetoArgs`), decoded here once, and the
+`cuda_sync` events become `SyncRecord`s. No later stage reads a `HostOp`, an `Event` or its `args`."""
 
 from __future__ import annotations
 
@@ -18,14 +22,18 @@ from etweave.model import (
     RUNTIME,
     SELF_PART,
     THREAD_ROOT,
+    CommArgs,
     Graph,
     Ids,
     InputFiles,
     Item,
+    KinetoArgs,
+    OpRecord,
+    SyncRecord,
 )
-from etweave.read.host_et import HostOp
-from etweave.read.kineto import KinetoTrace, as_int
-from etweave.repair import Repair
+from etweave.read.host_et import HostOp, tensors
+from etweave.read.kineto import Args, Event, KinetoTrace, as_int
+from etweave.repair import Repair, is_collective_call
 
 _GPU_KIND = {"kernel": KERNEL, "Kernel": KERNEL, "gpu_memcpy": MEMCPY, "Memcpy": MEMCPY,
              "gpu_memset": MEMSET, "Memset": MEMSET}
@@ -44,7 +52,7 @@ def assemble(c: Conversion) -> Graph:
     items.sort(key=lambda it: it.id)
     files = InputFiles(c.host.path if c.host is not None else "", kineto.path if kineto is not None else "")
     # the waits stage reads the sync calls: which stream or event a sync call waited on
-    sync = [kineto.events[i] for i in kineto.events.sync] if kineto is not None else []
+    sync = [sync_record(kineto.events[i]) for i in kineto.events.sync] if kineto is not None else []
     g = Graph(items=items, by_id={it.id: it for it in items}, ids=c.ids, rank=c.rank, files=files, sync_events=sync)
     _thread_order(g)
     _stream_order(g)
@@ -56,12 +64,13 @@ def _host_items(ops: list[HostOp], kineto: KinetoTrace | None, link: HostLink, r
     items: list[Item] = []
     for op in ops:
         kind = PROCESS_ROOT if op.is_process_root else THREAD_ROOT if op.is_thread_root else HOST_OP
-        it = Item(id=op.id, kind=kind, name=op.name, host=op, parent=rep.parent_of.get(op.id),
+        it = Item(id=op.id, kind=kind, name=op.name, host=op_record(op), parent=rep.parent_of.get(op.id),
                   orphan_parent=rep.orphan_parent.get(op.id))
         i = link.event_of.get(op.id)
         if i is not None:
             ev = events[i]
-            it.event, it.start, it.dur, it.excl, it.measured, it.tid = ev, ev.ts, ev.dur, ev.dur, True, ev.tid
+            it.start, it.dur, it.excl, it.measured, it.tid = ev.ts, ev.dur, ev.dur, True, ev.tid
+            it.kineto = kineto_args(ev.args)
         elif kind != PROCESS_ROOT:
             it.tid = link.kthread_of.get(op.et_tid, op.et_tid)
         items.append(it)
@@ -88,14 +97,79 @@ def _device_items(kineto: KinetoTrace, device: DeviceSelection, ids: Ids) -> lis
         if ev.cat in _GPU_KIND:
             it = Item(id=id_of[i], kind=_GPU_KIND[ev.cat], name=ev.name, start=ev.ts, dur=ev.dur, excl=ev.dur,
                       seg_end=ev.ts + ev.dur,
-                      measured=True, event=ev, device=as_int(ev.args.device, 0), stream=as_int(ev.args.stream, 0))
+                      measured=True, kineto=kineto_args(ev.args), device=as_int(ev.args.device, 0),
+                      stream=as_int(ev.args.stream, 0))
             r = device.launcher_of.get(i)
             it.launcher = id_of[r] if r is not None else None
         else:
             it = Item(id=id_of[i], kind=RUNTIME, name=ev.name, start=ev.ts, dur=ev.dur, excl=ev.dur,
-                      measured=True, event=ev, tid=ev.tid)
+                      measured=True, correlation=as_int(ev.args.correlation), tid=ev.tid)
         items.append(it)
     return items
+
+
+# The op PyTorch records a collective's metadata on (FORMATS.md): name, group and sequence number.
+PARAM_COMMS = "record_param_comms"
+
+
+def op_record(op: HostOp) -> OpRecord:
+    """What later stages read of a host op, decoded once: its tensors, and a collective's arguments."""
+    inputs, outputs = op.inputs, op.outputs
+    collective_call = is_collective_call(op)
+    # positional and without a generator where there is nothing to decode: one per host op, millions in a trace
+    return OpRecord(op.et_tid, op.parent, op.rf_id, op.seq_id, op.op_schema, inputs, outputs,
+                    tuple(tensors(inputs.values, inputs.types)) if inputs.values else (),
+                    tuple(tensors(outputs.values, outputs.types)) if outputs.values else (),
+                    collective_call, _comm_args(op) if collective_call or op.name == PARAM_COMMS else None)
+
+
+def _comm_args(op: HostOp) -> CommArgs:
+    values = op.inputs.values
+    ints = [v for v in values[1:] if isinstance(v, int) and not isinstance(v, bool)]
+    peer = ints[0] if ints else 0
+    tag = ints[1] if len(ints) > 1 else 0
+    if op.name != PARAM_COMMS:
+        return CommArgs(peer=peer, tag=tag)
+    seq = values[1] if len(values) > 1 and isinstance(values[1], int) and not isinstance(values[1], bool) else None
+    return CommArgs(name=_param_comms_name(op), pg_names=_param_comms_groups(op), seq=seq, peer=peer, tag=tag)
+
+
+def _param_comms_name(op: HostOp) -> str | None:
+    """The collective name a record_param_comms op carries (attr from 1.1.0, positional before)."""
+    name = op.extra.get("collective_name")
+    if isinstance(name, str) and name:
+        return name
+    for v in op.inputs.values[1:6]:
+        if isinstance(v, str) and v and not v.startswith("<"):
+            return v
+    return None
+
+
+def _param_comms_groups(op: HostOp) -> tuple[str, ...]:
+    """The process-group names a record_param_comms op carries: the attr, then the positional one."""
+    names: list[object] = [op.extra.get("pg_name")]
+    v = op.inputs.values
+    if len(v) >= 10 and isinstance(v[2], list) and v[2] and isinstance(v[2][0], str):
+        names.append(v[2][0])
+    return tuple(n for n in names if isinstance(n, str))
+
+
+def kineto_args(args: Args) -> KinetoArgs | None:
+    """The args later stages read, decoded (Kineto writes some numbers as strings); None when there are none."""
+    name, nelems, dims, types = args.collective_name, args.in_nelems, args.input_dims, args.input_type
+    if name is None and nelems is None and dims is None and types is None and args.dtype is None \
+            and args.pg_name is None and args.seq is None:
+        return None
+    return KinetoArgs(name, as_int(nelems) if nelems is not None else None, args.dtype, args.pg_name,
+                      as_int(args.seq) if args.seq is not None else None, dims if isinstance(dims, list) else None,
+                      types if isinstance(types, list) else None, name is not None or nelems is not None)
+
+
+def sync_record(ev: Event) -> SyncRecord:
+    args = ev.args
+    return SyncRecord(correlation=as_int(args.correlation), kind=args.sync_kind,
+                      device=as_int(args.device, 0) or 0, stream=as_int(args.stream),
+                      wait_on_stream=as_int(args.wait_on_stream), wait_on_event_corr=as_int(args.wait_on_event_corr))
 
 
 def _thread_order(g: Graph) -> None:

@@ -8,17 +8,15 @@ import bisect
 import math
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.accepts import SIMULATOR_MAPPING
+from etweave.chakra.io import comm_type_name
 from etweave.errors import BadInput
-from etweave.model import HOST_OP, KERNEL, Comm, Graph, Item
+from etweave.model import HOST_OP, KERNEL, Comm, Graph, Item, OpRecord
 from etweave.read import widths
-from etweave.read.host_et import HostOp, tensors
-from etweave.read.kineto import as_int
-from etweave.repair import is_collective_call
 
 SEND, RECV = "send", "recv"
 # How many calls back a gloo op's call may be: async calls (DDP buckets) can be open several at a time.
@@ -72,7 +70,7 @@ def is_nccl_kernel(it: Item) -> bool:
 class CollectiveStats:
     calls: int = 0  # collective calls in the input
     comm_nodes: int = 0
-    unmatched_calls: list[HostOp] = field(default_factory=list)  # calls with no work in the window
+    unmatched_calls: list[Item] = field(default_factory=list)  # calls with no work in the window
     mapped: Counter[str] = field(default_factory=Counter)  # "barrier->ALL_REDUCE"
     type_fallbacks: Counter[str] = field(default_factory=Counter)  # where a type came from kernel name or default
     size_unknown: int = 0
@@ -82,7 +80,7 @@ class CollectiveStats:
 def find_collectives(g: Graph, groups: dict[str, str]) -> CollectiveStats:
     """Mark comm items in place. `groups` maps a trace's process-group name to its comm-group id ("" = world)."""
     stats = CollectiveStats()
-    calls = [it for it in g.items if it.kind == HOST_OP and it.host is not None and is_collective_call(it.host)]
+    calls = [it for it in g.items if it.kind == HOST_OP and _is_call(it)]
     paired: set[int] = set()
     calls_by_thread: dict[int, list[Item]] = {}
     for c in calls:
@@ -95,14 +93,17 @@ def find_collectives(g: Graph, groups: dict[str, str]) -> CollectiveStats:
             call = _gloo_call(calls_by_thread.get(it.host.et_tid, []), it, paired) or _gloo_call(calls, it, paired)
             _make_comm(g, it, call, groups, stats)
         elif is_nccl_kernel(it):
-            call = _enclosing(g, it, lambda h: h.kind == HOST_OP and h.host is not None
-                              and is_collective_call(h.host))
+            call = _enclosing(g, it, lambda h: h.kind == HOST_OP and _is_call(h))
             if call is not None:
                 paired.add(call.id)
             _make_comm(g, it, call, groups, stats)
-    stats.unmatched_calls = [c.host for c in calls if c.id not in paired and c.host is not None]
+    stats.unmatched_calls = [c for c in calls if c.id not in paired]
     stats.calls = stats.comm_nodes + len(stats.unmatched_calls)
     return stats
+
+
+def _is_call(it: Item) -> bool:
+    return it.host is not None and it.host.collective_call
 
 
 def _gloo_call(calls: list[Item], gloo: Item, paired: set[int]) -> Item | None:
@@ -118,12 +119,12 @@ def _gloo_call(calls: list[Item], gloo: Item, paired: set[int]) -> Item | None:
     open_calls = [c for c in calls[max(0, pos - _OPEN_CALLS):pos] if c.id not in paired]
     if not open_calls:
         return None
-    wanted = {(t, s) for _, t, s, _, _ in tensors(gloo.host.inputs.values, gloo.host.inputs.types)}
+    wanted = {(t, s) for _, t, s, _, _ in gloo.host.input_tensors}
     kind = classify(gloo.name)
 
     def same_tensor(c: Item) -> bool:
         assert c.host is not None
-        return any((t, s) in wanted for _, t, s, _, _ in tensors(c.host.inputs.values, c.host.inputs.types))
+        return any((t, s) in wanted for _, t, s, _, _ in c.host.input_tensors)
 
     def same_kind(c: Item) -> bool:
         # reduce_scatter_tensor runs as gloo:all_reduce (FORMATS.md)
@@ -135,7 +136,7 @@ def _gloo_call(calls: list[Item], gloo: Item, paired: set[int]) -> Item | None:
     return call
 
 
-def _enclosing(g: Graph, it: Item, want: Any) -> Item | None:
+def _enclosing(g: Graph, it: Item, want: Callable[[Item], bool]) -> Item | None:
     """Walk from a GPU item's launcher up the enclosing chain (time containment on the launching thread)."""
     cur = g.by_id.get(it.launcher) if it.launcher is not None else None
     while cur is not None:
@@ -151,45 +152,22 @@ def _param_comms(g: Graph, it: Item) -> Item | None:
 
 
 def _rpc_name(it: Item) -> str | None:
-    """The collective name a record_param_comms op carries (attr from 1.1.0, positional before)."""
-    h = it.host
-    if h is not None:
-        name = h.extra.get("collective_name")
-        if isinstance(name, str) and name:
-            return name
-        for v in h.inputs.values[1:6]:
-            if isinstance(v, str) and v and not v.startswith("<"):
-                return v
-    if it.event is not None and it.event.args.collective_name:
-        return str(it.event.args.collective_name)
+    """The collective name a record_param_comms op carries: in the host ET, else in its Kineto args."""
+    comm = it.host.comm if it.host is not None else None
+    if comm is not None and comm.name is not None:
+        return comm.name
+    if it.kineto is not None and it.kineto.collective_name:
+        return it.kineto.collective_name
     return None
 
 
 def _make_comm(g: Graph, it: Item, call: Item | None, groups: dict[str, str], stats: CollectiveStats) -> None:
     rpc = _param_comms(g, it) if it.kind == KERNEL else None
     annotation = _enclosing(g, it, lambda h: h.name.startswith("nccl:")) if it.kind == KERNEL else None
-    args = it.event.args if it.event is not None else None
-    candidates: list[tuple[str, str | None]] = [
-        ("host", call.name if call is not None else None),
-        ("host", _rpc_name(rpc) if rpc is not None else None),
-        ("kineto_args", args.collective_name if args is not None else None),
-        ("enclosing_op", annotation.name if annotation is not None else None),
-        ("enclosing_op", it.name if it.kind == HOST_OP else None),  # gloo:all_reduce names its own type
-        ("kernel_name", it.name if it.kind == KERNEL else None),
-    ]
-    kind: int | str | None = None
-    source, name = "default", "unknown"
-    for src, cand in candidates:
-        if cand:
-            kind = classify(cand)
-            if kind is not None:
-                source, name = src, cand
-                break
-    if kind is None:
-        kind = pb.ALL_REDUCE
+    kind, source, name = _comm_type(it, call, rpc, annotation)
     if source in ("kernel_name", "default"):
         stats.type_fallbacks[source] += 1
-    if it.kind == KERNEL and args is not None and args.collective_name is None and args.in_nelems is None \
+    if it.kind == KERNEL and (it.kineto is None or not it.kineto.collective_args) \
             and _enclosing(g, it, lambda h: "coalesced" in h.name.lower()) is not None:
         # one kernel for a whole group (`nccl:coalesced`): its type and size are a guess, say so
         stats.coalesced_without_metadata += 1
@@ -206,23 +184,46 @@ def _make_comm(g: Graph, it: Item, call: Item | None, groups: dict[str, str], st
     seq = _seq(rpc, it)
     short = _short_name(name)
     if kind in (SEND, RECV):
-        peer, tag = _peer_and_tag(call or rpc)
-        op = call or rpc
-        if op is not None:
-            widths.rank(_input_file(g, op), f"node {op.id} {op.name!r}: peer", peer)
-            if not widths.INT32_MIN <= tag <= widths.INT32_MAX:
-                raise BadInput(_input_file(g, op), f"node {op.id} {op.name!r}: tag {tag} out of range (int32)")
-        me = g.rank
-        comm = Comm(pb.COMM_SEND_NODE if kind == SEND else pb.COMM_RECV_NODE, short, 0, size, pg, seq,
-                    src=me if kind == SEND else peer, dst=peer if kind == SEND else me, tag=tag, type_source=source)
+        it.comm = _p2p(g, call or rpc, kind == SEND, Comm(0, short, 0, size, pg, seq, type_source=source))
     else:
         assert isinstance(kind, int)
         written = SIMULATOR_MAPPING.get(kind, kind)
         if written != kind:
-            stats.mapped[f"{pb.CollectiveCommType.Name(kind)}->{pb.CollectiveCommType.Name(written)}"] += 1
-        comm = Comm(pb.COMM_COLL_NODE, short, written, size, pg, seq, type_source=source)
-    it.comm = comm
+            stats.mapped[f"{comm_type_name(kind)}->{comm_type_name(written)}"] += 1
+        it.comm = Comm(pb.COMM_COLL_NODE, short, written, size, pg, seq, type_source=source)
     stats.comm_nodes += 1
+
+
+def _comm_type(it: Item, call: Item | None, rpc: Item | None, annotation: Item | None) -> tuple[int | str, str, str]:
+    """The collective type, where it came from and the name it came from: the first name that denotes one."""
+    candidates: list[tuple[str, str | None]] = [
+        ("host", call.name if call is not None else None),
+        ("host", _rpc_name(rpc) if rpc is not None else None),
+        ("kineto_args", it.kineto.collective_name if it.kineto is not None else None),
+        ("enclosing_op", annotation.name if annotation is not None else None),
+        ("enclosing_op", it.name if it.kind == HOST_OP else None),  # gloo:all_reduce names its own type
+        ("kernel_name", it.name if it.kind == KERNEL else None),
+    ]
+    for source, name in candidates:
+        if name:
+            kind = classify(name)
+            if kind is not None:
+                return kind, source, name
+    return pb.ALL_REDUCE, "default", "unknown"
+
+
+def _p2p(g: Graph, op: Item | None, send: bool, comm: Comm) -> Comm:
+    """A send or recv between this rank and the peer its call names (checked against the output's widths)."""
+    peer, tag = _peer_and_tag(op)
+    if op is not None:
+        widths.rank(_input_file(g, op), f"node {op.id} {op.name!r}: peer", peer)
+        if not widths.INT32_MIN <= tag <= widths.INT32_MAX:
+            raise BadInput(_input_file(g, op), f"node {op.id} {op.name!r}: tag {tag} out of range (int32)")
+    me = g.rank
+    comm.node_type = pb.COMM_SEND_NODE if send else pb.COMM_RECV_NODE
+    comm.src, comm.dst = (me, peer) if send else (peer, me)
+    comm.tag = tag
+    return comm
 
 
 def _input_file(g: Graph, it: Item) -> str:
@@ -237,8 +238,8 @@ def _short_name(name: str) -> str:
     return name.split("(")[0]
 
 
-def _tensor_bytes(op: HostOp, position: int | None) -> int | None:
-    found = [(pos, n * b) for pos, _, _, n, b in tensors(op.inputs.values, op.inputs.types)]
+def _tensor_bytes(op: OpRecord, position: int | None) -> int | None:
+    found = [(pos, n * b) for pos, _, _, n, b in op.input_tensors]
     if not found:
         return None
     if position is not None:
@@ -250,8 +251,8 @@ def _tensor_bytes(op: HostOp, position: int | None) -> int | None:
 
 def _dims_bytes(it: Item | None, position: int) -> int | None:
     """Bytes of the tensor at `position` from the Kineto `Input Dims` / `Input type` of the item's event."""
-    args = it.event.args if it is not None and it.event is not None else None
-    if args is None or not isinstance(args.input_dims, list) or not isinstance(args.input_type, list):
+    args = it.kineto if it is not None else None
+    if args is None or args.input_dims is None or args.input_type is None:
         return None
     if position >= min(len(args.input_dims), len(args.input_type)):
         return None
@@ -263,23 +264,9 @@ def _dims_bytes(it: Item | None, position: int) -> int | None:
 
 
 def _size(call: Item | None, rpc: Item | None, it: Item, annotation: Item | None = None) -> int | None:
-    if call is not None and call.host is not None:
-        base = call.name[6:]
-        size = _tensor_bytes(call.host, 1 if base in _INPUT_AT_1 else 0)
-        if size is not None:
-            return size
-    if rpc is not None and rpc.host is not None:
-        size = _tensor_bytes(rpc.host, None)
-        if size is not None:
-            return size
-    for src in (it, rpc):
-        args = src.event.args if src is not None and src.event is not None else None
-        if args is not None and as_int(args.in_nelems) is not None and args.dtype:
-            return int(as_int(args.in_nelems) or 0) * _DTYPE_BYTES.get(str(args.dtype).lower(), 4)
-    if it.host is not None:  # gloo op: its own input tensor
-        size = _tensor_bytes(it.host, None)
-        if size is not None:
-            return size
+    size = _recorded_size(call, rpc, it)
+    if size is not None:
+        return size
     # Kineto-only (or a host ET without tensors): the shapes Kineto recorded: the call's input, else what the
     # `nccl:*` op (or the gloo op itself) was given
     call_input = 1 if call is not None and call.name[6:] in _INPUT_AT_1 else 0
@@ -290,18 +277,36 @@ def _size(call: Item | None, rpc: Item | None, it: Item, annotation: Item | None
     return None
 
 
+def _recorded_size(call: Item | None, rpc: Item | None, it: Item) -> int | None:
+    """Bytes from the host ET's tensors of the call or its record_param_comms op, Kineto's element count and
+    dtype, or the gloo op's own input tensor, in that order."""
+    if call is not None and call.host is not None:
+        base = call.name[6:]
+        size = _tensor_bytes(call.host, 1 if base in _INPUT_AT_1 else 0)
+        if size is not None:
+            return size
+    if rpc is not None and rpc.host is not None:
+        size = _tensor_bytes(rpc.host, None)
+        if size is not None:
+            return size
+    for src in (it, rpc):
+        args = src.kineto if src is not None else None
+        if args is not None and args.in_nelems is not None and args.dtype:
+            return args.in_nelems * _DTYPE_BYTES.get(args.dtype.lower(), 4)
+    if it.host is not None:  # gloo op: its own input tensor
+        return _tensor_bytes(it.host, None)
+    return None
+
+
 def _pg_name(call: Item | None, rpc: Item | None, it: Item, groups: dict[str, str], g: Graph | None = None) -> str:
-    names: list[Any] = []
+    names: list[str | None] = []
     if g is not None and call is not None:  # etweave.collect's annotation around the call (gloo has no other)
         names.append(_annotated_group(g, call))
-    if rpc is not None and rpc.host is not None:
-        names.append(rpc.host.extra.get("pg_name"))
-        v = rpc.host.inputs.values
-        if len(v) >= 10 and isinstance(v[2], list) and v[2] and isinstance(v[2][0], str):
-            names.append(v[2][0])
+    if rpc is not None and rpc.host is not None and rpc.host.comm is not None:
+        names.extend(rpc.host.comm.pg_names)
     for src in (it, rpc):
-        if src is not None and src.event is not None:
-            names.append(src.event.args.pg_name)
+        if src is not None and src.kineto is not None:
+            names.append(src.kineto.pg_name)
     for name in names:
         if isinstance(name, str) and name in groups:
             return groups[name]
@@ -325,21 +330,13 @@ def _annotated_group(g: Graph, call: Item) -> str | None:
 
 def _seq(rpc: Item | None, it: Item) -> int | None:
     for src in (it, rpc):
-        if src is not None and src.event is not None:
-            s = as_int(src.event.args.seq)
-            if s is not None:
-                return s
-    if rpc is not None and rpc.host is not None and len(rpc.host.inputs.values) > 1:
-        s = rpc.host.inputs.values[1]
-        if isinstance(s, int) and not isinstance(s, bool):
-            return s
+        if src is not None and src.kineto is not None and src.kineto.seq is not None:
+            return src.kineto.seq
+    if rpc is not None and rpc.host is not None and rpc.host.comm is not None:
+        return rpc.host.comm.seq
     return None
 
 
 def _peer_and_tag(call: Item | None) -> tuple[int, int]:
-    if call is None or call.host is None:
-        return 0, 0
-    ints = [v for v in call.host.inputs.values[1:] if isinstance(v, int) and not isinstance(v, bool)]
-    peer = ints[0] if ints else 0
-    tag = ints[1] if len(ints) > 1 else 0
-    return peer, tag
+    comm = call.host.comm if call is not None and call.host is not None else None
+    return (comm.peer, comm.tag) if comm is not None else (0, 0)

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from etweave.read.host_et import HostOp
-from etweave.read.kineto import Event
+from etweave.read.host_et import IO
 
 if TYPE_CHECKING:  # annotations only: etweave.deps imports this module
     from etweave.deps.evidence import Evidence
@@ -38,6 +37,65 @@ class Comm:
     type_source: str = ""  # where the type came from: host, kineto_args, enclosing_op, kernel_name
 
 
+# A tensor among an op's inputs or outputs: (position, tensor id, storage id, elements, bytes per element).
+TensorRef = tuple[int, int, int, int, int]
+
+
+@dataclass(slots=True, frozen=True)
+class CommArgs:
+    """What a collective call (`c10d::*`) or its `record_param_comms` op records about the collective."""
+
+    name: str | None = None  # record_param_comms: the collective's name (attr from 1.1.0, positional before)
+    pg_names: tuple[str, ...] = ()  # record_param_comms: its process group's name, as attr then positional
+    seq: int | None = None  # record_param_comms: the collective's sequence number (positional)
+    peer: int = 0  # send/recv: the first integer argument after the tensor
+    tag: int = 0  # send/recv: the second
+
+
+@dataclass(slots=True)  # not frozen: a frozen dataclass is built at twice the cost, and there is one per host op
+class OpRecord:
+    """The host op an item stands for, decoded once when items are built: what later stages read of it."""
+
+    et_tid: int  # the host ET's thread id
+    et_parent: int  # the host ET's parent id (before repair)
+    rf_id: int
+    seq_id: int  # autograd sequence number, -1: none
+    op_schema: str
+    inputs: IO  # as recorded: written to the node unchanged; shapes and types give the roofline its work
+    outputs: IO
+    input_tensors: tuple[TensorRef, ...]
+    output_tensors: tuple[TensorRef, ...]
+    collective_call: bool = False  # a c10d collective or p2p call (not `wait`, not process-group bookkeeping)
+    comm: CommArgs | None = None  # collective calls and record_param_comms ops only
+
+
+@dataclass(slots=True)  # not frozen: one per event with args (see OpRecord)
+class KinetoArgs:
+    """The Kineto `args` of an item's event that later stages read (collective metadata, input shapes), decoded
+    once when items are built. Events without any of them carry none."""
+
+    collective_name: str | None = None
+    in_nelems: int | None = None  # elements of the collective's input
+    dtype: str | None = None
+    pg_name: str | None = None
+    seq: int | None = None
+    input_dims: list[object] | None = None  # per input: its shape (a list of ints) or something else
+    input_type: list[object] | None = None  # per input: its dtype name
+    collective_args: bool = False  # the event records `Collective name` or `In msg nelems` (even unreadable)
+
+
+@dataclass(slots=True, frozen=True)
+class SyncRecord:
+    """A Kineto `cuda_sync` event, decoded: which stream or CUDA event a synchronizing runtime call waited on."""
+
+    correlation: int | None  # of the runtime call it describes
+    kind: str | None  # "Stream Sync", "Event Sync", "Stream Wait Event" ...
+    device: int
+    stream: int | None
+    wait_on_stream: int | None  # the stream the waited-on CUDA event was recorded on
+    wait_on_event_corr: int | None  # the correlation of the cudaEventRecord call that recorded it
+
+
 @dataclass(slots=True)
 class Item:
     id: int
@@ -51,8 +109,9 @@ class Item:
     tid: int | str | None = None  # CPU thread the item ran on
     device: int | None = None
     stream: int | None = None
-    host: HostOp | None = None
-    event: Event | None = None
+    host: OpRecord | None = None  # the host op (host ET node, or a Kineto cpu op standing in for one)
+    correlation: int | None = None  # runtime calls: Kineto's correlation id
+    kineto: KinetoArgs | None = None  # the Kineto args of its event that later stages read
     parent: int | None = None  # effective parent item id (host tree, orphans re-attached)
     orphan_parent: int | None = None
     enclosing: int | None = None  # innermost item on the same thread whose time contains this one
@@ -120,7 +179,7 @@ class Graph:
     files: InputFiles = field(default_factory=InputFiles)
     # The Kineto synchronization calls (cudaStreamSynchronize, cudaEventSynchronize, cudaStreamWaitEvent, ...):
     # the waits stage reads which stream or event each one waited on.
-    sync_events: list[Event] = field(default_factory=list)
+    sync_events: list[SyncRecord] = field(default_factory=list)
 
     def add(self, it: Item) -> Item:
         """Add a synthesized item (its id is taken from the conversion's allocator)."""

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.deps import Dependencies
-from etweave.model import GPU_KINDS, HOST_OP, PROCESS_ROOT, RUNTIME, THREAD_ROOT, Graph, Item
+from etweave.model import GPU_KINDS, HOST_OP, PROCESS_ROOT, THREAD_ROOT, Comm, Graph, Item, OpRecord
 from etweave.read.host_et import IO, PG_INIT_NAME
-from etweave.read.kineto import as_int
 from etweave.roofline import Roofline
 
 DEP_EVIDENCE = "dep_evidence"
@@ -57,11 +56,11 @@ def is_marker(it: Item) -> bool:
     return it.kind in (PROCESS_ROOT, THREAD_ROOT) or (it.kind == HOST_OP and it.name == PG_INIT_NAME)
 
 
-def node_type(it: Item) -> int:
+def node_type(it: Item) -> pb.NodeType.ValueType:
     # Markers are COMP_NODEs of zero duration, as Chakra's converter writes roots: ASTRA-sim aborts on a
-    # METADATA_NODE (FORMATS.md 3b.1). Their role stays in the `kind` attr.
+    # METADATA_NODE (docs/FACTS.md §A1). Their role stays in the `kind` attr.
     if it.comm is not None:
-        return it.comm.node_type
+        return cast("pb.NodeType.ValueType", it.comm.node_type)  # Comm holds the plain int
     return pb.COMP_NODE
 
 
@@ -125,37 +124,39 @@ def _attrs(it: Item) -> list[pb.AttributeProto]:
     if gpu:
         attrs.append(_attr("device", int64_val=it.device or 0))
         attrs.append(_attr("stream", int64_val=it.stream or 0))
-    h = it.host
-    if h is not None:
-        attrs.append(_attr("et_tid", int64_val=h.et_tid))
-        attrs.append(_attr("et_parent", int64_val=h.parent))
-        attrs.append(_attr("rf_id", int64_val=h.rf_id))
-        attrs.append(_attr("seq_id", int64_val=h.seq_id))
-        attrs.append(_attr("linked", bool_val=it.measured))
-        if h.op_schema:
-            attrs.append(_attr("op_schema", string_val=h.op_schema))
-        if kind == PG_INIT_KIND:
-            attrs.append(_attr("pg_config", string_val=_io(h.inputs).values))
+    if it.host is not None:
+        attrs.extend(_host_attrs(it.host, it.measured, kind == PG_INIT_KIND))
     if it.kind == HOST_OP and it.measured:
         attrs.append(_attr("exclusive_micros", int64_val=round(it.excl)))
     if it.part_of is not None:
         attrs.append(_attr("part_of", int64_val=it.part_of))
     if it.orphan_parent is not None:
         attrs.append(_attr("orphan_parent", int64_val=it.orphan_parent))
-    corr = as_int(it.event.args.correlation) if it.kind == RUNTIME and it.event is not None else None
-    if corr is not None:
-        attrs.append(_attr("correlation", int64_val=corr))
-    c = it.comm
-    if c is not None:
-        attrs.append(_attr("collective_name", string_val=c.collective_name))
-        attrs.append(_attr("comm_type", int64_val=c.comm_type))
-        attrs.append(_attr("comm_size", int64_val=c.size))
-        attrs.append(_attr("pg_name", string_val=c.pg_name))
-        if c.seq is not None:
-            attrs.append(_attr("comm_seq", int64_val=c.seq))
-        if c.src is not None:
-            attrs.append(_attr("comm_src", int32_val=c.src))
-            attrs.append(_attr("comm_dst", int32_val=c.dst or 0))
-            attrs.append(_attr("comm_tag", int32_val=c.tag or 0))
-        attrs.append(_attr("measured_duration_micros", int64_val=max(0, round(it.dur))))
+    if it.correlation is not None:  # runtime calls
+        attrs.append(_attr("correlation", int64_val=it.correlation))
+    if it.comm is not None:
+        attrs.extend(_comm_attrs(it.comm, it.dur))
+    return attrs
+
+
+def _host_attrs(h: OpRecord, linked: bool, pg_init: bool) -> list[pb.AttributeProto]:
+    attrs = [_attr("et_tid", int64_val=h.et_tid), _attr("et_parent", int64_val=h.et_parent),
+             _attr("rf_id", int64_val=h.rf_id), _attr("seq_id", int64_val=h.seq_id), _attr("linked", bool_val=linked)]
+    if h.op_schema:
+        attrs.append(_attr("op_schema", string_val=h.op_schema))
+    if pg_init:
+        attrs.append(_attr("pg_config", string_val=_io(h.inputs).values))
+    return attrs
+
+
+def _comm_attrs(c: Comm, dur: float) -> list[pb.AttributeProto]:
+    attrs = [_attr("collective_name", string_val=c.collective_name), _attr("comm_type", int64_val=c.comm_type),
+             _attr("comm_size", int64_val=c.size), _attr("pg_name", string_val=c.pg_name)]
+    if c.seq is not None:
+        attrs.append(_attr("comm_seq", int64_val=c.seq))
+    if c.src is not None:
+        attrs.append(_attr("comm_src", int32_val=c.src))
+        attrs.append(_attr("comm_dst", int32_val=c.dst or 0))
+        attrs.append(_attr("comm_tag", int32_val=c.tag or 0))
+    attrs.append(_attr("measured_duration_micros", int64_val=max(0, round(dur))))
     return attrs

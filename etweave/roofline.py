@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from math import prod
 from typing import Any
 
-from etweave.model import GPU_KINDS, Graph, Item
-from etweave.read.host_et import IO, HostOp
+from etweave.model import GPU_KINDS, Graph, Item, OpRecord
+from etweave.read.host_et import IO
 from etweave.read.widths import INT64_MAX
 
 DTYPE_BYTES: dict[str, int] = {
@@ -83,13 +83,13 @@ def _first(io: IO, pos: int) -> Tensor | None:
     return ts[0] if ts else None
 
 
-def _largest_numel(op: HostOp) -> int:
+def _largest_numel(op: OpRecord) -> int:
     out = [t.numel for t in _all_tensors(op.outputs)]
     return max(out) if out else max((t.numel for t in _all_tensors(op.inputs)), default=0)
 
 
-def _matmul(a_pos: int, bias: bool) -> Callable[[HostOp], int | None]:
-    def flops(op: HostOp) -> int | None:
+def _matmul(a_pos: int, bias: bool) -> Callable[[OpRecord], int | None]:
+    def flops(op: OpRecord) -> int | None:
         a, b = _first(op.inputs, a_pos), _first(op.inputs, a_pos + 1)
         if a is None or b is None or len(a.shape) < 2 or len(a.shape) != len(b.shape):
             return None
@@ -99,14 +99,14 @@ def _matmul(a_pos: int, bias: bool) -> Callable[[HostOp], int | None]:
     return flops
 
 
-def _conv_forward(op: HostOp) -> int | None:
+def _conv_forward(op: OpRecord) -> int | None:
     weight, out = _first(op.inputs, 1), _first(op.outputs, 0)
     if weight is None or out is None or len(weight.shape) < 3:
         return None
     return 2 * out.numel * prod(weight.shape[1:])
 
 
-def _conv_backward(op: HostOp) -> int | None:
+def _conv_backward(op: OpRecord) -> int | None:
     # convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
     #                      output_padding, groups, output_mask)
     grad, inp, weight = _first(op.inputs, 0), _first(op.inputs, 1), _first(op.inputs, 2)
@@ -120,8 +120,8 @@ def _conv_backward(op: HostOp) -> int | None:
     return per_gradient * (wanted[0] + wanted[1]) + (grad.numel if wanted[2] else 0)
 
 
-def _per_element(factor: int, of_input: bool = False) -> Callable[[HostOp], int | None]:
-    def flops(op: HostOp) -> int | None:
+def _per_element(factor: int, of_input: bool = False) -> Callable[[OpRecord], int | None]:
+    def flops(op: OpRecord) -> int | None:
         if of_input:
             first = _first(op.inputs, 0)
             return factor * first.numel if first is not None else None
@@ -129,7 +129,7 @@ def _per_element(factor: int, of_input: bool = False) -> Callable[[HostOp], int 
     return flops
 
 
-def _foreach(op: HostOp) -> int | None:
+def _foreach(op: OpRecord) -> int | None:
     return sum(t.numel for t in tensors_at(op.inputs, 0))
 
 
@@ -154,7 +154,7 @@ _POOLING = ("max_pool2d_with_indices", "max_pool2d_with_indices_backward", "avg_
 _REDUCE = ("sum", "mean", "amax", "amin", "max", "min", "norm", "linalg_vector_norm")
 
 # op name -> FLOPs from its shapes (None when the shapes are not there). One table: a new op is one entry.
-FAMILIES: dict[str, tuple[str, Callable[[HostOp], int | None]]] = {
+FAMILIES: dict[str, tuple[str, Callable[[OpRecord], int | None]]] = {
     "aten::mm": ("matmul", _matmul(0, bias=False)),
     "aten::bmm": ("matmul", _matmul(0, bias=False)),
     "aten::addmm": ("matmul", _matmul(1, bias=True)),
@@ -181,9 +181,8 @@ class Work:
     bytes: int
 
 
-def op_work(op: HostOp) -> Work | None:
-    """The op's FLOPs and bytes moved, or None when it is in no family or its shapes are not recorded."""
-    name = op.name
+def op_work(name: str, op: OpRecord) -> Work | None:
+    """The FLOPs and bytes moved of op `name`, or None when it is in no family or its shapes are not recorded."""
     family = FAMILIES.get(name)
     if family is None and name.startswith("aten::_foreach_"):
         family = ("elementwise", _foreach)
@@ -213,7 +212,7 @@ def _family_op(g: Graph, it: Item, cache: dict[int, int | None]) -> int | None:
             break
         walked.append(current)
         op = g.by_id[current]
-        if op.host is not None and (op.host.name in FAMILIES or op.host.name.startswith("aten::_foreach_")):
+        if op.host is not None and (op.name in FAMILIES or op.name.startswith("aten::_foreach_")):
             found = current
             break
         current = op.enclosing
@@ -264,15 +263,15 @@ def assign(g: Graph) -> Roofline:
     covered = 0.0
     ops: dict[str, int] = {}
     for op_id in sorted(events_of):
-        host = g.by_id[op_id].host
-        work = op_work(host) if host is not None else None
-        if work is None or host is None:
+        op = g.by_id[op_id]
+        work = op_work(op.name, op.host) if op.host is not None else None
+        if work is None:
             continue
         events = events_of[op_id]
         weights = [max(0.0, e.dur) for e in events]
         for e, f, b in zip(events, spread(work.flops, weights), spread(work.bytes, weights), strict=True):
             values[e.id] = (f, b)
         covered += sum(weights)
-        family = FAMILIES[host.name][0] if host.name in FAMILIES else "elementwise"
+        family = FAMILIES[op.name][0] if op.name in FAMILIES else "elementwise"
         ops[family] = ops.get(family, 0) + 1
     return Roofline(values, gpu_time, covered, dict(sorted(ops.items())))

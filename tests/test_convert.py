@@ -69,10 +69,13 @@ def test_dlrm_every_rank(traces: Path) -> None:
 @pytest.mark.parametrize("rel", [p for p in PAIRS if "dlrm" in p or "linear" in p or "resnet" in p] or ["x"])
 def test_linked_ops_match_names_and_entry_order(traces: Path, rel: str) -> None:
     result = convert_pair(traces, rel)
+    events = read_kineto(traces / rel / "kineto.json.gz").events
+    # a measured op took its thread, start and duration from the Kineto event it is linked to
+    measured = {(events.tid[i], events[i].ts, events[i].dur, events[i].name) for i in events.cpu}
     by_thread: dict[object, list[tuple[int, float]]] = {}
     for it in result.graph.items:
         if it.kind == "host_op" and it.measured:
-            assert it.event is not None and it.event.name == it.name
+            assert (it.tid, it.start, it.dur, it.name) in measured
             by_thread.setdefault(it.tid, []).append((it.id, it.start))
     for ops in by_thread.values():
         starts = [s for _, s in sorted(ops)]

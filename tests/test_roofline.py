@@ -28,7 +28,8 @@ def test_one_linear_layer_by_hand(traces: Path) -> None:
     m, k, n = 512, 1024, 1024
     flops = 2 * m * k * n + m * n
     moved = 4 * (1024 + m * k + k * n + m * n)  # float32: bias, x, W in; y out
-    work = op_work(addmm.host)  # type: ignore[arg-type]
+    assert addmm.host is not None
+    work = op_work(addmm.name, addmm.host)
     assert work is not None and (work.flops, work.bytes) == (flops, moved)
     # spread over the kernels this op launched, summing to the op's total
     kernels = [it for it in g.items if it.kind in GPU_KINDS and it.launcher is not None
@@ -43,7 +44,8 @@ def test_first_conv_of_resnet_by_hand(traces: Path) -> None:
     g = convert_pair(traces, "gpu/resnet").graph
     conv = next(it for it in g.items if it.name == "aten::cudnn_convolution" and it.host is not None
                 and it.host.inputs.shapes[0] == [128, 3, 224, 224])
-    work = op_work(conv.host)  # type: ignore[arg-type]
+    assert conv.host is not None
+    work = op_work(conv.name, conv.host)
     # 7x7 conv, 3 -> 64 channels, stride 2: output 128x64x112x112, each output element 3*7*7 multiply-adds
     assert work is not None and work.flops == 2 * (128 * 64 * 112 * 112) * (3 * 7 * 7)
     assert work.bytes == 4 * (128 * 3 * 224 * 224 + 64 * 3 * 7 * 7 + 128 * 64 * 112 * 112)

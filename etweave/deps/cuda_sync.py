@@ -5,8 +5,7 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 
-from etweave.model import GPU_KINDS, RUNTIME, Graph, Item
-from etweave.read.kineto import Event, as_int
+from etweave.model import GPU_KINDS, RUNTIME, Graph, Item, SyncRecord
 
 
 class SyncRecords:
@@ -14,17 +13,14 @@ class SyncRecords:
     GPU op a recorded CUDA event stands for (the last op enqueued on its stream before cudaEventRecord)."""
 
     def __init__(self, g: Graph) -> None:
-        self.by_call: dict[int, Event] = {}  # runtime call correlation -> its cuda_sync event
+        self.by_call: dict[int, SyncRecord] = {}  # runtime call correlation -> its cuda_sync record
         self.runtime: dict[int, Item] = {}  # correlation -> runtime item
         for it in g.items:
-            if it.kind == RUNTIME and it.event is not None:
-                corr = as_int(it.event.args.correlation)
-                if corr is not None:
-                    self.runtime[corr] = it
+            if it.kind == RUNTIME and it.correlation is not None:
+                self.runtime[it.correlation] = it
         for ev in g.sync_events:
-            corr = as_int(ev.args.correlation)
-            if corr is not None:
-                self.by_call[corr] = ev
+            if ev.correlation is not None:
+                self.by_call[ev.correlation] = ev
         # per (device, stream): GPU ops in launch order, with their launch times
         self.launched: dict[tuple[int, int], tuple[list[float], list[Item]]] = {}
         per: dict[tuple[int, int], list[tuple[float, Item]]] = defaultdict(list)
@@ -35,17 +31,17 @@ class SyncRecords:
             pairs.sort(key=lambda p: (p[0], p[1].id))
             self.launched[key] = ([t for t, _ in pairs], [it for _, it in pairs])
 
-    def of(self, call: Item) -> Event | None:
-        corr = as_int(call.event.args.correlation) if call.event is not None else None
+    def of(self, call: Item) -> SyncRecord | None:
+        corr = call.correlation
         return self.by_call.get(corr) if corr is not None else None
 
-    def recorded_op(self, ev: Event) -> Item | None:
+    def recorded_op(self, ev: SyncRecord) -> Item | None:
         """The GPU op a waited-on CUDA event stands for."""
-        record = self.runtime.get(as_int(ev.args.wait_on_event_corr, -1) or -1)
-        stream = as_int(ev.args.wait_on_stream, -1)
+        record = self.runtime.get(ev.wait_on_event_corr or -1)
+        stream = ev.wait_on_stream
         if record is None or stream is None or stream < 0:
             return None
-        times, ops = self.launched.get((as_int(ev.args.device, 0) or 0, stream), ([], []))
+        times, ops = self.launched.get((ev.device, stream), ([], []))
         k = bisect.bisect_right(times, record.start)
         return ops[k - 1] if k else None
 

@@ -11,7 +11,6 @@ from etweave.deps.cuda_sync import SyncRecords
 from etweave.deps.evidence import WAIT_TOLERANCE as TOLERANCE
 from etweave.deps.evidence import Evidence
 from etweave.model import GPU_KINDS, RUNTIME, Await, Edge, Graph, Item
-from etweave.read.kineto import as_int
 
 
 def event_wait(g: Graph) -> list[Edge]:
@@ -24,14 +23,14 @@ def recorded_event_waits(g: Graph, records: SyncRecords) -> None:
     """cudaStreamWaitEvent with its `Stream Wait Event` record: the first op enqueued on the waiting stream after
     the call waits for the op the event was recorded after (recorded evidence)."""
     for ev in g.sync_events:
-        if ev.args.sync_kind != "Stream Wait Event":
+        if ev.kind != "Stream Wait Event":
             continue
         awaited = records.recorded_op(ev)
-        stream = as_int(ev.args.stream, -1)
-        call = records.runtime.get(as_int(ev.args.correlation, -1) or -1)
+        stream = ev.stream
+        call = records.runtime.get(ev.correlation or -1)
         if awaited is None or call is None or stream is None or stream < 0:
             continue
-        waiter = records.first_launched_after(as_int(ev.args.device, 0) or 0, stream, call.start)
+        waiter = records.first_launched_after(ev.device, stream, call.start)
         if waiter is not None and waiter is not awaited and awaited.start <= waiter.start:
             waiter.awaits.append(Await(awaited.id, Evidence.EVENT_WAIT, False))
 

@@ -12,7 +12,6 @@ from etweave.deps.awaited import awaited
 from etweave.deps.evidence import MAX_WAKEUP, Evidence
 from etweave.model import DELAY, HOST_OP, RESUME, RUNTIME, SELF_PART, THREAD_ROOT, Edge, Graph, Item
 from etweave.periods import Chains, thread_of
-from etweave.read.host_et import tensors
 
 
 def handoff(g: Graph) -> list[Edge]:
@@ -75,7 +74,7 @@ class HandOverEvidence:
                 continue
             if h.seq_id >= 0:
                 self.forward_tid.setdefault(h.seq_id, tid)
-            for _, tensor, storage, _, _ in tensors(h.outputs.values, h.outputs.types):
+            for _, tensor, storage, _, _ in h.output_tensors:
                 w_starts, w_ops = self.writers.setdefault((tensor, storage, tid), ([], []))
                 w_starts.append(it.start)
                 w_ops.append(it)
@@ -101,7 +100,7 @@ class HandOverEvidence:
                 continue
             if h.seq_id >= 0 and self.forward_tid.get(h.seq_id) == by and o.tid != by:
                 return True, None  # the backward of an op `by` ran forward: `by` called backward()
-            for _, tensor, storage, _, _ in tensors(h.inputs.values, h.inputs.types):
+            for _, tensor, storage, _, _ in h.input_tensors:
                 wrote = self.writers.get((tensor, storage, by))
                 k = bisect.bisect_right(wrote[0], t) if wrote is not None else 0
                 if wrote is not None and k:  # reads what `by` wrote: handed over as data

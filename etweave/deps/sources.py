@@ -10,7 +10,6 @@ from etweave.chakra import et_def_pb2 as pb
 from etweave.deps.awaited import awaited
 from etweave.deps.evidence import WAIT_TOLERANCE, Evidence
 from etweave.model import HOST_OP, PROCESS_ROOT, THREAD_ROOT, Edge, Graph, Item
-from etweave.read.host_et import tensors
 
 
 def thread_order(g: Graph) -> list[Edge]:
@@ -67,11 +66,11 @@ def tensor_flow(g: Graph) -> list[Edge]:
     for it in ops:
         h = it.host
         assert h is not None
-        for _, tensor, storage, _, _ in tensors(h.inputs.values, h.inputs.types):
+        for _, tensor, storage, _, _ in h.input_tensors:
             w = writer.get((tensor, storage))
             if w is not None and w.tid != it.tid:
                 edges.append(Edge(w.id, it.id, Evidence.TENSOR_FLOW))
-        for _, tensor, storage, _, _ in tensors(h.outputs.values, h.outputs.types):
+        for _, tensor, storage, _, _ in h.output_tensors:
             writer[(tensor, storage)] = it
     return edges
 

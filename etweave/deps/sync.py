@@ -12,7 +12,6 @@ from etweave.deps.evidence import WAIT_TOLERANCE as TOLERANCE
 from etweave.deps.evidence import Evidence
 from etweave.deps.timeline import gpu_ends, latest_before, on_stream
 from etweave.model import MEMCPY, RUNTIME, Edge, Graph, Item
-from etweave.read.kineto import as_int
 
 _SYNC_WORDS = ("Synchronize",)
 _COPY_PREFIXES = ("cudaMemcpy", "hipMemcpy", "cuMemcpy")
@@ -38,13 +37,13 @@ def find_blocking_calls(g: Graph, records: SyncRecords) -> list[tuple[Item, Item
         awaited_op: Item | None = None
         if any(w in it.name for w in _SYNC_WORDS):
             record = records.of(it)
-            kind = record.args.sync_kind if record is not None else None
+            kind = record.kind if record is not None else None
             if record is not None and kind == "Event Sync":
                 awaited_op = records.recorded_op(record)
                 if awaited_op is not None and not it.start <= awaited_op.start + awaited_op.dur <= end + TOLERANCE:
                     awaited_op = None
-            elif record is not None and kind == "Stream Sync" and (as_int(record.args.stream, -1) or -1) >= 0:
-                stream = as_int(record.args.stream)
+            elif record is not None and kind == "Stream Sync" and (record.stream or -1) >= 0:
+                stream = record.stream
                 awaited_op = latest_before(ends, ops, it.start, end + TOLERANCE, on_stream(stream))
             else:
                 awaited_op = latest_before(ends, ops, it.start, end + TOLERANCE)

@@ -261,14 +261,7 @@ def _validated(path: Path, raws: list[msgspec.Raw], eager: bool, warnings: dict[
     flags: dict[int, str] = {}  # kept position -> "missing" / "negative" duration
     for n, raw in enumerate(raws):
         raws[n] = None  # type: ignore[call-overload]  # an event not kept frees its view as we go
-        try:
-            ev = _event_decoder.decode(raw)
-        except msgspec.ValidationError as exc:
-            raise BadInput(path, f"not a Kineto trace: {exc} (in traceEvents[{n}])") from exc
-        except msgspec.DecodeError as exc:  # the outer pass checks the structure only, not every string
-            raise BadInput(path, f"not valid JSON: {exc} (in traceEvents[{n}])") from exc
-        except RecursionError as exc:
-            raise BadInput(path, "JSON nested too deeply") from exc
+        ev = _decode_event(path, n, raw)
         if ev.ph != "X":
             continue
         # widths, inline on the common path (millions of events); _check_event names what is wrong
@@ -295,18 +288,39 @@ def _validated(path: Path, raws: list[msgspec.Raw], eager: bool, warnings: dict[
         kept_raws = [r for j, r in enumerate(kept_raws) if j not in duplicates]
         kept = [e for j, e in enumerate(kept) if j not in duplicates]
         warnings["duplicate_kineto_events"] = len(duplicates)
-        table = EventTable()
-        for raw in kept_raws:
-            table._add_columns(_normalized(_event_decoder.decode(raw)), tids)
+        table = _table_of(kept_raws, tids)
     if eager:
         table._events = kept
     else:
         table._raws = kept_raws
+    _count_durations(flags, duplicates, warnings)
+    return table
+
+
+def _decode_event(path: Path, n: int, raw: msgspec.Raw) -> Event:
+    try:
+        return _event_decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise BadInput(path, f"not a Kineto trace: {exc} (in traceEvents[{n}])") from exc
+    except msgspec.DecodeError as exc:  # the outer pass checks the structure only, not every string
+        raise BadInput(path, f"not valid JSON: {exc} (in traceEvents[{n}])") from exc
+    except RecursionError as exc:
+        raise BadInput(path, "JSON nested too deeply") from exc
+
+
+def _table_of(raws: list[msgspec.Raw], tids: dict[int | str, int | str]) -> EventTable:
+    table = EventTable()
+    for raw in raws:
+        table._add_columns(_normalized(_event_decoder.decode(raw)), tids)
+    return table
+
+
+def _count_durations(flags: dict[int, str], duplicates: set[int], warnings: dict[str, int]) -> None:
+    """Warnings for the kept events whose duration was negative or missing (read as 0)."""
     for kind in ("negative", "missing"):
         count = sum(1 for j, f in flags.items() if f == kind and j not in duplicates)
         if count:
             warnings[f"{kind}_durations"] = count
-    return table
 
 
 def _duplicates(raws: list[msgspec.Raw], suspects: list[int]) -> set[int]:

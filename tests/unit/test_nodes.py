@@ -1,0 +1,77 @@
+"""build nodes: hand-built items and edges into Chakra nodes, with the attrs each kind of item gets."""
+
+from __future__ import annotations
+
+from etweave.chakra import et_def_pb2 as pb
+from etweave.chakra.io import node_attrs
+from etweave.deps import Dependencies
+from etweave.model import HOST_OP, KERNEL, PROCESS_ROOT, RUNTIME, Comm, Edge, Graph, Item, OpRecord
+from etweave.nodes import build_nodes, duration
+from etweave.read.host_et import IO, PG_INIT_NAME
+from etweave.roofline import Roofline
+
+
+def _record(inputs: IO, schema: str = "") -> OpRecord:
+    return OpRecord(et_tid=3, et_parent=1, rf_id=11, seq_id=-1, op_schema=schema, inputs=inputs,
+                    outputs=IO([], [], []), input_tensors=(), output_tensors=())
+
+
+def _graph() -> Graph:
+    items = [
+        Item(id=1, kind=PROCESS_ROOT, name="[process]", host=_record(IO([], [], [])), start=5, seg_end=900),
+        Item(id=2, kind=HOST_OP, name="aten::add", start=100.4, dur=20, excl=15.2, seg_end=110.6, measured=True,
+             tid=7, host=_record(IO([[1, 2, 0, 4, 4, "cuda:0"]], [[4]], ["Tensor(float)"]), "aten::add(Tensor)")),
+        Item(id=3, kind=RUNTIME, name="cudaLaunchKernel", start=105, dur=5, seg_end=110, measured=True, tid=7,
+             correlation=42, enclosing=2),
+        Item(id=4, kind=KERNEL, name="add_kernel", start=130, dur=8, seg_end=138, measured=True, device=0, stream=7,
+             launcher=3),
+        Item(id=5, kind=KERNEL, name="ncclDevKernel_AllReduce", start=140, dur=30.6, seg_end=170.6, measured=True,
+             device=0, stream=20, comm=Comm(pb.COMM_COLL_NODE, "allreduce", pb.ALL_REDUCE, 1024, "1", 4)),
+        Item(id=6, kind=HOST_OP, name=PG_INIT_NAME, host=_record(IO(['[{"pg_name": "0"}]'], [], ["String"])),
+             tid=7),
+    ]
+    g = Graph(items=items, by_id={it.id: it for it in items})
+    g.extra["roofline"] = Roofline({4: (64, 48)}, gpu_time_us=8, gpu_time_covered_us=8, ops={"elementwise": 1})
+    return g
+
+
+def _nodes() -> dict[int, pb.Node]:
+    deps = Dependencies(preds={4: [Edge(3, 4, "launch")], 3: [Edge(2, 3, "thread_order")]})
+    return {n.id: n for n in build_nodes(_graph(), deps)}
+
+
+def test_host_op_node() -> None:
+    node = _nodes()[2]
+    assert (node.type, node.start_time_micros, node.duration_micros) == (pb.COMP_NODE, 100, 11)
+    assert node.inputs.values == '[[1,2,0,4,4,"cuda:0"]]' and node.inputs.types == '["Tensor(float)"]'
+    attrs = node_attrs(node)
+    assert attrs["et_tid"] == 3 and attrs["et_parent"] == 1 and attrs["rf_id"] == 11 and attrs["linked"] is True
+    assert attrs["op_schema"] == "aten::add(Tensor)" and attrs["exclusive_micros"] == 15 and attrs["tid"] == 7
+    assert (attrs["num_ops"], attrs["tensor_size"]) == (0, 0)  # not a GPU event: no roofline work
+
+
+def test_runtime_and_gpu_nodes() -> None:
+    nodes = _nodes()
+    runtime, kernel = node_attrs(nodes[3]), node_attrs(nodes[4])
+    assert runtime["correlation"] == 42 and runtime["is_cpu_op"] is True and "et_tid" not in runtime
+    assert list(nodes[4].data_deps) == [3] and kernel["dep_evidence"] == ["launch"]
+    assert kernel["is_cpu_op"] is False and (kernel["device"], kernel["stream"]) == (0, 7)
+    assert (kernel["num_ops"], kernel["tensor_size"]) == (64, 48) and "correlation" not in kernel
+
+
+def test_comm_node() -> None:
+    node = _nodes()[5]
+    attrs = node_attrs(node)
+    assert node.type == pb.COMM_COLL_NODE and "num_ops" not in attrs
+    assert (attrs["comm_type"], attrs["comm_size"], attrs["pg_name"], attrs["comm_seq"]) == (pb.ALL_REDUCE, 1024,
+                                                                                               "1", 4)
+    assert attrs["measured_duration_micros"] == 31 and "comm_src" not in attrs
+
+
+def test_markers_take_no_time() -> None:
+    nodes = _nodes()
+    assert nodes[1].duration_micros == 0 and node_attrs(nodes[1])["kind"] == PROCESS_ROOT
+    pg_init = nodes[6]
+    # ASTRA-sim would read the inputs as group names: left empty, the host ET's list kept in an attr
+    assert pg_init.inputs.values == "" and node_attrs(pg_init)["pg_config"] == '["[{\\"pg_name\\": \\"0\\"}]"]'
+    assert node_attrs(pg_init)["kind"] == "process_group_init" and duration(_graph().by_id[6]) == 0
