@@ -41,7 +41,7 @@ def max_depth(slices: list[dict]) -> int:
 def test_timeline_nests_every_shared_pair(traces: Path, rel: str, tmp_path: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     result = convert_pair(traces, rel)
-    path = tmp_path / "trace.0.et"
+    path = tmp_path / f"trace.{result.graph.rank}.et"  # a file's name gives its rank (etweave.runfolder)
     write_et(path, result.metadata, result.nodes)
     timeline = tmp_path / "t.json"
     assert main(["simulate", str(path), "--timeline", str(timeline)]) == 0

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from etweave.model import Graph, Ids, Item
+from etweave.assemble import op_record
+from etweave.model import Graph, Ids, Item, OpRecord
 from etweave.read.host_et import IO, HostOp
 
 
@@ -14,12 +15,12 @@ def graph(*items: Item, threads: dict[int | str, list[int]] | None = None,
 
 
 def host_op(op_id: int, name: str, seq_id: int = -1, reads: tuple[int, ...] = (),
-            writes: tuple[int, ...] = ()) -> HostOp:
+            writes: tuple[int, ...] = ()) -> OpRecord:
     """A host op whose inputs are the tensors `reads` and outputs the tensors `writes` (tensor id = storage id)."""
 
     def io(ids: tuple[int, ...]) -> IO:
         return IO(values=[[t, t, 0, 4, 4, "cpu"] for t in ids], shapes=[[4] for _ in ids],
                   types=["Tensor(float)" for _ in ids])
 
-    return HostOp(id=op_id, name=name, parent=0, et_tid=0, rf_id=0, seq_id=seq_id, fw_parent=0, fw_tid=0, scope=0,
-                  op_schema="", inputs=io(reads), outputs=io(writes))
+    return op_record(HostOp(id=op_id, name=name, parent=0, et_tid=0, rf_id=0, seq_id=seq_id, fw_parent=0, fw_tid=0,
+                            scope=0, op_schema="", inputs=io(reads), outputs=io(writes)))

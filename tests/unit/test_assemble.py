@@ -7,11 +7,11 @@ from pathlib import Path
 import orjson
 
 from etweave.assemble import assemble, kineto_args, op_record, sync_record
-from etweave.link import link_host, select_device
+from etweave.conversion import Conversion
+from etweave.convert import STAGES, run_stages
 from etweave.model import HOST_OP, KERNEL, PROCESS_ROOT, RUNTIME, THREAD_ROOT, CommArgs, Graph, SyncRecord
 from etweave.read.host_et import IO, HostOp, read_host_et
 from etweave.read.kineto import Args, Event, read_kineto
-from etweave.repair import repair
 
 PROCESS, THREAD = "[pytorch|profiler|execution_trace|process]", "[pytorch|profiler|execution_trace|thread]"
 # A tensor in a host ET value: [tensor id, storage id, offset, elements, bytes per element, device]
@@ -53,9 +53,9 @@ def _graph(tmp_path: Path) -> Graph:
     (tmp_path / "host.json").write_bytes(orjson.dumps({"schema": "1.0.1", "pid": 1, "nodes": HOST_NODES}))
     (tmp_path / "kineto.json").write_bytes(orjson.dumps({"traceEvents": KINETO_EVENTS}))
     host, kineto = read_host_et(tmp_path / "host.json"), read_kineto(tmp_path / "kineto.json")
-    link = link_host(host, kineto)
-    rep, next_id = repair(host, 5)
-    return assemble(host, kineto, link, select_device(kineto, link.window), rep, next_id, 0)
+    c = Conversion.start(host, kineto, 0, None, False)
+    run_stages(c, [s for s in STAGES if s.name in ("link", "select_device_events", "repair_parents")])
+    return assemble(c)
 
 
 def test_items_carry_decoded_host_and_kineto_fields(tmp_path: Path) -> None:
@@ -75,8 +75,8 @@ def test_items_carry_decoded_host_and_kineto_fields(tmp_path: Path) -> None:
     assert runtime.correlation == 42 and runtime.id > 4  # device items take ids above the host's
     assert (kernel.device, kernel.stream, kernel.launcher) == (0, 7, runtime.id)
     assert runtime.enclosing == add.id  # time containment on its thread
-    assert g.extra["cuda_sync"] == [SyncRecord(correlation=43, kind="Stream Sync", device=0, stream=7,
-                                               wait_on_stream=None, wait_on_event_corr=None)]
+    assert g.sync_events == [SyncRecord(correlation=43, kind="Stream Sync", device=0, stream=7,
+                                 wait_on_stream=None, wait_on_event_corr=None)]
 
 
 def test_thread_and_stream_order(tmp_path: Path) -> None:

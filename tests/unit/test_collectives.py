@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.collectives import RECV, SEND, classify, find_collectives
-from etweave.model import HOST_OP, KERNEL, RUNTIME, Comm, CommArgs, Graph, Item, KinetoArgs, OpRecord, TensorRef
+from etweave.model import HOST_OP, KERNEL, RUNTIME, Comm, CommArgs, Graph, Ids, Item, KinetoArgs, OpRecord, TensorRef
 from etweave.read.host_et import IO
 
 
@@ -30,7 +30,8 @@ def _kernel(op_id: int, name: str, launcher: int | None, kineto: KinetoArgs | No
 
 
 def _graph(*items: Item, rank: int = 0) -> Graph:
-    return Graph(items=list(items), by_id={it.id: it for it in items}, rank=rank)
+    return Graph(items=list(items), by_id={it.id: it for it in items}, rank=rank,
+                 ids=Ids(max((it.id for it in items), default=0) + 1))
 
 
 def test_classify_names() -> None:

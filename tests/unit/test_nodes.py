@@ -5,7 +5,8 @@ from __future__ import annotations
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import node_attrs
 from etweave.deps import Dependencies
-from etweave.model import HOST_OP, KERNEL, PROCESS_ROOT, RUNTIME, Comm, Edge, Graph, Item, OpRecord
+from etweave.deps.evidence import Evidence
+from etweave.model import HOST_OP, KERNEL, PROCESS_ROOT, RUNTIME, Comm, Edge, Graph, Ids, Item, OpRecord
 from etweave.nodes import build_nodes, duration
 from etweave.read.host_et import IO, PG_INIT_NAME
 from etweave.roofline import Roofline
@@ -30,14 +31,15 @@ def _graph() -> Graph:
         Item(id=6, kind=HOST_OP, name=PG_INIT_NAME, host=_record(IO(['[{"pg_name": "0"}]'], [], ["String"])),
              tid=7),
     ]
-    g = Graph(items=items, by_id={it.id: it for it in items})
-    g.extra["roofline"] = Roofline({4: (64, 48)}, gpu_time_us=8, gpu_time_covered_us=8, ops={"elementwise": 1})
-    return g
+    return Graph(items=items, by_id={it.id: it for it in items}, ids=Ids(7))
+
+
+ROOFLINE = Roofline({4: (64, 48)}, gpu_time_us=8, gpu_time_covered_us=8, ops={"elementwise": 1})
 
 
 def _nodes() -> dict[int, pb.Node]:
-    deps = Dependencies(preds={4: [Edge(3, 4, "launch")], 3: [Edge(2, 3, "thread_order")]})
-    return {n.id: n for n in build_nodes(_graph(), deps)}
+    deps = Dependencies(preds={4: [Edge(3, 4, Evidence.LAUNCH)], 3: [Edge(2, 3, Evidence.THREAD_ORDER)]})
+    return {n.id: n for n in build_nodes(_graph(), deps, ROOFLINE)}
 
 
 def test_host_op_node() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from etweave.model import HOST_OP, KERNEL, MEMCPY, RUNTIME, Comm, Graph, Item, OpRecord
+from etweave.model import HOST_OP, KERNEL, MEMCPY, RUNTIME, Comm, Graph, Ids, Item, OpRecord
 from etweave.read.host_et import IO
 from etweave.roofline import assign, op_work, spread
 
@@ -56,7 +56,7 @@ def test_assign_spreads_over_the_launched_events() -> None:
         Item(id=7, kind=KERNEL, name="nccl", start=90, dur=5, measured=True, launcher=2,
              comm=Comm(0, "allreduce", 0, 16)),  # communication: not a roofline node
     ]
-    rf = assign(Graph(items=items, by_id={it.id: it for it in items}))
+    rf = assign(Graph(items=items, by_id={it.id: it for it in items}, ids=Ids(100)))
     flops, nbytes = 2 * 8 * 16 * 4, 4 * (8 * 16 + 16 * 4 + 8 * 4)
     assert rf.values == {4: (flops * 3 // 4, nbytes * 3 // 4), 5: (flops // 4, nbytes // 4)}
     assert (rf.gpu_time_us, rf.gpu_time_covered_us, rf.ops) == (45, 40, {"matmul": 1})
