@@ -31,9 +31,10 @@ from etweave.model import (
     OpRecord,
     SyncRecord,
 )
-from etweave.read.host_et import HostOp, tensors
-from etweave.read.kineto import Args, Event, KinetoTrace, as_int
+from etweave.read.host_et import HostOp
+from etweave.read.kineto import Args, Event, KinetoTrace
 from etweave.repair import Repair, is_collective_call
+from etweave.values import as_int, tensors
 
 _GPU_KIND = {"kernel": KERNEL, "Kernel": KERNEL, "gpu_memcpy": MEMCPY, "Memcpy": MEMCPY,
              "gpu_memset": MEMSET, "Memset": MEMSET}

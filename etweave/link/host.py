@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from etweave.read.host_et import HostOp, HostTrace
-from etweave.read.kineto import Event, EventTable, KinetoTrace, as_int
+from etweave.read.kineto import Event, EventTable, KinetoTrace
+from etweave.values import as_int
 
 # How far the aligner looks ahead for a resynchronisation point when names disagree.
 LOOKAHEAD = 48

@@ -17,7 +17,8 @@ from etweave.link.host import HostLink
 from etweave.link.window import Window
 from etweave.model import Ids
 from etweave.read.host_et import IO, PROCESS_ROOT_NAMES, THREAD_ROOT_NAMES, HostOp, HostTrace
-from etweave.read.kineto import Event, EventTable, KinetoTrace, as_int
+from etweave.read.kineto import Event, EventTable, KinetoTrace
+from etweave.values import as_int
 
 # Kineto rounds to the µs on old traces: a child may seem to end a hair after its parent (as in assemble).
 _EPS = 1e-3

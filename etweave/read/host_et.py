@@ -209,21 +209,3 @@ def _io_nested(io: Any) -> IO:
 
 def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
-
-
-def tensors(values: list[Any], types: list[Any]) -> Iterator[tuple[int, int, int, int, int]]:
-    """(position, tensor_id, storage_id, num_elem, elem_bytes) of every tensor among an op's inputs or outputs."""
-    for pos, (value, typ) in enumerate(zip(values, types, strict=False)):
-        if not isinstance(typ, str) or "Tensor" not in typ:
-            continue
-        for t in _flatten_tensors(value):
-            yield pos, t[0], t[1], t[3], t[4]
-
-
-def _flatten_tensors(value: Any) -> Iterator[list[Any]]:
-    if isinstance(value, list):
-        if len(value) == 6 and all(isinstance(x, int) and not isinstance(x, bool) for x in value[:5]):
-            yield value
-        else:
-            for v in value:
-                yield from _flatten_tensors(v)

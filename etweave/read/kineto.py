@@ -15,6 +15,7 @@ from etweave.errors import BadInput
 from etweave.read import widths
 from etweave.read.host_et import check_groups
 from etweave.read.source import read_bytes
+from etweave.values import as_int
 
 CPU_OP_CATS = frozenset({"cpu_op", "user_annotation"})
 RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver"})
@@ -53,20 +54,6 @@ _NO_ARGS = Args()
 
 _INT64 = 1 << 63
 _MAX_TIME = widths.MAX_TIME_MICROS
-
-
-def as_int(value: Any, default: int | None = None) -> int | None:
-    """Kineto writes some ids as numbers in one version and strings in another."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value if -_INT64 <= value < _INT64 else default  # nothing real is that large: a corrupt field
-    if isinstance(value, str):
-        try:
-            return int(value)
-        except ValueError:
-            return default
-    if isinstance(value, float) and value.is_integer() and -_INT64 <= value < _INT64:
-        return int(value)
-    return default
 
 
 class Event(msgspec.Struct, gc=False):

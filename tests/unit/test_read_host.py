@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from etweave.errors import BadInput
-from etweave.read.host_et import HostOp, read_host_et, tensors
+from etweave.read.host_et import HostOp, read_host_et
+from etweave.values import tensors
 from tests.unit.build import FLAT_SCHEMA, NESTED_SCHEMA, host_node, host_trace, write_json
 
 OPS = [(10, "aten::mm", 2), (11, "aten::add", 10), (12, "aten::relu", 999)]  # 999: a parent never written
