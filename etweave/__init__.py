@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from etweave.version import __version__
 
 _API = ("Simulation", "convert_pair", "convert_run", "example_run_dir", "simulate_files")
 __all__ = ["Simulation", "__version__", "convert_pair", "convert_run", "example_run_dir", "simulate_files"]

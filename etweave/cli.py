@@ -15,9 +15,10 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 import etweave
-from etweave import __version__, progress
+from etweave import progress
 from etweave.commands import COMMANDS
 from etweave.errors import BadInput, CheckFailed
+from etweave.version import __version__
 
 EXIT_OK, EXIT_INTERNAL, EXIT_BAD_INPUT, EXIT_CHECK = 0, 1, 2, 3
 

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from etweave import __version__, progress, roofline
+from etweave import progress, roofline
 from etweave.assemble import assemble
+from etweave.audit import build_report
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import SCHEMA_VERSION
 from etweave.check import NodeChecker
@@ -40,8 +41,9 @@ from etweave.read.host_et import HostTrace, read_host_et
 from etweave.read.kineto import KinetoTrace, read_kineto
 from etweave.renderers import EtFile
 from etweave.repair import repair
-from etweave.report import Report, build_report
+from etweave.report import Report
 from etweave.roofline import Roofline
+from etweave.version import __version__
 from etweave.waits import resolve_waits
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import PAIRS, REPO, convert_pair
 
+from etweave.audit import LONG_DELAY
 from etweave.convert import Result, run_pipeline
 from etweave.deps.evidence import MAX_WAKEUP, Evidence
 from etweave.deps.thread_wait import ISSUER_MAX_WAKEUP
@@ -18,7 +19,6 @@ from etweave.fidelity import NO_OP_KINDS, blocked_in_gpu_syncs, critical_path, d
 from etweave.model import GPU_KINDS, HOST_OP, UNTRACED, WAKEUP, Graph, Item
 from etweave.read.host_et import read_host_et
 from etweave.read.kineto import read_kineto
-from etweave.report import LONG_DELAY
 from etweave.waits import no_wait_evidence
 
 EXAMPLE = REPO / "etweave" / "examples" / "gloo_w2"

@@ -8,7 +8,6 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from etweave import __version__
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.accepts import COMM_NODE_TYPES, comm_type_name
 from etweave.chakra.io import attr_value, parse, serialize
@@ -24,6 +23,7 @@ from etweave.process_groups import assign_group_ids
 from etweave.run.discover import Discovery
 from etweave.run.workers import ConvertedRank
 from etweave.runfolder import CommGroups
+from etweave.version import __version__
 
 # Kinds whose members must all pass the same byte count (all_to_all(v), gather and scatter legitimately differ).
 _EQUAL_SIZE = frozenset({pb.ALL_REDUCE, pb.REDUCE, pb.ALL_GATHER, pb.REDUCE_SCATTER, pb.REDUCE_SCATTER_BLOCK,

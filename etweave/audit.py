@@ -1,0 +1,202 @@
+"""Stage: audit. Reads the finished `Conversion` and fills the typed `Report` (etweave.report): what went in and
+came out, what was left out and why, edges per evidence, delays on the critical path with their evidence."""
+
+from __future__ import annotations
+
+from etweave.collectives import CollectiveStats
+from etweave.conversion import Conversion, need
+from etweave.deps import Dependencies, by_name
+from etweave.deps.evidence import Evidence
+from etweave.fidelity import PathNode, delay_share
+from etweave.link import DeviceSelection, HostLink, LeftOut
+from etweave.model import DELAY, GPU_KINDS, HOST_OP, RUNTIME, THREAD_ROOT, UNTRACED, WAKEUP, Graph
+from etweave.nodes import duration
+from etweave.read.host_et import PG_INIT_NAME
+from etweave.read.kineto import KinetoTrace
+from etweave.repair import Repair
+from etweave.report import (
+    CollectiveWithoutDependents,
+    Count,
+    Delays,
+    Distribution,
+    EdgeCounts,
+    LeftOutGroup,
+    LinkSummary,
+    LongDelay,
+    MissingParentEntry,
+    Orphans,
+    Report,
+    RooflineSummary,
+    Synthesized,
+)
+from etweave.roofline import Roofline
+from etweave.serialized import serialized
+from etweave.waits import NoWaitEvidence
+
+LONG_DELAY = 100.0  # µs: delays on the critical path at least this long are listed with their evidence
+
+
+def build_report(c: Conversion) -> Report:
+    """The audit of a conversion whose stages have all run."""
+    g, deps, link = need(c.graph, "graph"), need(c.deps, "dependencies"), need(c.link, "link")
+    stats, rep = need(c.collectives, "collective stats"), need(c.repair, "repair")
+    left_out = _left_out(c.device, stats)
+    cpu_ops = None
+    if c.kineto is not None:
+        cpu_in, cpu_left = _kineto_cpu_ops(c.kineto, link)
+        cpu_ops = Count(cpu_in, len(link.event_of))
+        if cpu_left.count:
+            left_out.append(LeftOutGroup("cpu_ops", "outside_window", cpu_left.count, cpu_left.examples))
+    device = c.device
+    return Report(
+        rank=g.rank,
+        link=_link_summary(link, c.mismatch),
+        host_ops=_host_ops(c, g),
+        device_ops=Count(device.gpu_input if device else 0, sum(1 for it in g.items if it.kind in GPU_KINDS)),
+        runtime_calls=Count(device.runtime_input if device else 0, sum(1 for it in g.items if it.kind == RUNTIME)),
+        collectives=Count(stats.calls, stats.comm_nodes),
+        collective_type_mapping=dict(sorted(stats.mapped.items())),
+        synthesized=_synthesized(c, g),
+        left_out=left_out,
+        warnings=_warnings(c, g, deps, stats, rep),
+        orphans=Orphans(len(rep.orphan_parent), [
+            MissingParentEntry(m.id, m.thread, len(m.orphans), m.nodes_below, m.collectives) for m in rep.missing]),
+        edges=EdgeCounts(sum(deps.per_source.values()), by_name(deps.per_source), by_name(deps.inferred)),
+        nodes=len(g.items),
+        roofline=_roofline(g, c.roofline),
+        delays=delays(g, deps),
+        collectives_without_dependents=collectives_without_dependents(g, deps),
+        astra_sim_serialized=serialized(g),
+        cpu_ops=cpu_ops,
+    )
+
+
+def _host_ops(c: Conversion, g: Graph) -> Count:
+    """Host ET ops: ops made from Kineto cpu ops are counted as cpu_ops, and Kineto only there are none."""
+    if c.host is None or c.kineto_only:
+        return Count(0, 0)
+    from_kineto = {op.id for op in c.added_ops}
+    return Count(len(c.host.ops), sum(1 for it in g.items if it.host is not None and it.id not in from_kineto))
+
+
+def _synthesized(c: Conversion, g: Graph) -> Synthesized:
+    if c.kineto_only:
+        return Synthesized(thread_roots=sum(1 for it in g.items if it.kind == THREAD_ROOT), process_root=1)
+    return Synthesized(thread_roots=sum(1 for it in g.items if it.kind == THREAD_ROOT and it.host is None),
+                       host_ops_from_kineto=len(c.added_ops) if c.kineto is not None else 0)
+
+
+def _link_summary(link: HostLink, mismatch: list[str]) -> LinkSummary:
+    summary = LinkSummary(link.method, link.seq_offset, {str(k): v for k, v in sorted(link.kthread_of.items())},
+                          list(link.window) if link.window else None, mismatch=mismatch)
+    # With a mismatch, "the structurally identical iteration" would claim too much.
+    if link.seq_offset and not mismatch:
+        summary.note = (f"the host ET comes from another iteration than the Kineto trace (sequence numbers "
+                        f"differ by {link.seq_offset}); linked to the structurally identical iteration")
+    return summary
+
+
+def _left_out(device: DeviceSelection | None, stats: CollectiveStats) -> list[LeftOutGroup]:
+    left_out: list[LeftOutGroup] = []
+    if device is not None:
+        for (kind, reason), lo in sorted(device.left_out.items()):
+            left_out.append(LeftOutGroup(kind, reason, lo.count, lo.examples))
+    if stats.unmatched_calls:
+        left_out.append(LeftOutGroup("collectives", "no_communication_work_recorded", len(stats.unmatched_calls),
+                                     [f"{op.name} (host id {op.id})" for op in stats.unmatched_calls[:5]]))
+    return left_out
+
+
+def _warnings(c: Conversion, g: Graph, deps: Dependencies, stats: CollectiveStats, rep: Repair) -> dict[str, int]:
+    """Every warning count, sorted by name; `inputs_mismatched` last (converted because --allow-mismatch)."""
+    warnings: dict[str, int] = {}
+    for src in (c.host.warnings if c.host else {}, c.kineto.warnings if c.kineto else {},
+                need(c.link, "link").warnings):
+        warnings.update(src)
+    if c.kineto is not None and c.host is not None:
+        # `## process_group:init ##` is written when the observer starts: Kineto never has it.
+        unlinked = sum(1 for it in g.items if it.kind == HOST_OP and not it.measured and it.name != PG_INIT_NAME)
+        warnings["host_ops_unlinked"] = unlinked
+    if rep.cycles:
+        warnings["host_parent_cycles_broken"] = rep.cycles
+    for source, n in sorted(stats.type_fallbacks.items()):
+        warnings[f"collective_type_from_{source}"] = n
+    warnings["collective_size_unknown"] = stats.size_unknown
+    if stats.coalesced_without_metadata:
+        warnings["collective_coalesced_without_metadata"] = stats.coalesced_without_metadata
+    warnings["gpu_ops_without_launcher"] = sum(1 for it in g.items if it.kind in GPU_KINDS and it.launcher is None) \
+        if c.kineto is not None else 0
+    for source, n in sorted(deps.rejected.items()):
+        warnings[f"edges_rejected_{source}"] = n
+    for source, n in sorted(deps.late.items()):
+        warnings[f"wait_edges_ending_late_{source}"] = n
+    warnings = dict(sorted(warnings.items()))
+    if c.mismatch:
+        warnings["inputs_mismatched"] = 1
+    return warnings
+
+
+def _roofline(g: Graph, rf: Roofline | None) -> RooflineSummary:
+    """COMP nodes with real num_ops/tensor_size (from their launching op's shapes) and with zeros."""
+    comp = sum(1 for it in g.items if it.comm is None)
+    real = sum(1 for _ops, size in rf.values.values() if size > 0) if rf is not None else 0
+    gpu, covered = (rf.gpu_time_us, rf.gpu_time_covered_us) if rf is not None else (0.0, 0.0)
+    return RooflineSummary(comp, real, comp - real, round(100.0 * covered / gpu, 2) if gpu > 0 else None,
+                           rf.ops if rf is not None else {})
+
+
+def delays(g: Graph, deps: Dependencies) -> Delays:
+    """The delay share of the critical path (fidelity.delay_share), every delay on it of LONG_DELAY µs or more with
+    the evidence that nothing was awaited, and the distribution of wake-up latencies."""
+    preds = deps.preds
+    nodes = [PathNode(it.id, it.name, it.kind, float(duration(it)),
+                      tuple(e.src for e in preds[it.id]) if it.id in preds else ()) for it in g.items]
+    ds = delay_share(nodes)
+    long = []
+    evidence: NoWaitEvidence | None = None
+    for i in ds.on_path:
+        it = g.by_id[i]
+        d = duration(it)
+        if it.kind in (DELAY, UNTRACED) and d >= LONG_DELAY:
+            evidence = evidence or NoWaitEvidence(g)
+            long.append(LongDelay(i, it.name, it.kind, it.stream, str(it.tid) if it.stream is None else None,
+                                  round(it.start), d, evidence.of(it)))
+    wakeups = sorted(duration(it) for it in g.items if it.kind == WAKEUP)
+    return Delays(
+        critical_path_micros=round(ds.critical_path),
+        share_percent=round(ds.share, 2),
+        by_kind_micros={k: round(v) for k, v in ds.by_kind.items()},
+        rank_start_offset_micros=round(ds.rank_start_offset),
+        long_delays_on_critical_path=long,
+        wakeup_micros=Distribution.of(wakeups),
+    )
+
+
+def collectives_without_dependents(g: Graph, deps: Dependencies) -> list[CollectiveWithoutDependents]:
+    """Collectives whose completion gates nothing on another thread or stream (program and collective order aside):
+    no thread resumed after one and no other thread or stream consumed its output. A collective's own later
+    periods (`part_of`) stand for it."""
+    gates: set[int] = set()
+    for target, edges in deps.preds.items():
+        dst = g.by_id[target]
+        for e in edges:
+            if e.source in (Evidence.THREAD_ORDER, Evidence.COLLECTIVE_ORDER):
+                continue
+            src = g.by_id[e.src]
+            if (src.tid, src.device, src.stream) != (dst.tid, dst.device, dst.stream):
+                gates.add(src.part_of if src.part_of is not None and src.comm is None else src.id)
+    return [CollectiveWithoutDependents(it.id, it.name, it.comm.collective_name)
+            for it in g.items if it.comm is not None and it.id not in gates]
+
+
+def _kineto_cpu_ops(kineto: KinetoTrace, link: HostLink) -> tuple[int, LeftOut]:
+    """The trace's cpu ops, and those outside the window (by the rule that selected them, so an op in the window
+    that did not become a node breaks the reconciliation)."""
+    converted = set(link.event_of.values())
+    events = kineto.events
+    lo, hi = link.window if link.window is not None else (float("-inf"), float("inf"))
+    left = LeftOut()
+    for i in events.cpu:
+        if i not in converted and not lo <= events.ts[i] <= hi:
+            left.add_at(events, i)
+    return len(events.cpu), left
