@@ -109,7 +109,7 @@ def _device_items(kineto: KinetoTrace, device: DeviceSelection, ids: Ids) -> lis
     return items
 
 
-# The op PyTorch records a collective's metadata on (FORMATS.md): name, group and sequence number.
+# The op PyTorch records a collective's metadata on (docs/FACTS.md §H7): name, group and sequence number.
 PARAM_COMMS = "record_param_comms"
 
 

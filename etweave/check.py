@@ -1,4 +1,4 @@
-"""Checks that a Chakra trace will load and run in ASTRA-sim (FORMATS.md sections 3 and 3b; 3b wins).
+"""Checks that a Chakra trace will load and run in ASTRA-sim (docs/FACTS.md §E and §A; §A wins).
 
 Pure functions over protobuf nodes, so the converter can run them on in-memory nodes before writing and
 `etweave check` can run them on files. Everything is linear in nodes + edges (the p2p matching sorts only the
@@ -354,7 +354,7 @@ def check_run(ranks: Mapping[int, Sequence[pb.Node]], comm_group: Mapping[str, S
                                  "(ASTRA-sim's CommunicatorGroup asserts id > 0)"))
     if len(present) == 1 and warnings is not None:
         warnings.append(Violation("single-rank", f"rank {min(present)}", "one rank: ASTRA-sim's analytical "
-                                  "network refuses 1 NPU; run it as 2 NPUs (FORMATS.md 3b.7)"))
+                                  "network refuses 1 NPU; run it as 2 NPUs (docs/FACTS.md §A7)"))
     comm = _RunComm()
     for rank in sorted(ranks):
         group_uses = _scan_rank(rank, ranks[rank], comm, out)

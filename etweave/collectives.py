@@ -109,7 +109,7 @@ def _is_call(it: Item) -> bool:
 def _gloo_call(calls: list[Item], gloo: Item, paired: set[int]) -> Item | None:
     """The c10d call a gloo op works for, among the unpaired calls entered before it on the issuing thread.
 
-    The host ET's parent of a gloo op is often not its c10d op (FORMATS.md), but ids are handed out at op entry,
+    The host ET's parent of a gloo op is often not its c10d op (docs/FACTS.md §H8), but ids are handed out at op entry,
     so the call comes before its gloo op on the issuing thread's counter. Async calls (DDP buckets) can have
     several open at once: the one whose input tensor the gloo op works on is it; else the oldest of the same
     kind, since a process group runs its work in issue order. `calls` are in id order.
@@ -127,7 +127,7 @@ def _gloo_call(calls: list[Item], gloo: Item, paired: set[int]) -> Item | None:
         return any((t, s) in wanted for _, t, s, _, _ in c.host.input_tensors)
 
     def same_kind(c: Item) -> bool:
-        # reduce_scatter_tensor runs as gloo:all_reduce (FORMATS.md)
+        # reduce_scatter_tensor runs as gloo:all_reduce (docs/FACTS.md §H8)
         return classify(c.name) == kind or (kind == pb.ALL_REDUCE and classify(c.name) == pb.REDUCE_SCATTER)
 
     call = next((c for c in open_calls if wanted and same_tensor(c)), None) \

@@ -1,5 +1,5 @@
 """Which comm nodes of different ranks are one operation: the one rule that `convert-run`'s cross-rank check,
-`etweave check` and `etweave simulate`'s replay all apply (FORMATS.md 3.6, 3b.5, 3b.6; `etweave simulate --help`).
+`etweave check` and `etweave simulate`'s replay all apply (docs/FACTS.md §E5, §A5, §A6; `etweave simulate --help`).
 
 - Collectives: the members of a process group are the ranks its comm-group entry lists ("" = every rank), taken
   among the ranks at hand, in ascending rank. On each member, a group's collectives are taken in issue order

@@ -1,4 +1,4 @@
-"""Stage 6, build nodes: items and their incoming edges into Chakra protobuf nodes (FORMATS.md section 3)."""
+"""Stage 6, build nodes: items and their incoming edges into Chakra protobuf nodes (docs/FACTS.md §E)."""
 
 from __future__ import annotations
 
@@ -91,11 +91,11 @@ def build_nodes(g: Graph, deps: Dependencies, roofline: Roofline | None = None) 
             node.outputs.CopyFrom(_io(it.host.outputs))
             if it.kind == HOST_OP and it.name == PG_INIT_NAME:
                 # ASTRA-sim parses this node's inputs.values as `substr(2, size-4)` JSON whose group names would
-                # replace comm_group.json's ids (FORMATS.md 3b.1): leave it empty, keep the host ET's list in an attr.
+                # replace comm_group.json's ids (docs/FACTS.md §A1): leave it empty, keep the host ET's list in an attr.
                 node.inputs.values = ""
         node.attr.extend(_attrs(it))
         if node.type == pb.COMP_NODE:
-            # ASTRA-sim's roofline mode throws on a COMP_NODE without both (FORMATS.md 3b.3); 0 = not known
+            # ASTRA-sim's roofline mode throws on a COMP_NODE without both (docs/FACTS.md §A3); 0 = not known
             num_ops, tensor_size = work.get(it.id, (0, 0))
             node.attr.append(_attr("num_ops", int64_val=num_ops))
             node.attr.append(_attr("tensor_size", uint64_val=tensor_size))

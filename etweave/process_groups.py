@@ -1,7 +1,7 @@
 """Process groups as the traces describe them, and the comm-group ids etweave gives them: the one parser of the
 host ET `## process_group:init ##` list, Kineto `distributedInfo.pg_config` and the `Process Group Name` /
 `Process Group Ranks` event args (`describe_groups`), the ids a single rank's conversion writes
-(`local_group_ids`), and the id rule (`assign_group_ids`, FORMATS.md 3b.5)."""
+(`local_group_ids`), and the id rule (`assign_group_ids`, docs/FACTS.md §A5)."""
 
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ def local_group_ids(host: HostTrace | None, kineto: KinetoTrace | None) -> dict[
 
 def assign_group_ids(names: Sequence[str]) -> dict[str, str]:
     """Comm-group ids for subgroup names, in the order given: a name that is already an id ASTRA-sim accepts
-    (decimal, >= 1, no leading zero) keeps it, the others get the smallest free ids from 1 up (FORMATS.md 3b.5:
+    (decimal, >= 1, no leading zero) keeps it, the others get the smallest free ids from 1 up (docs/FACTS.md §A5:
     CommunicatorGroup asserts id > 0; PyTorch names its default group "0")."""
     ids: dict[str, str] = {}
     for name in names:

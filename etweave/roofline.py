@@ -1,4 +1,4 @@
-"""Roofline values: `num_ops` (FLOPs) and `tensor_size` (bytes moved) for every GPU node (FORMATS.md 3b.3).
+"""Roofline values: `num_ops` (FLOPs) and `tensor_size` (bytes moved) for every GPU node (docs/FACTS.md §A3).
 
 ASTRA-sim's roofline mode times a GPU COMP_NODE as num_ops / perf(num_ops / tensor_size) and throws when either
 attr is missing, so every COMP_NODE gets both; CPU nodes are replayed from `duration_micros` whatever they say.

@@ -1,12 +1,12 @@
 """What a `.et` file and a run folder are: the one home of the rules `convert-run` writes by and `check`,
 `simulate` and `jsonize` read by.
 
-- A rank's file is `<prefix>.<rank>.et` (FORMATS.md 3): ASTRA-sim opens `<prefix>.<npu id>.et` for each NPU and
+- A rank's file is `<prefix>.<rank>.et` (docs/FACTS.md §E1): ASTRA-sim opens `<prefix>.<npu id>.et` for each NPU and
   never reads a rank from the file's content, so the name decides. A file whose name carries no rank (`out.et`,
   what `etweave convert -o` may write) has the rank of its GlobalMetadata attr `rank`, else the default the
   caller gives (0 for a lone file). A metadata rank that is not an integer is bad input, whatever the name says.
 - The process-group map is `comm_group.json` beside the `.et` files (the first file's folder that has one):
-  `{"<decimal id>": [global ranks, ...]}` (FORMATS.md 3 item 7). ASTRA-sim reads every key with `std::stoi`, so a
+  `{"<decimal id>": [global ranks, ...]}` (docs/FACTS.md §E6). ASTRA-sim reads every key with `std::stoi`, so a
   key that is not ASCII decimal digits is bad input when the map is read; an id of 0 reads, and `check` reports
   it (`pg-id`: CommunicatorGroup asserts id > 0, 3b.5).
 """

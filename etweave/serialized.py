@@ -1,10 +1,10 @@
-"""What ASTRA-sim's single slots serialize: work of one rank that really ran at once (FORMATS.md 3b.2).
+"""What ASTRA-sim's single slots serialize: work of one rank that really ran at once (docs/FACTS.md §A2).
 
 ASTRA-sim runs at most one `is_cpu_op` node per NPU (all CPU threads share the slot), one GPU-compute node (all
 streams share it) and one comm node (collectives and sends; receives take none). Work that ran concurrently on two
 threads, two streams, or as two collectives in flight therefore runs one after the other there. etweave writes such
 work as it ran — each thread and stream its own chain, CPU work as CPU ops, communication types only on real
-communication — because every other encoding the single slot would time "right" misstates what ran (FORMATS.md 3b,
+communication — because every other encoding the single slot would time "right" misstates what ran (docs/FACTS.md §A2,
 README "What ASTRA-sim computes"). The audit report counts what is left to that serialization here, per slot
 class: how long two or more of its nodes really ran at once, and how many nodes did.
 """

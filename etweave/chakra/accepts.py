@@ -1,5 +1,5 @@
 """What the simulator accepts: the one home of the node types, collective types, attr types and group ids that
-ASTRA-sim and its feeder take (FORMATS.md section 3, and 3b where it contradicts 3). `etweave.check` checks files
+ASTRA-sim and its feeder take (docs/FACTS.md §E, and §A where it contradicts §E). `etweave.check` checks files
 against these; the converter (`etweave.collectives`) writes by them; the replay and cross-rank code tell comm nodes
 by `COMM_NODE_TYPES`."""
 

@@ -27,7 +27,7 @@ EXIT_OK, EXIT_CHECK = 0, 3
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("check", help="check .et files against what ASTRA-sim requires",
-                       description="Check Chakra .et files against what ASTRA-sim does with them (FORMATS.md 3b): "
+                       description="Check Chakra .et files against what ASTRA-sim does with them (docs/FACTS.md §A): "
                                    "ids, both edge sets, cycles, node types (no METADATA_NODE), attr types, "
                                    "num_ops/tensor_size on every COMP_NODE, collectives, process-group ids >= 1, "
                                    "send/recv pairing. Warnings (comm_size 0, a single rank, MEM nodes) are "

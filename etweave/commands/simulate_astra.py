@@ -18,7 +18,7 @@ from etweave.simulate.network import DEFAULT_NETWORK, load_network
 FITTED = ("fitted", "fitted-robust", "fitted-per-type")
 
 HELP = """\
---model astra-sim: ASTRA-sim's rules (FORMATS.md 3b). Per NPU one CPU slot (every is_cpu_op node, all threads),
+--model astra-sim: ASTRA-sim's rules (docs/FACTS.md §A). Per NPU one CPU slot (every is_cpu_op node, all threads),
 one GPU-compute slot (every other COMP node, all streams), one comm slot (collectives, sends; recvs take none);
 whenever a node finishes, the ready nodes issue in ascending id where their slot is free. Time in ns:
 duration_micros x 1000, 0 -> 1 ns; start_time_micros is not read; METADATA_NODE reads as COMP_NODE.

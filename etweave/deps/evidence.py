@@ -9,11 +9,11 @@ from __future__ import annotations
 from enum import Enum
 from typing import NamedTuple
 
-# A waiter resumes within this long after what it waited for ended (µs), as FORMATS.md's traces show.
+# A waiter resumes within this long after what it waited for ended (µs), as the shared traces show (docs/FACTS.md §W1).
 WAIT_TOLERANCE = 5.0
 # A thread waiting for work it handed to another thread (a gloo worker, the autograd engine, a helper thread)
-# resumes up to this long after that work ended (µs): 78-283 µs on CPU gloo runs (FORMATS.md, "Waiting on CPU
-# threads"); the bound keeps a period that merely overlapped the other thread's work from being taken as a wait.
+# resumes up to this long after that work ended (µs): 78-283 µs on CPU gloo runs (docs/FACTS.md
+# §W1); the bound keeps a period that merely overlapped the other thread's work from being taken as a wait.
 MAX_WAKEUP = 1000.0
 
 

@@ -88,7 +88,7 @@ def _seq_offset(ops: list[HostOp], events: Sequence[Event], threads: dict[int | 
     """The offset between host seq ids and Kineto sequence numbers that matches the most (name, seq) pairs.
 
     0 when the host ET is one of the Kineto iterations; nonzero when it was recorded in another step
-    (FORMATS.md: dlrm's host ET is the step before its Kineto trace), and then we link to the step that is
+    (docs/FACTS.md §M1: dlrm's host ET is the step before its Kineto trace), and then we link to the step that is
     structurally identical. None when neither side has sequence numbers.
     """
     kineto_pairs: set[tuple[str, int]] = set()

@@ -541,7 +541,7 @@ def _add_start_offset(nodes: list[pb.Node], start: int, run_t0: int) -> int:
                     data_deps=sorted(roots), start_time_micros=run_t0, duration_micros=offset)
     delay.attr.add(name="kind", string_val="delay")
     delay.attr.add(name="is_cpu_op", bool_val=True)
-    delay.attr.add(name="num_ops", int64_val=0)  # every COMP_NODE has both (FORMATS.md 3b.3)
+    delay.attr.add(name="num_ops", int64_val=0)  # every COMP_NODE has both (docs/FACTS.md §A3)
     delay.attr.add(name="tensor_size", uint64_val=0)
     evidence = [Evidence.RANK_START_OFFSET.value] * len(delay.data_deps)
     delay.attr.add(name=DEP_EVIDENCE).string_list.values.extend(evidence)
