@@ -25,7 +25,7 @@ from etweave.simulate.coverage import missing_ranks, run_ranks
 EXIT_OK, EXIT_CHECK = 0, 3
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("check", help="check .et files against what ASTRA-sim requires",
                        description="Check Chakra .et files against what ASTRA-sim does with them (docs/FACTS.md §A): "
                                    "ids, both edge sets, cycles, node types (no METADATA_NODE), attr types, "

@@ -36,7 +36,7 @@ transfer_duration_micros; measured_duration_micros keeps the measured).
 Exit codes: 0 ok, 2 bad input, 3 ranks disagree or a check failed."""
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("convert-run", help="convert every rank of a run folder, with cross-rank checks",
                        description="Convert all ranks of a distributed run to Chakra .et files, with a shared "
                                    "comm_group.json, an audit report and cross-rank collective checks.",

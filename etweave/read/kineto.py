@@ -132,14 +132,16 @@ class EventTable(Sequence[Event]):
     def __len__(self) -> int:
         return len(self._events) if self._events is not None else len(self._raws or ())
 
-    def __getitem__(self, i: int) -> Event:  # type: ignore[override]
+    def __getitem__(self, i: int) -> Event:  # type: ignore[override]  # by index only: no slices of the table
         if self._events is not None:
             return self._events[i]
         ev = self._cache.get(i)
         if ev is None:
             if len(self._cache) >= _CACHE:
                 self._cache.clear()
-            ev = self._cache[i] = _normalized(_event_decoder.decode(self._raws[i]))  # type: ignore[index]
+            raws = self._raws
+            assert raws is not None  # a table holds either its decoded events or their raw JSON
+            ev = self._cache[i] = _normalized(_event_decoder.decode(raws[i]))
         return ev
 
     def __iter__(self) -> Iterator[Event]:
