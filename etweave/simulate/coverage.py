@@ -4,7 +4,6 @@ with `etweave convert`, then replayed together: the replay's rendezvous waits fo
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,10 +11,8 @@ from pathlib import Path
 import orjson
 
 from etweave.chakra import et_def_pb2 as pb
+from etweave.runfolder import REPORT_FILE, split_rank_name
 from etweave.simulate.engine import RankGraph, SimNode
-
-REPORT_FILE = "report.json"  # written by `etweave convert-run` beside the .et files (etweave.run.REPORT_FILE)
-_RANK_FILE = re.compile(r"^(.*)\.(\d+)\.et(?:\.gz)?$")
 
 
 def run_ranks(files: Sequence[Path]) -> tuple[set[int], str] | None:
@@ -33,11 +30,11 @@ def run_ranks(files: Sequence[Path]) -> tuple[set[int], str] | None:
         ranks = {int(r) for r in data["ranks"] if str(r).isdigit()}
         if ranks:
             return ranks, str(report)
-    prefixes = {m[1] for f in files if (m := _RANK_FILE.match(Path(f).name))}
+    prefixes = {named[0] for f in files if (named := split_rank_name(f))}
     if len(prefixes) != 1:
         return None
     prefix = prefixes.pop()
-    found = {int(m[2]) for p in folder.iterdir() if (m := _RANK_FILE.match(p.name)) and m[1] == prefix}
+    found = {named[1] for p in folder.iterdir() if (named := split_rank_name(p)) and named[0] == prefix}
     return (found, f"the {prefix}.<rank>.et files in {folder}") if found else None
 
 
