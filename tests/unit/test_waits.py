@@ -140,3 +140,32 @@ def test_period_chains_keep_their_starts_in_step_with_cuts_and_moves() -> None:
     assert b.start == 120.0
     assert chains.starts(1) == [g.by_id[i].start for i in chains.ids[1]] == [0.0, 0.0, 40.0, 120.0]
     assert chains.last_period(a) is tail
+
+
+def _join(helper_more: Item | None = None) -> Graph:
+    """The main thread starts a helper (which begins 5 µs later), works 1 ms, then joins it between ops (untraced
+    `join()`, idle); the helper's 5 ms of work ends at 5005, the main thread resumes 1995 µs later (a loaded
+    machine: later than MAX_WAKEUP)."""
+    main_work, join = _period(2, HOST_OP, "main_work", 0.0, 1000.0), _period(3, DELAY, "[idle]", 1000.0, 6000.0)
+    after = _period(4, HOST_OP, "after", 7000.0, 10.0)
+    gap, helper = _period(6, DELAY, "[idle]", 0.0, 5.0, tid=2), _period(7, HOST_OP, "helper_work", 5.0, 5000.0, tid=2)
+    more = [helper_more] if helper_more is not None else []
+    return graph(Item(1, THREAD_ROOT, "t1", tid=1), main_work, join, after, Item(5, THREAD_ROOT, "t2", tid=2), gap,
+                 helper, *more, threads={1: [1, 2, 3, 4], 2: [5, 6, 7, *(it.id for it in more)]})
+
+
+def test_a_join_that_resumed_late_after_the_helper_finished_waited_for_it() -> None:
+    g = _join()
+    resolve_waits(g)
+    assert g.by_id[7].awaits == [Await(2, Evidence.HANDOFF, True)], "the helper was started by the main thread"
+    (wake,) = (it for it in g.items if it.kind == WAKEUP)
+    assert (wake.tid, wake.start, wake.seg_end) == (1, 5005.0, 7000.0), "the join's wake-up, 1995 µs long"
+    assert wake.awaits == [Await(7, Evidence.THREAD_WAIT, True)]
+    assert 3 not in g.threads[1], "the idle time was all waiting"
+
+
+def test_a_join_whose_helper_was_still_at_work_when_the_thread_resumed_is_no_late_wait() -> None:
+    g = _join(_period(8, HOST_OP, "helper_more", 5100.0, 3000.0, tid=2))  # still running at 7000
+    resolve_waits(g)
+    assert not [it for it in g.items if it.kind == WAKEUP], "the helper had not finished: no wait beyond 1 ms"
+    assert (g.by_id[3].kind, g.by_id[3].dur) == (UNTRACED, 6000.0)
