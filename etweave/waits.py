@@ -50,9 +50,12 @@ def resolve_waits(g: Graph) -> None:
     unrecorded_event_waits(g, records)
     _blocking_calls(g, chains, records)
     evidence = HandOverEvidence(g)
-    handed, moments = _handoffs(g, chains, evidence, apply=False)  # who handed which work, when: for the waits
+    givers: dict[int, int | str] = {}  # idle gap -> the thread that handed over the work after it
+    handed, moments = _handoffs(g, chains, evidence, givers, apply=False)  # who handed which work, when: the waits
     _cross_thread_waits(g, chains, handed, moments)
-    _handoffs(g, chains, evidence, apply=True)  # after the waits: a thread's waiting time is not taken for handing
+    # after the waits (a thread's waiting time is not taken for handing), and only from the thread credited with
+    # each hand-over: every hand-over edge is one that `handed` holds, so the waits above saw it
+    _handoffs(g, chains, evidence, givers, apply=True)
     _await_last_periods(g, chains)
     _name_untraced(g, chains)
     chains.store()
@@ -116,7 +119,8 @@ def _name_untraced(g: Graph, chains: Chains) -> None:
             started = True
 
 
-def _handoffs(g: Graph, chains: Chains, evidence: HandOverEvidence, apply: bool) -> tuple[
+def _handoffs(g: Graph, chains: Chains, evidence: HandOverEvidence, givers: dict[int, int | str],
+              apply: bool) -> tuple[
         Handed, dict[int | str, list[float]]]:
     """An idle gap on a worker thread ends when another thread hands it work (inferred). If that thread was running
     an op at that moment, the op is cut there and the gap becomes an edge from its first part; if it had just
@@ -125,7 +129,9 @@ def _handoffs(g: Graph, chains: Chains, evidence: HandOverEvidence, apply: bool)
     not handoffs (Python work, data loading). Before a thread's first op, the thread was started (by the main
     thread's untraced code too); after it, the timing alone is no hand-over: the handing thread must show one
     (HandOverEvidence), else the gap stays the woken thread's own (untraced) time. Returns the work each thread
-    handed over, and thread -> the moments it did (sorted); with `apply` False nothing is changed."""
+    handed over, and thread -> the moments it did (sorted); with `apply` False nothing is changed and `givers`
+    (idle gap -> the thread credited with the hand-over after it) is filled in, with `apply` a gap's hand-over is
+    looked for from that thread only (the credit and the edge are one finding)."""
     handed = Handed()
     moments: dict[int | str, list[float]] = defaultdict(list)
     main = main_thread(g, chains)
@@ -136,7 +142,7 @@ def _handoffs(g: Graph, chains: Chains, evidence: HandOverEvidence, apply: bool)
             continue
         # who may have handed work over, in the order asked: the main thread first
         by = [main, *(t for t in sorted(chains.ids, key=str) if t not in (tid, main))]
-        given = _worker_handoffs(g, chains, evidence, _Worker(tid, by, moments), apply)
+        given = _worker_handoffs(g, chains, evidence, _Worker(tid, by, moments, givers), apply)
         if not apply:
             for k, (giver, lo, hi) in enumerate(given):
                 until = given[k + 1][1] if k + 1 < len(given) else math.inf  # the worker's next hand-over
@@ -150,11 +156,26 @@ def _handoffs(g: Graph, chains: Chains, evidence: HandOverEvidence, apply: bool)
 @dataclass(slots=True)
 class _Worker:
     """A thread whose idle gaps may end in a hand-over, the threads that may have handed it work (in the order
-    asked) and the moments each thread handed work over (filled in)."""
+    asked, the main thread first), the moments each thread handed work over (filled in) and the thread credited
+    with the hand-over after each idle gap (filled in by the first pass, asked by the one that applies)."""
 
     tid: int | str
     by: list[int | str]
     moments: dict[int | str, list[float]]
+    givers: dict[int, int | str]
+
+    def asked(self, gap: Item, apply: bool) -> list[int | str]:
+        """The threads asked whether they handed over the work after `gap`."""
+        if not apply:
+            return self.by
+        giver = self.givers.get(gap.id)
+        return [giver] if giver is not None else []
+
+    def credit(self, gap: Item, by: int | str, moment: float, apply: bool) -> None:
+        """Thread `by` handed over the work after `gap` at `moment`."""
+        self.moments[by].append(moment)
+        if not apply:
+            self.givers[gap.id] = by
 
 
 # A hand-over of work: by whom, from when, to when (None: until the worker's next hand-over).
@@ -174,12 +195,12 @@ def _worker_handoffs(g: Graph, chains: Chains, evidence: HandOverEvidence, worke
             started = started or gap.kind not in (THREAD_ROOT, DELAY, WAKEUP)
             continue
         nxt = g.by_id[order[pos + 1]]
-        found, moment, queued = hand_over(g, chains, evidence, worker.by, gap, nxt, started)
+        found, moment, queued = hand_over(g, chains, evidence, worker.asked(gap, apply), gap, nxt, started,
+                                          worker.by[0])
         if queued is not None:  # the worker took it up after its previous work: its idle time stays its own
             if queued.tid is not None:
-                worker.moments[queued.tid].append(moment)
-                if not apply:
-                    given.append((queued.tid, nxt.start, None))
+                worker.credit(gap, queued.tid, moment, apply)
+                given.append((queued.tid, nxt.start, None))
             if apply:
                 nxt.awaits.append(Await(queued.id, Evidence.HANDOFF, True))
             continue
@@ -187,7 +208,7 @@ def _worker_handoffs(g: Graph, chains: Chains, evidence: HandOverEvidence, worke
             continue
         src, running = found
         if src.tid is not None:
-            worker.moments[src.tid].append(moment)
+            worker.credit(gap, src.tid, moment, apply)
             # Work handed over with evidence (a collective, a backward pass) runs until the worker is handed work
             # again, across idle time of its own (the engine waiting inside the backward pass); a thread merely
             # started was handed its first stretch of work, up to its first idle time.

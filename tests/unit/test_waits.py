@@ -21,7 +21,7 @@ from etweave.model import (
 from etweave.periods import Chains
 from etweave.waits import resolve_waits
 
-from .graphs import graph
+from .graphs import graph, host_op
 
 
 def _period(i: int, kind: str, name: str, start: float, dur: float, tid: int | None = 1, **kw: object) -> Item:
@@ -169,3 +169,25 @@ def test_a_join_whose_helper_was_still_at_work_when_the_thread_resumed_is_no_lat
     resolve_waits(g)
     assert not [it for it in g.items if it.kind == WAKEUP], "the helper had not finished: no wait beyond 1 ms"
     assert (g.by_id[3].kind, g.by_id[3].dur) == (UNTRACED, 6000.0)
+
+
+def test_a_hand_over_edge_comes_only_from_the_thread_credited_with_it() -> None:
+    """The main thread issues a collective (writing its tensor 9) while the gloo worker is busy, then waits for it
+    in `step`; the worker takes it up after a short idle time. Another thread, at work then, wrote tensor 8 that
+    the collective also reads: evidence of a hand-over too, but the first pass credits the main thread (asked
+    first), whose wait then begins before the hand-over. The edge must come from the credited thread (its issuing
+    op: the work was queued), never from the other one, which the main thread's wait knows nothing of."""
+    issue = _period(2, HOST_OP, "c10d::allreduce_", 0.0, 10.0, host=host_op(2, "c10d::allreduce_", writes=(9,)))
+    step = _period(3, HOST_OP, "step", 10.0, 1990.0)
+    prev, gap = _period(5, HOST_OP, "gloo:prev", 1.0, 29.0, tid=2), _period(6, DELAY, "[idle]", 30.0, 10.0, tid=2)
+    coll = _period(7, HOST_OP, "gloo:all_reduce", 40.0, 1460.0, tid=2, host=host_op(7, "x", reads=(9, 8)))
+    wrote = _period(9, HOST_OP, "u_write", 2.0, 6.0, tid=3, host=host_op(9, "u_write", writes=(8,)))
+    busy = _period(10, HOST_OP, "u_work", 20.0, 80.0, tid=3)
+    g = graph(Item(1, THREAD_ROOT, "t1", tid=1), issue, step, Item(4, THREAD_ROOT, "t2", tid=2), prev, gap, coll,
+              Item(8, THREAD_ROOT, "t3", tid=3), wrote, busy, threads={1: [1, 2, 3], 2: [4, 5, 6, 7], 3: [8, 9, 10]})
+    resolve_waits(g)
+    assert coll.awaits == [Await(2, Evidence.HANDOFF, True)], "handed over by the issuing op of the credited thread"
+    assert busy.seg_end == 100.0, "the other thread's op is not cut where it did not hand anything over"
+    (wake,) = (it for it in g.items if it.kind == WAKEUP)
+    assert (wake.tid, wake.start, wake.seg_end, wake.awaits) == (1, 1500.0, 2000.0, [Await(7, Evidence.THREAD_WAIT,
+                                                                                          True)])
