@@ -42,15 +42,16 @@ class ThreadWait:
     also: list[Item]
 
 
-def find_thread_waits(g: Graph, removed: set[int], served: Handed,
-                      moments: dict[int | str, list[float]]) -> list[ThreadWait]:
+def find_thread_waits(g: Graph, removed: set[int], served: Handed, moments: dict[int | str, list[float]],
+                      any_thread: bool = True) -> list[ThreadWait]:
     """A long period of a thread (an op's own time, its later self time, or idle) inside which an op of another
     thread ended was waiting for that op, when either the thread resumed within TOLERANCE of its end (any thread),
     or the op was part of the work this thread handed to another thread (`served`, from the `handoff` finders: the
     gloo worker running the collective it issued, the autograd engine running its backward, a helper thread it
     joins) and it resumed within MAX_WAKEUP. (Another thread's op this thread handed nothing, a periodic background
     thread's, is no wait.) Inferred from that structure and the timing. A period in which the thread also handed
-    work over (`moments`: the collective it then waited for) waits from the first such moment."""
+    work over (`moments`: the collective it then waited for) waits from the first such moment. Without
+    `any_thread`, only waits for work in `served`."""
     tops = sorted((it for it in g.items if it.kind == HOST_OP and it.measured and it.enclosing is None
                    and it.tid is not None and it.dur > 0), key=lambda it: (it.start + it.dur, it.id))
     ends = [it.start + it.dur for it in tops]
@@ -62,7 +63,7 @@ def find_thread_waits(g: Graph, removed: set[int], served: Handed,
         if it.seg_end - it.start < MIN_WAIT:
             continue
         tid = thread_of(it)
-        x = latest_before(ends, tops, it.start + TOLERANCE, it.seg_end, off_thread(tid))
+        x = latest_before(ends, tops, it.start + TOLERANCE, it.seg_end, off_thread(tid)) if any_thread else None
         if x is None or it.seg_end - (x.start + x.dur) > TOLERANCE:
             x = latest_before(ends, tops, it.start + TOLERANCE, it.seg_end, handed_by(served, tid))
             if x is None or it.seg_end - (x.start + x.dur) > max_wakeup(g, it, x, finished.before(x, it.seg_end)):

@@ -171,23 +171,29 @@ def test_a_join_whose_helper_was_still_at_work_when_the_thread_resumed_is_no_lat
     assert (g.by_id[3].kind, g.by_id[3].dur) == (UNTRACED, 6000.0)
 
 
-def test_a_hand_over_edge_comes_only_from_the_thread_credited_with_it() -> None:
-    """The main thread issues a collective (writing its tensor 9) while the gloo worker is busy, then waits for it
-    in `step`; the worker takes it up after a short idle time. Another thread, at work then, wrote tensor 8 that
-    the collective also reads: evidence of a hand-over too, but the first pass credits the main thread (asked
-    first), whose wait then begins before the hand-over. The edge must come from the credited thread (its issuing
-    op: the work was queued), never from the other one, which the main thread's wait knows nothing of."""
-    issue = _period(2, HOST_OP, "c10d::allreduce_", 0.0, 10.0, host=host_op(2, "c10d::allreduce_", writes=(9,)))
-    step = _period(3, HOST_OP, "step", 10.0, 1990.0)
-    prev, gap = _period(5, HOST_OP, "gloo:prev", 1.0, 29.0, tid=2), _period(6, DELAY, "[idle]", 30.0, 10.0, tid=2)
-    coll = _period(7, HOST_OP, "gloo:all_reduce", 40.0, 1460.0, tid=2, host=host_op(7, "x", reads=(9, 8)))
-    wrote = _period(9, HOST_OP, "u_write", 2.0, 6.0, tid=3, host=host_op(9, "u_write", writes=(8,)))
-    busy = _period(10, HOST_OP, "u_work", 20.0, 80.0, tid=3)
-    g = graph(Item(1, THREAD_ROOT, "t1", tid=1), issue, step, Item(4, THREAD_ROOT, "t2", tid=2), prev, gap, coll,
-              Item(8, THREAD_ROOT, "t3", tid=3), wrote, busy, threads={1: [1, 2, 3], 2: [4, 5, 6, 7], 3: [8, 9, 10]})
+def test_a_hand_over_drawn_from_another_thread_than_the_credited_one_is_credited_and_waited_for() -> None:
+    """The main thread calls `backward()`: it hands the engine thread its first work, then blocks. While it is
+    blocked, the engine hands a worker a collective (reading tensor 9 the engine wrote, and tensor 8 the main thread
+    wrote): the first pass credits the main thread (asked first, its blocking period then still looked busy); once
+    its wait is cut out, the hand-over edge comes from the engine, which must be credited with it too: its idle
+    wait for that collective (resumed 60 µs after it ended) is a wait, not untraced time."""
+    fwd = _period(2, HOST_OP, "fwd", 0.0, 10.0, host=host_op(2, "fwd", writes=(8,)))
+    backward = _period(3, HOST_OP, "backward", 10.0, 990.0)
+    engine_gap = _period(5, DELAY, "[idle]", 0.0, 20.0, tid=2)
+    bwd_fn = _period(6, HOST_OP, "bwd_fn", 20.0, 380.0, tid=2, host=host_op(6, "bwd_fn", writes=(9,)))
+    engine_idle, after = _period(7, DELAY, "[idle]", 400.0, 360.0, tid=2), _period(8, HOST_OP, "after", 760.0, 10.0,
+                                                                                   tid=2)
+    w0, worker_gap = _period(10, HOST_OP, "w0", 1.0, 4.0, tid=3), _period(11, DELAY, "[idle]", 5.0, 295.0, tid=3)
+    coll = _period(12, HOST_OP, "all_reduce", 300.0, 400.0, tid=3, host=host_op(12, "all_reduce", reads=(8, 9)))
+    g = graph(Item(1, THREAD_ROOT, "t1", tid=1), fwd, backward, Item(4, THREAD_ROOT, "t2", tid=2), engine_gap, bwd_fn,
+              engine_idle, after, Item(9, THREAD_ROOT, "t3", tid=3), w0, worker_gap, coll,
+              threads={1: [1, 2, 3], 2: [4, 5, 6, 7, 8], 3: [9, 10, 11, 12]})
     resolve_waits(g)
-    assert coll.awaits == [Await(2, Evidence.HANDOFF, True)], "handed over by the issuing op of the credited thread"
-    assert busy.seg_end == 100.0, "the other thread's op is not cut where it did not hand anything over"
-    (wake,) = (it for it in g.items if it.kind == WAKEUP)
-    assert (wake.tid, wake.start, wake.seg_end, wake.awaits) == (1, 1500.0, 2000.0, [Await(7, Evidence.THREAD_WAIT,
-                                                                                          True)])
+    assert bwd_fn.awaits == [Await(3, Evidence.HANDOFF, True)], "backward() handed the engine its first work"
+    assert coll.awaits == [Await(6, Evidence.HANDOFF, True)], "the engine, running then, handed the collective over"
+    wakes = {it.tid: it for it in g.items if it.kind == WAKEUP}
+    assert (wakes[2].start, wakes[2].seg_end, wakes[2].awaits) == (700.0, 760.0, [Await(12, Evidence.THREAD_WAIT,
+                                                                                         True)])
+    assert 7 not in g.threads[2], "the engine's idle time was all waiting for the collective it handed over"
+    assert not [it for it in g.items if it.kind == UNTRACED]
+    assert wakes[1].seg_end == 1000.0 and backward.seg_end == 20.0, "backward() waited from its hand-over on"
