@@ -214,9 +214,10 @@ def test_gloo_run_replays_as_measured(gloo_run: tuple[Path, Path, dict[int, dict
 
 
 # Known model gap (issue 17, open): the `thread_wait` finder still misses some waits in freshly recorded runs,
-# depending on the run's timing (seen in about one run of two on 2 cores): a DDP bucket all_reduce awaited by
-# `work.wait()` inside `ProfilerStep#k [self]` whose hand-over the `handoff` pass did not attribute to the waiting
-# thread; a join whose wake-up came later than MAX_WAKEUP. Not strict: a run that shows the structure passes.
+# depending on the run's timing (seen in 1 run of 3 on 2 loaded cores): a DDP bucket all_reduce awaited inside
+# `ProfilerStep#k [self]` whose gloo op's recorded end came ~1.1 ms AFTER the waiting thread resumed (the worker
+# completed the work, then its op's record ended late under load): no op ended inside the waiting period, so no
+# finder that reads ends can see the wait. Not strict: a run that shows the structure passes.
 RECORDED_WAIT_GAP = pytest.mark.xfail(strict=False, reason="issue 17: thread_wait misses some recorded waits, "
                                                            "depending on the run's timing")
 
@@ -315,7 +316,6 @@ def test_orphans_on_a_second_thread(tmp_path: Path) -> None:
     assert len(missing) == 1 and missing[0]["thread"] not in main_threads, "one missing parent: `bg_loop`"
 
 
-@RECORDED_WAIT_GAP
 def test_main_thread_waits_for_the_helper_it_joins(tmp_path: Path) -> None:
     """Each step hands work to a new helper thread, does shorter work of its own, then joins the helper: the
     helper's work is gated by an edge from the main thread, and the main thread resumes after the helper's work
