@@ -241,8 +241,19 @@ def test_gloo_run_threads_wait_for_their_collectives(gloo_run: tuple[Path, Path,
                 woken.setdefault(owner[d], set()).add(attrs[n.id]["tid"])
     comm = comm_nodes(nodes)
     inline = []
+    names = {n.id: n.name for n in nodes}
+
+    def issuing_op(nid: int) -> int | None:
+        """The op that issued collective `nid`: its host ET parent, above any gloo op the host ET recorded it in (a
+        worker's op is recorded inside the op open on the ET thread then, another worker's collective too)."""
+        parent = attrs[nid].get("et_parent")
+        while parent in attrs and names[parent].startswith("gloo:"):
+            parent = attrs[parent].get("et_parent")
+        return parent if parent in attrs else None
+
     for n in comm:
-        issuer = attrs[attrs[n.id]["et_parent"]]["tid"] if attrs[n.id]["et_parent"] in attrs else None
+        issuer_op = issuing_op(n.id)
+        issuer = attrs[issuer_op]["tid"] if issuer_op is not None else None
         if issuer == attrs[n.id]["tid"]:
             inline.append(n.id)
             continue
