@@ -50,9 +50,14 @@ def resolve_waits(g: Graph) -> None:
     unrecorded_event_waits(g, records)
     _blocking_calls(g, chains, records)
     evidence = HandOverEvidence(g)
-    handed, moments = _handoffs(g, chains, evidence, apply=False)  # who handed which work, when: for the waits
-    _cross_thread_waits(g, chains, handed, moments)
-    _handoffs(g, chains, evidence, apply=True)  # after the waits: a thread's waiting time is not taken for handing
+    givers: dict[int, int | str] = {}  # idle gap -> the thread credited with the hand-over after it
+    handed, moments = _handoffs(g, chains, evidence, givers, apply=False)  # who handed which work, when: the waits
+    waited = _cross_thread_waits(g, chains, handed, moments)
+    # after the waits: a thread's waiting time is not taken for handing, so a hand-over may now be found from
+    # another thread than the one credited; every hand-over drawn is credited, and waits for that work found too
+    late, late_moments = _handoffs(g, chains, evidence, givers, apply=True)
+    if late.stretches:
+        _cross_thread_waits(g, chains, late, late_moments, waited)
     _await_last_periods(g, chains)
     _name_untraced(g, chains)
     chains.store()
@@ -68,11 +73,15 @@ def _blocking_calls(g: Graph, chains: Chains, records: SyncRecords) -> None:
         resume.awaits.append(Await(op.id, Evidence.SYNC, False))
 
 
-def _cross_thread_waits(g: Graph, chains: Chains, served: Handed, moments: dict[int | str, list[float]]) -> None:
+def _cross_thread_waits(g: Graph, chains: Chains, served: Handed, moments: dict[int | str, list[float]],
+                        again: set[int] | None = None) -> set[int]:
     """A period that waited for another thread's op (deps.thread_wait) is cut where the wait began: the time from
     the awaited end to the period's end is a WAKEUP node on the waiting thread, as long as the measured latency,
-    after the edge from that op (and from the other collectives it handed over that ended while it waited)."""
-    for w in find_thread_waits(g, chains.removed, served, moments):
+    after the edge from that op (and from the other collectives it handed over that ended while it waited). With
+    `again` (the periods found waiting before), only waits for work `served` holds, in periods not cut yet. Returns
+    the periods found waiting."""
+    found = find_thread_waits(g, chains.removed | (again or set()), served, moments, any_thread=again is None)
+    for w in found:
         it, x_end = w.period, w.op.start + w.op.dur
         wake = chains.split(it, w.wait_from, WAKEUP)
         wake.start = min(x_end, wake.seg_end)
@@ -82,6 +91,7 @@ def _cross_thread_waits(g: Graph, chains: Chains, served: Handed, moments: dict[
         if it.kind == DELAY and w.wait_from == it.start:  # the idle period was all waiting: only its wake-up is left
             chains.removed.add(it.id)
     chains.reset_starts()
+    return {w.period.id for w in found} | (again or set())
 
 
 def _await_last_periods(g: Graph, chains: Chains) -> None:
@@ -116,7 +126,8 @@ def _name_untraced(g: Graph, chains: Chains) -> None:
             started = True
 
 
-def _handoffs(g: Graph, chains: Chains, evidence: HandOverEvidence, apply: bool) -> tuple[
+def _handoffs(g: Graph, chains: Chains, evidence: HandOverEvidence, givers: dict[int, int | str],
+              apply: bool) -> tuple[
         Handed, dict[int | str, list[float]]]:
     """An idle gap on a worker thread ends when another thread hands it work (inferred). If that thread was running
     an op at that moment, the op is cut there and the gap becomes an edge from its first part; if it had just
@@ -125,7 +136,9 @@ def _handoffs(g: Graph, chains: Chains, evidence: HandOverEvidence, apply: bool)
     not handoffs (Python work, data loading). Before a thread's first op, the thread was started (by the main
     thread's untraced code too); after it, the timing alone is no hand-over: the handing thread must show one
     (HandOverEvidence), else the gap stays the woken thread's own (untraced) time. Returns the work each thread
-    handed over, and thread -> the moments it did (sorted); with `apply` False nothing is changed."""
+    handed over, and thread -> the moments it did (sorted); with `apply` False nothing is changed and `givers`
+    (idle gap -> the thread credited with the hand-over after it) is filled in; with `apply` the work is handed
+    over by threads not credited with it before (their waits for it are still to find)."""
     handed = Handed()
     moments: dict[int | str, list[float]] = defaultdict(list)
     main = main_thread(g, chains)
@@ -136,10 +149,10 @@ def _handoffs(g: Graph, chains: Chains, evidence: HandOverEvidence, apply: bool)
             continue
         # who may have handed work over, in the order asked: the main thread first
         by = [main, *(t for t in sorted(chains.ids, key=str) if t not in (tid, main))]
-        given = _worker_handoffs(g, chains, evidence, _Worker(tid, by, moments), apply)
-        if not apply:
-            for k, (giver, lo, hi) in enumerate(given):
-                until = given[k + 1][1] if k + 1 < len(given) else math.inf  # the worker's next hand-over
+        given = _worker_handoffs(g, chains, evidence, _Worker(tid, by, moments, givers), apply)
+        for k, (giver, lo, hi, gap) in enumerate(given):
+            until = given[k + 1][1] if k + 1 < len(given) else math.inf  # the worker's next hand-over
+            if not apply or givers.get(gap) != giver:
                 handed.add(giver, tid, lo, hi if hi is not None else until)
     for times in moments.values():
         times.sort()
@@ -150,15 +163,23 @@ def _handoffs(g: Graph, chains: Chains, evidence: HandOverEvidence, apply: bool)
 @dataclass(slots=True)
 class _Worker:
     """A thread whose idle gaps may end in a hand-over, the threads that may have handed it work (in the order
-    asked) and the moments each thread handed work over (filled in)."""
+    asked, the main thread first), the moments each thread handed work over (filled in) and the thread credited
+    with the hand-over after each idle gap (filled in by the first pass)."""
 
     tid: int | str
     by: list[int | str]
     moments: dict[int | str, list[float]]
+    givers: dict[int, int | str]
+
+    def credit(self, gap: Item, by: int | str, moment: float, apply: bool) -> None:
+        """Thread `by` handed over the work after `gap` at `moment`."""
+        self.moments[by].append(moment)
+        if not apply:
+            self.givers[gap.id] = by
 
 
-# A hand-over of work: by whom, from when, to when (None: until the worker's next hand-over).
-_Given = tuple[int | str, float, float | None]
+# A hand-over of work: by whom, from when, to when (None: until the worker's next hand-over), after which idle gap.
+_Given = tuple[int | str, float, float | None, int]
 
 
 def _worker_handoffs(g: Graph, chains: Chains, evidence: HandOverEvidence, worker: _Worker,
@@ -174,12 +195,11 @@ def _worker_handoffs(g: Graph, chains: Chains, evidence: HandOverEvidence, worke
             started = started or gap.kind not in (THREAD_ROOT, DELAY, WAKEUP)
             continue
         nxt = g.by_id[order[pos + 1]]
-        found, moment, queued = hand_over(g, chains, evidence, worker.by, gap, nxt, started)
+        found, moment, queued = hand_over(g, chains, evidence, worker.by, gap, nxt, started, worker.by[0])
         if queued is not None:  # the worker took it up after its previous work: its idle time stays its own
             if queued.tid is not None:
-                worker.moments[queued.tid].append(moment)
-                if not apply:
-                    given.append((queued.tid, nxt.start, None))
+                worker.credit(gap, queued.tid, moment, apply)
+                given.append((queued.tid, nxt.start, None, gap.id))
             if apply:
                 nxt.awaits.append(Await(queued.id, Evidence.HANDOFF, True))
             continue
@@ -187,11 +207,11 @@ def _worker_handoffs(g: Graph, chains: Chains, evidence: HandOverEvidence, worke
             continue
         src, running = found
         if src.tid is not None:
-            worker.moments[src.tid].append(moment)
+            worker.credit(gap, src.tid, moment, apply)
             # Work handed over with evidence (a collective, a backward pass) runs until the worker is handed work
             # again, across idle time of its own (the engine waiting inside the backward pass); a thread merely
             # started was handed its first stretch of work, up to its first idle time.
-            given.append((src.tid, nxt.start, None if started else stretch_end(g, order, pos + 1)))
+            given.append((src.tid, nxt.start, None if started else stretch_end(g, order, pos + 1), gap.id))
         if apply:
             _apply_handoff(chains, gap, nxt, src, running, pos)
     return given

@@ -214,9 +214,10 @@ def test_gloo_run_replays_as_measured(gloo_run: tuple[Path, Path, dict[int, dict
 
 
 # Known model gap (issue 17, open): the `thread_wait` finder still misses some waits in freshly recorded runs,
-# depending on the run's timing (seen in about one run of two on 2 cores): a DDP bucket all_reduce awaited by
-# `work.wait()` inside `ProfilerStep#k [self]` whose hand-over the `handoff` pass did not attribute to the waiting
-# thread; a join whose wake-up came later than MAX_WAKEUP. Not strict: a run that shows the structure passes.
+# depending on the run's timing (seen in 1 run of 3 on 2 loaded cores): a DDP bucket all_reduce awaited inside
+# `ProfilerStep#k [self]` whose gloo op's recorded end came ~1.1 ms AFTER the waiting thread resumed (the worker
+# completed the work, then its op's record ended late under load): no op ended inside the waiting period, so no
+# finder that reads ends can see the wait. Not strict: a run that shows the structure passes.
 RECORDED_WAIT_GAP = pytest.mark.xfail(strict=False, reason="issue 17: thread_wait misses some recorded waits, "
                                                            "depending on the run's timing")
 
@@ -240,8 +241,19 @@ def test_gloo_run_threads_wait_for_their_collectives(gloo_run: tuple[Path, Path,
                 woken.setdefault(owner[d], set()).add(attrs[n.id]["tid"])
     comm = comm_nodes(nodes)
     inline = []
+    names = {n.id: n.name for n in nodes}
+
+    def issuing_op(nid: int) -> int | None:
+        """The op that issued collective `nid`: its host ET parent, above any gloo op the host ET recorded it in (a
+        worker's op is recorded inside the op open on the ET thread then, another worker's collective too)."""
+        parent = attrs[nid].get("et_parent")
+        while parent in attrs and names[parent].startswith("gloo:"):
+            parent = attrs[parent].get("et_parent")
+        return parent if parent in attrs else None
+
     for n in comm:
-        issuer = attrs[attrs[n.id]["et_parent"]]["tid"] if attrs[n.id]["et_parent"] in attrs else None
+        issuer_op = issuing_op(n.id)
+        issuer = attrs[issuer_op]["tid"] if issuer_op is not None else None
         if issuer == attrs[n.id]["tid"]:
             inline.append(n.id)
             continue
@@ -315,11 +327,12 @@ def test_orphans_on_a_second_thread(tmp_path: Path) -> None:
     assert len(missing) == 1 and missing[0]["thread"] not in main_threads, "one missing parent: `bg_loop`"
 
 
-@RECORDED_WAIT_GAP
 def test_main_thread_waits_for_the_helper_it_joins(tmp_path: Path) -> None:
     """Each step hands work to a new helper thread, does shorter work of its own, then joins the helper: the
     helper's work is gated by an edge from the main thread, and the main thread resumes after the helper's work
-    (a wake-up after a wait edge), so a slower helper would delay it and a faster one would not be hidden."""
+    (a wake-up after a wait edge), so a slower helper would delay it and a faster one would not be hidden. Where
+    the main thread's own work outlasted the helper's (a loaded machine: its 1 ms took longer than the helper's
+    5 ms) the join did not wait, and no wake-up after that work may depend on the helper."""
     scenario("helper_join", tmp_path / "run")
     d = tmp_path / "run" / "rank0"
     result = run_pipeline(read_host_et(d / "host.json.gz"), read_kineto(d / "kineto.json.gz"))
@@ -338,7 +351,13 @@ def test_main_thread_waits_for_the_helper_it_joins(tmp_path: Path) -> None:
                  and any(e.source is Evidence.THREAD_WAIT and g.by_id[e.src].tid == h.tid
                          and g.by_id[e.src].start >= h.start and g.by_id[e.src].seg_end >= end - 1
                          for e in preds.get(it.id, ()))]
-        assert len(woken) == 1, "the main thread's join ends in a wake-up after the helper's work"
+        step = next(it for it in g.items if it.name.startswith("ProfilerStep#") and it.tid == main and it.measured
+                    and it.start <= h.start < it.start + it.dur)
+        (own,) = (it for it in g.items if it.name == "main_work" and it.measured and it.enclosing == step.id)
+        if own.start + own.dur < end:  # the main thread reached the join while the helper still worked
+            assert len(woken) == 1, "the main thread's join ends in a wake-up after the helper's work"
+        else:
+            assert not [it for it in woken if it.start >= own.start + own.dur], "the join did not wait: done"
     assert abs(measure(result.nodes).critical_path_error) <= 2.0
 
 

@@ -121,13 +121,14 @@ def main_thread(g: Graph, chains: Chains) -> int | str | None:
 
 
 def hand_over(g: Graph, chains: Chains, evidence: HandOverEvidence, by: list[int | str], gap: Item, nxt: Item,
-               started: bool) -> tuple[tuple[Item, bool] | None, float, Item | None]:
-    """Who handed over the work `nxt` begins after the idle `gap`: the handing period (and whether it was running,
-    see handing), the moment of the hand-over, and the issuing op's last period where the work was queued while
-    the worker was still busy (the handing thread long blocked by then)."""
+              started: bool, main: int | str) -> tuple[tuple[Item, bool] | None, float, Item | None]:
+    """Who of `by` (in that order) handed over the work `nxt` begins after the idle `gap`: the handing period (and
+    whether it was running, see handing; the `main` thread's untraced code hands work over too), the moment of the
+    hand-over, and the issuing op's last period where the work was queued while the worker was still busy (the
+    handing thread long blocked by then)."""
     moment = nxt.start
     for t in by:
-        f = handing(g, chains, t, gap, nxt.start, idle_hands=t == by[0])
+        f = handing(g, chains, t, gap, nxt.start, idle_hands=t == main)
         shown, issuer = evidence.shows(t, gap, nxt) if started else (f is not None, None)
         if not shown:
             continue

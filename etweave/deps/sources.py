@@ -39,7 +39,9 @@ def stream_order(g: Graph) -> list[Edge]:
 
 
 def autograd(g: Graph) -> list[Edge]:
-    """Backward ops after the forward op they belong to: the same sequence number on another thread."""
+    """Backward ops after the forward op they belong to: the same sequence number on another thread, starting after
+    the forward op ended (each thread counts sequence numbers from 0: forward ops of two threads share them, and one
+    that began while the other still ran is no backward of it)."""
     by_seq: dict[int, list[Item]] = defaultdict(list)
     for it in g.items:
         if it.kind == HOST_OP and it.host is not None and it.host.seq_id >= 0 and it.tid is not None:
@@ -50,7 +52,7 @@ def autograd(g: Graph) -> list[Edge]:
         fwd = ops[0]
         ids = {it.id for it in ops}
         edges.extend(Edge(fwd.id, it.id, Evidence.AUTOGRAD) for it in ops[1:]
-                     if it.tid != fwd.tid and it.enclosing not in ids)
+                     if it.tid != fwd.tid and it.enclosing not in ids and it.start >= fwd.start + fwd.dur)
     return edges
 
 

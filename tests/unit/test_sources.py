@@ -51,6 +51,15 @@ def test_autograd_ties_backward_ops_on_another_thread_to_their_forward_op() -> N
     assert edges == [Edge(1, 2, Evidence.AUTOGRAD)], "one edge per backward op, not to ops inside it or on its thread"
 
 
+def test_autograd_takes_no_op_that_began_while_the_forward_op_ran_for_its_backward() -> None:
+    """A fresh thread's forward ops have sequence number 0 like the main thread's: an op of one thread that started
+    while the other's was still running is no backward of it."""
+    main_mm = Item(1, HOST_OP, "aten::matmul", start=0.0, dur=100.0, tid=1, host=host_op(1, "aten::matmul", seq_id=0))
+    helper_mm = Item(2, HOST_OP, "aten::matmul", start=50.0, dur=100.0, tid=2,
+                     host=host_op(2, "aten::matmul", seq_id=0))
+    assert sources.autograd(graph(main_mm, helper_mm)) == []
+
+
 def test_tensor_flow_only_across_threads() -> None:
     writer = Item(1, HOST_OP, "loss", start=0.0, tid=1, host=host_op(1, "loss", writes=(10,)))
     same = Item(2, HOST_OP, "add", start=1.0, tid=1, host=host_op(2, "add", reads=(10,)))

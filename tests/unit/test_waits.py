@@ -21,7 +21,7 @@ from etweave.model import (
 from etweave.periods import Chains
 from etweave.waits import resolve_waits
 
-from .graphs import graph
+from .graphs import graph, host_op
 
 
 def _period(i: int, kind: str, name: str, start: float, dur: float, tid: int | None = 1, **kw: object) -> Item:
@@ -140,3 +140,60 @@ def test_period_chains_keep_their_starts_in_step_with_cuts_and_moves() -> None:
     assert b.start == 120.0
     assert chains.starts(1) == [g.by_id[i].start for i in chains.ids[1]] == [0.0, 0.0, 40.0, 120.0]
     assert chains.last_period(a) is tail
+
+
+def _join(helper_more: Item | None = None) -> Graph:
+    """The main thread starts a helper (which begins 5 µs later), works 1 ms, then joins it between ops (untraced
+    `join()`, idle); the helper's 5 ms of work ends at 5005, the main thread resumes 1995 µs later (a loaded
+    machine: later than MAX_WAKEUP)."""
+    main_work, join = _period(2, HOST_OP, "main_work", 0.0, 1000.0), _period(3, DELAY, "[idle]", 1000.0, 6000.0)
+    after = _period(4, HOST_OP, "after", 7000.0, 10.0)
+    gap, helper = _period(6, DELAY, "[idle]", 0.0, 5.0, tid=2), _period(7, HOST_OP, "helper_work", 5.0, 5000.0, tid=2)
+    more = [helper_more] if helper_more is not None else []
+    return graph(Item(1, THREAD_ROOT, "t1", tid=1), main_work, join, after, Item(5, THREAD_ROOT, "t2", tid=2), gap,
+                 helper, *more, threads={1: [1, 2, 3, 4], 2: [5, 6, 7, *(it.id for it in more)]})
+
+
+def test_a_join_that_resumed_late_after_the_helper_finished_waited_for_it() -> None:
+    g = _join()
+    resolve_waits(g)
+    assert g.by_id[7].awaits == [Await(2, Evidence.HANDOFF, True)], "the helper was started by the main thread"
+    (wake,) = (it for it in g.items if it.kind == WAKEUP)
+    assert (wake.tid, wake.start, wake.seg_end) == (1, 5005.0, 7000.0), "the join's wake-up, 1995 µs long"
+    assert wake.awaits == [Await(7, Evidence.THREAD_WAIT, True)]
+    assert 3 not in g.threads[1], "the idle time was all waiting"
+
+
+def test_a_join_whose_helper_was_still_at_work_when_the_thread_resumed_is_no_late_wait() -> None:
+    g = _join(_period(8, HOST_OP, "helper_more", 5100.0, 3000.0, tid=2))  # still running at 7000
+    resolve_waits(g)
+    assert not [it for it in g.items if it.kind == WAKEUP], "the helper had not finished: no wait beyond 1 ms"
+    assert (g.by_id[3].kind, g.by_id[3].dur) == (UNTRACED, 6000.0)
+
+
+def test_a_hand_over_drawn_from_another_thread_than_the_credited_one_is_credited_and_waited_for() -> None:
+    """The main thread calls `backward()`: it hands the engine thread its first work, then blocks. While it is
+    blocked, the engine hands a worker a collective (reading tensor 9 the engine wrote, and tensor 8 the main thread
+    wrote): the first pass credits the main thread (asked first, its blocking period then still looked busy); once
+    its wait is cut out, the hand-over edge comes from the engine, which must be credited with it too: its idle
+    wait for that collective (resumed 60 µs after it ended) is a wait, not untraced time."""
+    fwd = _period(2, HOST_OP, "fwd", 0.0, 10.0, host=host_op(2, "fwd", writes=(8,)))
+    backward = _period(3, HOST_OP, "backward", 10.0, 990.0)
+    engine_gap = _period(5, DELAY, "[idle]", 0.0, 20.0, tid=2)
+    bwd_fn = _period(6, HOST_OP, "bwd_fn", 20.0, 380.0, tid=2, host=host_op(6, "bwd_fn", writes=(9,)))
+    engine_idle, after = _period(7, DELAY, "[idle]", 400.0, 360.0, tid=2), _period(8, HOST_OP, "after", 760.0, 10.0,
+                                                                                   tid=2)
+    w0, worker_gap = _period(10, HOST_OP, "w0", 1.0, 4.0, tid=3), _period(11, DELAY, "[idle]", 5.0, 295.0, tid=3)
+    coll = _period(12, HOST_OP, "all_reduce", 300.0, 400.0, tid=3, host=host_op(12, "all_reduce", reads=(8, 9)))
+    g = graph(Item(1, THREAD_ROOT, "t1", tid=1), fwd, backward, Item(4, THREAD_ROOT, "t2", tid=2), engine_gap, bwd_fn,
+              engine_idle, after, Item(9, THREAD_ROOT, "t3", tid=3), w0, worker_gap, coll,
+              threads={1: [1, 2, 3], 2: [4, 5, 6, 7, 8], 3: [9, 10, 11, 12]})
+    resolve_waits(g)
+    assert bwd_fn.awaits == [Await(3, Evidence.HANDOFF, True)], "backward() handed the engine its first work"
+    assert coll.awaits == [Await(6, Evidence.HANDOFF, True)], "the engine, running then, handed the collective over"
+    wakes = {it.tid: it for it in g.items if it.kind == WAKEUP}
+    assert (wakes[2].start, wakes[2].seg_end, wakes[2].awaits) == (700.0, 760.0, [Await(12, Evidence.THREAD_WAIT,
+                                                                                         True)])
+    assert 7 not in g.threads[2], "the engine's idle time was all waiting for the collective it handed over"
+    assert not [it for it in g.items if it.kind == UNTRACED]
+    assert wakes[1].seg_end == 1000.0 and backward.seg_end == 20.0, "backward() waited from its hand-over on"
