@@ -14,7 +14,7 @@ from conftest import PAIRS, REPO, convert_pair
 from etweave.audit import LONG_DELAY
 from etweave.convert import Result, run_pipeline
 from etweave.deps.evidence import MAX_WAKEUP, Evidence
-from etweave.deps.thread_wait import ISSUER_MAX_WAKEUP
+from etweave.deps.thread_wait import LOADED_MAX_WAKEUP
 from etweave.fidelity import NO_OP_KINDS, blocked_in_gpu_syncs, critical_path, delay_share, measure, path_nodes
 from etweave.model import GPU_KINDS, HOST_OP, UNTRACED, WAKEUP, Graph, Item
 from etweave.read.host_et import read_host_et
@@ -82,11 +82,11 @@ def test_wakeups_follow_the_edge_they_wake_up_from(traces: Path, rel: str) -> No
             assert src.seg_end <= it.start + 0.5, "the wake-up starts once what it waited for is done"
         # it starts when the last of them ended
         assert max(src.seg_end for src, _ in waits) >= it.start - 0.5
-        # a thread waiting for a collective it handed over may resume later on a loaded machine (ISSUER_MAX_WAKEUP)
+        # a thread waiting for a collective it handed over may resume later on a loaded machine (LOADED_MAX_WAKEUP)
         by_id = result.graph.by_id
         collective = any(src.comm is not None or (src.part_of is not None and by_id[src.part_of].comm is not None)
                          for src, _ in waits)
-        assert it.seg_end - it.start <= (ISSUER_MAX_WAKEUP if collective else MAX_WAKEUP)
+        assert it.seg_end - it.start <= (LOADED_MAX_WAKEUP if collective else MAX_WAKEUP)
 
 
 def _engine_thread(g: Graph) -> int | str:
