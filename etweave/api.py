@@ -146,12 +146,13 @@ class Simulation:
 def simulate_files(traces: PathLike | Iterable[PathLike], comm_group: PathLike | None = None) -> Simulation:
     """Replay `.et`/`.et.gz` files (or folders of them) together, as `etweave simulate` does. The process-group
     map is `comm_group`, else the comm_group.json beside the traces. Raises CheckFailed on a deadlock."""
+    from etweave.runfolder import lone_file_rank
     from etweave.simulate.load import find_comm_group, load_comm_group, load_rank, replay_files
     from etweave.simulate.metrics import format_deadlock, summarize
 
     paths: Sequence[PathLike] = [traces] if isinstance(traces, str | Path) else list(traces)
     files = et_files([Path(p) for p in paths])
-    ranks = [load_rank(f, default_rank=0 if len(files) == 1 else None) for f in files]
+    ranks = [load_rank(f, default_rank=lone_file_rank(files)) for f in files]
     group_file = Path(comm_group) if comm_group is not None else find_comm_group(files)
     groups = load_comm_group(group_file) if group_file is not None else {}
     result = replay_files(ranks, groups, files, group_file, group_option="comm_group")

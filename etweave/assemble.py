@@ -1,4 +1,4 @@
-"""Stage 4, assemble: one item per future node (host ops, thread roots, runtime calls, GPU events), each CPU
+"""Stage build_graph (assemble): one item per future node (host ops, thread roots, runtime calls, GPU events), each CPU
 thread's program order with exclusive durations from time containment, and each GPU stream's order.
 
 This is where the reader's records end: each item carries the fields later stages read of its host op
@@ -46,8 +46,7 @@ def assemble(c: Conversion) -> Graph:
     """The graph of the conversion's linked and repaired ops and its device events, ids from its allocator."""
     kineto, device = c.kineto, c.device
     items: list[Item] = []
-    if c.repair is not None:
-        items.extend(_host_items(c.ops, kineto, need(c.link, "link"), c.repair))
+    items.extend(_host_items(c.ops, kineto, need(c.link, "link"), need(c.repair, "repair")))
     if kineto is not None and device is not None:
         items.extend(_device_items(kineto, device, c.ids))
     items.sort(key=lambda it: it.id)
@@ -75,9 +74,10 @@ def _host_items(ops: list[HostOp], kineto: KinetoTrace | None, link: HostLink, r
         elif kind != PROCESS_ROOT:
             it.tid = link.kthread_of.get(op.et_tid, op.et_tid)
         items.append(it)
+    process_root = _process_root_id(ops) if rep.synthesized_roots else None
     for et_tid, root_id in sorted(rep.synthesized_roots.items()):
         items.append(Item(id=root_id, kind=THREAD_ROOT, name=f"[etweave|synthesized|thread {et_tid}]",
-                          tid=link.kthread_of.get(et_tid, et_tid), parent=_process_root_id(ops)))
+                          tid=link.kthread_of.get(et_tid, et_tid), parent=process_root))
     return items
 
 

@@ -73,7 +73,7 @@ def build_report(c: Conversion) -> Report:
 
 def _host_ops(c: Conversion, g: Graph) -> Count:
     """Host ET ops: ops made from Kineto cpu ops are counted as cpu_ops, and Kineto only there are none."""
-    if c.host is None or c.kineto_only:
+    if c.host is None:
         return Count(0, 0)
     from_kineto = {op.id for op in c.added_ops}
     return Count(len(c.host.ops), sum(1 for it in g.items if it.host is not None and it.id not in from_kineto))
@@ -83,7 +83,7 @@ def _synthesized(c: Conversion, g: Graph) -> Synthesized:
     if c.kineto_only:
         return Synthesized(thread_roots=sum(1 for it in g.items if it.kind == THREAD_ROOT), process_root=1)
     return Synthesized(thread_roots=sum(1 for it in g.items if it.kind == THREAD_ROOT and it.host is None),
-                       host_ops_from_kineto=len(c.added_ops) if c.kineto is not None else 0)
+                       host_ops_from_kineto=len(c.added_ops))
 
 
 def _link_summary(link: HostLink, mismatch: list[str]) -> LinkSummary:

@@ -12,8 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from etweave.chakra import et_def_pb2 as pb
-from etweave.chakra.accepts import SIMULATOR_MAPPING
-from etweave.chakra.io import comm_type_name
+from etweave.chakra.accepts import SIMULATOR_MAPPING, comm_type_name
 from etweave.errors import BadInput
 from etweave.model import HOST_OP, KERNEL, Comm, Graph, Item, OpRecord
 from etweave.read import widths

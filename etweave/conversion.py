@@ -31,7 +31,6 @@ class Conversion:
     host: HostTrace | None
     kineto: KinetoTrace | None
     rank: int
-    selection: Selection | None = None
     allow_mismatch: bool = False
     window: Window | None = None  # the selection resolved on the Kineto trace's clock (µs)
     ids: Ids = field(default_factory=lambda: Ids(1))  # every fresh id of this conversion comes from here
@@ -46,6 +45,7 @@ class Conversion:
     # assemble (the graph is then changed in place: collectives, waits and deps mark, split and order its items)
     graph: Graph | None = None
     # collectives
+    group_ids: dict[str, str] = field(default_factory=dict)  # trace process-group name -> comm-group id ("" = all)
     collectives: CollectiveStats | None = None
     # infer dependencies (waits first)
     deps: Dependencies | None = None
@@ -70,12 +70,12 @@ class Conversion:
                 raise BadInput("convert", "--steps and --window select part of a Kineto trace: give --device")
             window = selection.resolve(kineto)
         first_id = max((op.id for op in host.ops), default=0) + 1 if host is not None else 1
-        return cls(host, kineto, rank, selection, allow_mismatch, window, Ids(first_id))
+        return cls(host, kineto, rank, allow_mismatch=allow_mismatch, window=window, ids=Ids(first_id))
 
     @property
     def kineto_only(self) -> bool:
         """No host ET: the Kineto cpu ops stand in for the host ops."""
-        return self.link is not None and self.link.method == "kineto"
+        return self.host is None
 
 
 def need(value: T | None, what: str) -> T:

@@ -1,4 +1,4 @@
-"""The pipeline: read -> link -> repair -> assemble -> collectives -> infer dependencies -> roofline -> report,
+"""The pipeline: read -> link -> repair -> assemble -> collectives -> infer dependencies -> roofline -> audit,
 then build nodes -> check -> write. `STAGES` are applied in turn to one `Conversion`; `convert()` is the Python
 API; `etweave convert` is a thin wrapper around it."""
 
@@ -55,6 +55,7 @@ class Result:
     metadata: pb.GlobalMetadata
     audit: Report
     roofline: Roofline  # num_ops / tensor_size of GPU COMP nodes
+    group_ids: dict[str, str]  # trace process-group name -> the comm-group id this rank's nodes carry
     _nodes: list[pb.Node] | None = None
 
     @classmethod
@@ -69,7 +70,7 @@ class Result:
             pb.AttributeProto(name="source_device", string_val=Path(c.kineto.path).name if c.kineto else ""),
         ])
         return cls(need(c.graph, "graph"), need(c.deps, "dependencies"), audit.to_json(), metadata, audit,
-                   need(c.roofline, "roofline"))
+                   need(c.roofline, "roofline"), c.group_ids)
 
     @property
     def nodes(self) -> list[pb.Node]:
@@ -140,7 +141,8 @@ def build_graph(c: Conversion) -> None:
 
 
 def mark_collectives(c: Conversion) -> None:
-    c.collectives = find_collectives(need(c.graph, "graph"), local_group_ids(c.host, c.kineto))
+    c.group_ids = local_group_ids(c.host, c.kineto)
+    c.collectives = find_collectives(need(c.graph, "graph"), c.group_ids)
 
 
 def infer_dependencies(c: Conversion) -> None:
@@ -202,7 +204,7 @@ def convert(host: Path | None, device: Path | None, out: Path, report_path: Path
         with progress.stage("reading the Kineto trace"):
             kineto = read_kineto(Path(device)) if device is not None else None
         result = run_pipeline(host_trace, kineto, rank, select, allow_mismatch)
-        nodes = counted(result.checked_nodes(), f"writing {Path(out).name}", result.report.get("nodes"), "nodes")
+        nodes = counted(result.checked_nodes(), f"writing {Path(out).name}", result.audit.nodes, "nodes")
         # both written together: a failure anywhere leaves neither new nor changed
         writers: list[Writer] = [EtFile(Path(out), result.metadata, nodes)]  # streamed
         if report_path is not None:

@@ -1,4 +1,4 @@
-"""Stage 6, build nodes: items and their incoming edges into Chakra protobuf nodes (docs/FACTS.md §E)."""
+"""Build nodes (after the STAGES): items and their incoming edges into Chakra protobuf nodes (docs/FACTS.md §E)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Stage 3, repair: give every host op a place in a tree. Orphans (parent id not in the file) are attached under
+"""Stage repair_parents: give every host op a place in a tree. Orphans (parent id not in the file) are attached under
 their own thread's root, or under a synthesized thread root when the host ET has none for that thread."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Stage 5a, waits: time a thread or stream spent waiting becomes an edge, never a duration.
+"""Stage infer_dependencies, first part, waits: time a thread or stream spent waiting becomes an edge, never a duration.
 
 The wait finders of etweave.deps (`sync`, `event_wait`, `thread_wait`, `handoff`, `stream_wait`, one module each
 with its source) look at the measured timeline and say what each waiting period waited for; this stage records it

@@ -5,8 +5,9 @@ by `COMM_NODE_TYPES`."""
 
 from __future__ import annotations
 
+from typing import cast
+
 from etweave.chakra import et_def_pb2 as pb
-from etweave.chakra.io import comm_type_name as _comm_type_name
 
 # Nodes that communicate: the replay synchronises them across ranks, ASTRA-sim's `issue_comm` takes them.
 COMM_NODE_TYPES: frozenset[int] = frozenset({pb.COMM_SEND_NODE, pb.COMM_RECV_NODE,
@@ -81,6 +82,6 @@ def is_group_id(name: str) -> bool:
 def comm_type_name(value: int) -> str:
     """CollectiveCommType name of `value`, or the number when it names none (a message about bad input)."""
     try:
-        return _comm_type_name(value)
+        return pb.CollectiveCommType.Name(cast("pb.CollectiveCommType.ValueType", value))
     except ValueError:
         return str(value)

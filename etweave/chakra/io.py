@@ -18,7 +18,7 @@ from google.protobuf.json_format import MessageToDict, MessageToJson
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.errors import BadInput
-from etweave.output import commit, stage
+from etweave.output import FileBytes, write_together
 from etweave.read.source import input_limit, open_binary
 
 SCHEMA_VERSION = "0.0.4"
@@ -85,13 +85,7 @@ def is_gz_name(path: Path | str) -> bool:
 
 def write_et(path: Path, metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node]) -> None:
     """Stream to a temporary file beside `path`, renamed only once complete; gzip when `path` ends in `.gz`."""
-    commit([(stage_et(path, metadata, nodes), path)])
-
-
-def stage_et(path: Path, metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node], clean: bool = True) -> Path:
-    """Stream to a temporary file beside `path` (gzip when it ends in `.gz`) and return it;
-    `etweave.output.commit` renames it into place."""
-    return stage(path, et_chunks(path, metadata, nodes), clean)
+    write_together([FileBytes(path, et_chunks(path, metadata, nodes))])
 
 
 def et_chunks(path: Path, metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node]) -> Iterator[bytes]:
@@ -234,12 +228,6 @@ def node_attrs(node: pb.Node) -> dict[str, object]:
 def node_type_name(value: int) -> str:
     """The name of a NodeType value held as a plain int ("COMP_NODE"); ValueError for an unknown value."""
     return pb.NodeType.Name(cast("pb.NodeType.ValueType", value))
-
-
-def comm_type_name(value: int) -> str:
-    """The name of a CollectiveCommType value held as a plain int ("ALL_REDUCE"); ValueError for an unknown
-    value."""
-    return pb.CollectiveCommType.Name(cast("pb.CollectiveCommType.ValueType", value))
 
 
 # protobuf renamed MessageToDict's "print fields left at their default" option in 5.26 (the old name is gone in

@@ -19,6 +19,7 @@ from etweave.errors import BadInput, CheckFailed
 from etweave.output import check_outputs, write_together
 from etweave.progress import counted, stage
 from etweave.renderers import Rendered, ReplayRenderer, Window, replay_renderer, summary_renderer
+from etweave.runfolder import lone_file_rank
 from etweave.simulate import coverage
 from etweave.simulate.engine import RankGraph, Replay
 from etweave.simulate.load import COMM_GROUP_FILE, find_comm_group, load_comm_group, load_rank, replay_files
@@ -126,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     groups = load_comm_group(group_file) if group_file is not None else {}
     if args.model == "astra-sim":
         return _run_astra(args, options.files, groups)
-    ranks: list[RankGraph] = [load_rank(f, default_rank=0 if len(options.files) == 1 else None)
+    ranks: list[RankGraph] = [load_rank(f, default_rank=lone_file_rank(options.files))
                               for f in counted(options.files, "loading", len(options.files), "files", chunk=1)]
     # before the edits, which change durations: what the files hold
     unadjusted = coverage.unadjusted_collectives(ranks)

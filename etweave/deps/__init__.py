@@ -1,6 +1,6 @@
-"""Stage 5, infer dependencies. Each evidence source is a function `(Graph) -> list[Edge]`, registered in SOURCES
-under its `Evidence` member (the sources read from the graph's structure in `sources.py`; each wait source in its
-own module with the finder that the waits stage runs: `sync`, `event_wait`, `stream_wait`, `thread_wait`,
+"""Stage infer_dependencies, after the waits. Each evidence source is a function `(Graph) -> list[Edge]`, registered in
+SOURCES under its `Evidence` member (the sources read from the graph's structure in `sources.py`; each wait source in
+its own module with the finder that the waits stage runs: `sync`, `event_wait`, `stream_wait`, `thread_wait`,
 `handoff`); the stage applies them in turn, then keeps each (src, dst) pair once, first source
 wins, and drops edges that would go backwards in measured time (counted). Adding a source is adding one function,
 one `Evidence` member and its place in SOURCES."""

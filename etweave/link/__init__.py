@@ -1,4 +1,5 @@
-"""Stage 2, link: which Kineto events the host ops are, and which Kineto events belong to the conversion.
+"""Stages link and select_device_events: which Kineto events the host ops are, and which Kineto events belong
+to the conversion.
 
 - `host.py`: host ET ops to Kineto cpu events (by `Record function id`, else by aligning each thread's op sequence),
   the window of the linked events, and the evidence that two files are not of one run and rank.
@@ -9,9 +10,9 @@
 """
 
 from etweave.link.device import DeviceSelection, LeftOut, select_device
-from etweave.link.host import HostLink, cpu_threads, link_host, mismatch_evidence
+from etweave.link.host import HostLink, link_host, mismatch_evidence
 from etweave.link.kineto_ops import add_unlinked_cpu_ops, kineto_host
 from etweave.link.window import Selection, Window, restrict
 
-__all__ = ["DeviceSelection", "HostLink", "LeftOut", "Selection", "Window", "add_unlinked_cpu_ops", "cpu_threads",
+__all__ = ["DeviceSelection", "HostLink", "LeftOut", "Selection", "Window", "add_unlinked_cpu_ops",
            "kineto_host", "link_host", "mismatch_evidence", "restrict", "select_device"]

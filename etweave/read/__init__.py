@@ -1,1 +1,1 @@
-"""Stage 1, read: host execution traces and Kineto traces into plain typed records."""
+"""Stage read: host execution traces and Kineto traces into plain typed records."""

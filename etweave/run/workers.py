@@ -13,7 +13,7 @@ from typing import Any
 from etweave.chakra.io import serialize
 from etweave.convert import no_gc, run_pipeline
 from etweave.errors import BadInput, CheckFailed
-from etweave.process_groups import GroupDescription, describe_groups, local_group_ids
+from etweave.process_groups import GroupDescription, describe_groups
 from etweave.progress import muted, stage
 from etweave.read.host_et import read_host_et
 from etweave.read.kineto import KinetoTrace, read_kineto
@@ -72,9 +72,8 @@ def _convert_rank(rank: int | None, host: str | None, kineto: str | None, allow_
     except CheckFailed as exc:
         return RankFailure(rank, "", str(exc), mismatch=True)
     groups = tuple(describe_groups(host_trace, kineto_trace))
-    out_rank = next(int(a.int64_val) for a in result.metadata.attr if a.name == "rank")
-    return ConvertedRank(rank=out_rank, et=serialize(result.metadata, result.checked_nodes()), report=result.report,
-                         local_groups=local_group_ids(host_trace, kineto_trace), groups=groups,
+    return ConvertedRank(rank=result.graph.rank, et=serialize(result.metadata, result.checked_nodes()),
+                         report=result.report, local_groups=result.group_ids, groups=groups,
                          world_size=_world_size(kineto_trace, groups),
                          trace_rank=kineto_trace.rank if kineto_trace is not None else None)
 

@@ -33,7 +33,7 @@ from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.accepts import COMM_NODE_TYPES
 from etweave.chakra.io import attr_value, iter_et, node_type_name
 from etweave.errors import BadInput
-from etweave.runfolder import file_rank
+from etweave.runfolder import file_rank, lone_file_rank
 from etweave.simulate.engine import GraphError
 from etweave.simulate.network import DEFAULT_NETWORK, NETWORK_TIMED, Network, collective_ns, send_ns
 
@@ -464,7 +464,7 @@ def replicate(rank: AstraRank, npus: int) -> list[AstraRank]:
 
 def load_for_astra(files: Sequence[Path], npus: int | None = None) -> list[AstraRank]:
     """The NPUs to replay: one per file, or a single file replayed as `npus` NPUs (default 2: ASTRA-sim refuses 1)."""
-    loaded = [load_astra_rank(f, default_rank=0 if len(files) == 1 else None) for f in files]
+    loaded = [load_astra_rank(f, default_rank=lone_file_rank(files)) for f in files]
     if len(loaded) == 1:
         return replicate(loaded[0], 2 if npus is None else npus)
     if npus is not None and npus != len(loaded):

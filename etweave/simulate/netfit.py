@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from etweave.chakra import et_def_pb2 as pb
-from etweave.chakra.io import comm_type_name
+from etweave.chakra.accepts import comm_type_name
 from etweave.errors import BadInput
 from etweave.output import write_atomic
 from etweave.simulate.astra import AstraRank

@@ -26,8 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from etweave.chakra import et_def_pb2 as pb
-from etweave.chakra.accepts import SIZE_TIMED_COLLECTIVES
-from etweave.chakra.io import comm_type_name
+from etweave.chakra.accepts import SIZE_TIMED_COLLECTIVES, comm_type_name
 from etweave.errors import BadInput
 
 # system_replay.json: the system layer's knobs that the formula uses

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from etweave.chakra import et_def_pb2 as pb
+from etweave.chakra.accepts import comm_type_name
 from etweave.chakra.io import (
-    comm_type_name,
     decode_varint,
     iter_et,
     node_attrs,
@@ -62,3 +62,4 @@ def test_attrs_and_enum_names() -> None:
     assert (node_type_name(pb.COMM_COLL_NODE), comm_type_name(pb.ALL_GATHER)) == ("COMM_COLL_NODE", "ALL_GATHER")
     with pytest.raises(ValueError):
         node_type_name(99)
+    assert comm_type_name(99) == "99"  # an unknown type is named by its number in a message
