@@ -38,21 +38,19 @@ def convert_pair(host: PathLike | None, device: PathLike | None, out: PathLike |
     `.et` file is written (`.gz` name: gzip) and `report` too, as `etweave convert` does; without, nothing is
     written and the nodes are built on first use of `.nodes`. `steps` "A:B" / `window` "START:END" and
     `allow_mismatch` as the CLI's options."""
-    from etweave.convert import convert, no_gc, run_pipeline
+    from etweave.convert import convert, convert_files, no_gc
     from etweave.link import Selection
     from etweave.output import write_json
-    from etweave.read.host_et import read_host_et
-    from etweave.read.kineto import read_kineto
 
     if host is None and device is None:
         raise BadInput("convert_pair", "give a host ET, a Kineto trace, or both")
     select = Selection.parse(steps, window)
+    host_path, device_path = (Path(host) if host else None), (Path(device) if device else None)
     if out is not None:
-        return convert(Path(host) if host else None, Path(device) if device else None, Path(out),
-                       Path(report) if report else None, rank, select, allow_mismatch)
+        return convert(host_path, device_path, Path(out), Path(report) if report else None, rank, select,
+                       allow_mismatch)
     with no_gc():
-        result = run_pipeline(read_host_et(Path(host)) if host else None,
-                              read_kineto(Path(device)) if device else None, rank, select, allow_mismatch)
+        result = convert_files(host_path, device_path, rank, select, allow_mismatch)
     if report is not None:
         write_json(Path(report), result.report)
     return result
@@ -146,16 +144,15 @@ class Simulation:
 def simulate_files(traces: PathLike | Iterable[PathLike], comm_group: PathLike | None = None) -> Simulation:
     """Replay `.et`/`.et.gz` files (or folders of them) together, as `etweave simulate` does. The process-group
     map is `comm_group`, else the comm_group.json beside the traces. Raises CheckFailed on a deadlock."""
-    from etweave.runfolder import lone_file_rank
-    from etweave.simulate.load import find_comm_group, load_comm_group, load_rank, replay_files
+    from etweave.runfolder import comm_groups_for, lone_file_rank
+    from etweave.simulate.load import load_rank, replay_files
     from etweave.simulate.metrics import format_deadlock, summarize
 
     paths: Sequence[PathLike] = [traces] if isinstance(traces, str | Path) else list(traces)
     files = et_files([Path(p) for p in paths])
     ranks = [load_rank(f, default_rank=lone_file_rank(files)) for f in files]
-    group_file = Path(comm_group) if comm_group is not None else find_comm_group(files)
-    groups = load_comm_group(group_file) if group_file is not None else {}
-    result = replay_files(ranks, groups, files, group_file, group_option="comm_group")
+    group_file, groups = comm_groups_for(files, Path(comm_group) if comm_group is not None else None)
+    result = replay_files(ranks, groups or {}, files, group_file, group_option="comm_group")
     if result.stuck_count:
         raise CheckFailed(format_deadlock(result))
     return Simulation(result, summarize(result))

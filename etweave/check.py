@@ -84,6 +84,10 @@ class Violation:
         at = f" node {self.node}" if self.node is not None else ""
         return f"{self.where}{at}: {self.rule}: {self.message}"
 
+    def to_json(self) -> dict[str, object]:
+        """As `check --json` and the convert-run report write it."""
+        return {"rule": self.rule, "where": self.where, "node": self.node, "message": self.message}
+
 
 _CYCLE_SHOWN = 8
 

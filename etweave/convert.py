@@ -193,17 +193,23 @@ def run_stages(c: Conversion, stages: Sequence[Stage] = STAGES) -> None:
                 s.run(c)
 
 
+def convert_files(host: Path | None, device: Path | None, rank: int | None = None, select: Selection | None = None,
+                  allow_mismatch: bool = False) -> Result:
+    """Read one rank's traces and run the stages on them; nothing is written."""
+    with progress.stage("reading the host ET"):
+        host_trace = read_host_et(Path(host)) if host is not None else None
+    with progress.stage("reading the Kineto trace"):
+        kineto = read_kineto(Path(device)) if device is not None else None
+    return run_pipeline(host_trace, kineto, rank, select, allow_mismatch)
+
+
 def convert(host: Path | None, device: Path | None, out: Path, report_path: Path | None = None,
             rank: int | None = None, select: Selection | None = None, allow_mismatch: bool = False) -> Result:
     """Convert one rank's traces to `out` (and the audit report to `report_path`), both written atomically."""
     outputs = [("-o", Path(out))] + ([("--report", Path(report_path))] if report_path is not None else [])
     check_outputs(outputs, [host, device])  # before any work: a bad output path costs nothing
     with no_gc():
-        with progress.stage("reading the host ET"):
-            host_trace = read_host_et(Path(host)) if host is not None else None
-        with progress.stage("reading the Kineto trace"):
-            kineto = read_kineto(Path(device)) if device is not None else None
-        result = run_pipeline(host_trace, kineto, rank, select, allow_mismatch)
+        result = convert_files(host, device, rank, select, allow_mismatch)
         nodes = counted(result.checked_nodes(), f"writing {Path(out).name}", result.audit.nodes, "nodes")
         # both written together: a failure anywhere leaves neither new nor changed
         writers: list[Writer] = [EtFile(Path(out), result.metadata, nodes)]  # streamed

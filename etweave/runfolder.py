@@ -83,6 +83,13 @@ def find_comm_group(traces: Sequence[Path]) -> Path | None:
     return None
 
 
+def comm_groups_for(traces: Sequence[Path], given: Path | None) -> tuple[Path | None, dict[str, list[int]] | None]:
+    """The process-group map trace files are read with, and its file: the file given, else `comm_group.json`
+    beside them; (None, None) when there is none."""
+    path = Path(given) if given is not None else find_comm_group(traces)
+    return path, (read_comm_groups(path).members if path is not None else None)
+
+
 @dataclass(frozen=True, slots=True)
 class CommGroups:
     """The process-group map of a run: comm-group id -> its global ranks, ids in ascending order. Read from

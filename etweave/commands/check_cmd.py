@@ -19,7 +19,7 @@ from etweave.chakra.io import GZIP_MAGIC, et_files, read_et
 from etweave.check import Violation, check_metadata, check_nodes, check_run
 from etweave.errors import BadInput
 from etweave.progress import counted
-from etweave.runfolder import file_rank, find_comm_group, lone_file_rank, read_comm_groups
+from etweave.runfolder import comm_groups_for, file_rank, lone_file_rank
 from etweave.simulate.coverage import missing_ranks, run_ranks
 
 EXIT_OK, EXIT_CHECK = 0, 3
@@ -60,8 +60,7 @@ class _Findings:
 def run(args: argparse.Namespace) -> int:
     files = et_files(args.paths)
     # the rules simulate reads a folder by (etweave.runfolder): where the map is, its keys, each file's rank
-    group_file = args.comm_group if args.comm_group is not None else find_comm_group(files)
-    comm_group = read_comm_groups(group_file).members if group_file is not None else None
+    group_file, comm_group = comm_groups_for(files, args.comm_group)
     found = _check_files(files, comm_group)
     limit = args.max_per_rule if args.max_per_rule > 0 else None
     if args.json:
@@ -114,10 +113,10 @@ def _print_json(found: _Findings, files: list[Path], group_file: Path | None, li
         "comm_group": str(group_file) if group_file is not None else None,
         "nodes": found.nodes,
         "counts": dict(sorted(Counter(v.rule for v in found.violations).items())),
-        "violations": [_as_dict(v) for v in _capped(found.violations, limit)],
-        "notes": [_as_dict(v) for v in found.notes],
+        "violations": [v.to_json() for v in _capped(found.violations, limit)],
+        "notes": [v.to_json() for v in found.notes],
         "warning_counts": dict(sorted(Counter(v.rule for v in found.warnings).items())),
-        "warnings": [_as_dict(v) for v in _capped(found.warnings, limit)],
+        "warnings": [v.to_json() for v in _capped(found.warnings, limit)],
     }
     sys.stdout.buffer.write(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
 
@@ -165,9 +164,6 @@ def _capped(violations: list[Violation], limit: int | None) -> list[Violation]:
             shown.append(v)
     return shown
 
-
-def _as_dict(v: Violation) -> dict[str, object]:
-    return {"rule": v.rule, "where": v.where, "node": v.node, "message": v.message}
 
 
 def _summary(files: int, nodes: int, counts: Counter[str], notes: int, warnings: int, partial: bool = False) -> str:

@@ -19,10 +19,10 @@ from etweave.errors import BadInput, CheckFailed
 from etweave.output import check_outputs, write_together
 from etweave.progress import counted, stage
 from etweave.renderers import Rendered, ReplayRenderer, Window, replay_renderer, summary_renderer
-from etweave.runfolder import lone_file_rank
+from etweave.runfolder import comm_groups_for, lone_file_rank
 from etweave.simulate import coverage
 from etweave.simulate.engine import RankGraph, Replay
-from etweave.simulate.load import COMM_GROUP_FILE, find_comm_group, load_comm_group, load_rank, replay_files
+from etweave.simulate.load import COMM_GROUP_FILE, load_rank, replay_files
 from etweave.simulate.metrics import deadlock_report, format_deadlock, summarize
 from etweave.simulate.steps import step_times
 from etweave.simulate.whatif import Edit, apply, describe, parse_edit
@@ -123,8 +123,8 @@ class Options:
 
 def run(args: argparse.Namespace) -> int:
     options = check_options(args)
-    group_file = args.comm_group or find_comm_group(options.files)
-    groups = load_comm_group(group_file) if group_file is not None else {}
+    group_file, found = comm_groups_for(options.files, args.comm_group)
+    groups = found or {}
     if args.model == "astra-sim":
         return _run_astra(args, options.files, groups)
     ranks: list[RankGraph] = [load_rank(f, default_rank=lone_file_rank(options.files))

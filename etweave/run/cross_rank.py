@@ -325,9 +325,9 @@ def assemble_run(outputs: list[ConvertedRank], allow_mismatch: bool = False,
             "consistent": consistent,
             "allow_mismatch": allow_mismatch,
             "groups": checked_groups.report,
-            "violations": [_as_dict(v) for v in checked.violations],
-            "mismatches": [_as_dict(v) for v in checked.mismatches],
-            "notes": [_as_dict(v) for v in checked.notes],
+            "violations": [v.to_json() for v in checked.violations],
+            "mismatches": [v.to_json() for v in checked.mismatches],
+            "notes": [v.to_json() for v in checked.notes],
             "check_warnings": dict(sorted(Counter(v.rule for v in checked.warnings).items())),
         },
         "durations": _durations(checked_groups),
@@ -562,7 +562,3 @@ def _add_evidence(node: pb.Node, source: str) -> None:
             a.string_list.values.append(source)
             return
     node.attr.add(name=DEP_EVIDENCE).string_list.values.extend(["unknown"] * (len(node.data_deps) - 1) + [source])
-
-
-def _as_dict(v: Violation) -> dict[str, Any]:
-    return {"rule": v.rule, "where": v.where, "node": v.node, "message": v.message}
