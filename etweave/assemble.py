@@ -18,6 +18,7 @@ from etweave.model import (
     KERNEL,
     MEMCPY,
     MEMSET,
+    NESTING_EPS,
     PROCESS_ROOT,
     RUNTIME,
     SELF_PART,
@@ -38,8 +39,6 @@ from etweave.values import as_int, tensors
 
 _GPU_KIND = {"kernel": KERNEL, "Kernel": KERNEL, "gpu_memcpy": MEMCPY, "Memcpy": MEMCPY,
              "gpu_memset": MEMSET, "Memset": MEMSET}
-# Kineto rounds to the µs on old traces: a child may seem to end a hair after its parent.
-_EPS = 1e-3
 
 
 def assemble(c: Conversion) -> Graph:
@@ -244,7 +243,7 @@ class _Sweep:
         return self.chain
 
     def _close_until(self, t: float) -> None:
-        while self.stack and self.stack[-1].start + self.stack[-1].dur <= t + _EPS:
+        while self.stack and self.stack[-1].start + self.stack[-1].dur <= t + NESTING_EPS:
             top = self.stack.pop()
             self._flush(top.start + top.dur)
             self.owner = self.stack[-1] if self.stack else None

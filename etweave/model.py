@@ -19,6 +19,9 @@ SELF_PART, RESUME = "self_part", "resume"
 # thread spent with no op open that no evidence says it waited in: code the profiler did not record.
 WAKEUP, UNTRACED = "wakeup", "untraced"
 GPU_KINDS = frozenset({KERNEL, MEMCPY, MEMSET})
+# Kineto rounds to the µs on old traces: a child may seem to end a hair after its parent. Ends this close (µs) are
+# taken as one moment when nesting ops by time.
+NESTING_EPS = 1e-3
 
 
 @dataclass(slots=True)

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from etweave.stats import upper_percentile
+
 
 @dataclass(slots=True)
 class Count:
@@ -147,11 +149,8 @@ class Distribution:
         """Of sorted values."""
         if not values:
             return cls()
-
-        def pick(q: float) -> int:
-            return values[min(len(values) - 1, int(q * len(values)))]
-
-        return cls(len(values), sum(values), pick(0.5), pick(0.9), values[-1])
+        return cls(len(values), sum(values), int(upper_percentile(values, 0.5)), int(upper_percentile(values, 0.9)),
+                   values[-1])
 
     def to_json(self) -> dict[str, int]:
         if not self.count:

@@ -18,7 +18,7 @@ from etweave.commands import simulate_astra
 from etweave.errors import BadInput, CheckFailed
 from etweave.output import check_outputs, write_together
 from etweave.progress import counted, stage
-from etweave.renderers import Rendered, ReplayRenderer, Window, replay_renderer, summary_renderer
+from etweave.renderers import WRITTEN_KEYS, Rendered, ReplayRenderer, Window, replay_renderer, summary_renderer
 from etweave.runfolder import comm_groups_for, lone_file_rank
 from etweave.simulate import coverage
 from etweave.simulate.engine import RankGraph, Replay
@@ -106,9 +106,8 @@ class _EditAction(argparse.Action):
 
 # Output options: (option, attribute of the parsed arguments, summary key), in the order they are checked and
 # named in the text summary. Each is written by the renderer `_renderers` gives its key.
-OUTPUT_OPTIONS = (("--timeline", "timeline", "timeline"), ("--plot", "plot", "plot"),
-                  ("--breakdown", "breakdown", "breakdown"), ("--csv", "csv", "csv"),
-                  ("--steps-csv", "steps_csv", "steps_csv"))
+# each output file: its option, and its key in args, in the renderers and in the summary (renderers' WRITTEN_KEYS)
+OUTPUT_OPTIONS = tuple(("--" + key.replace("_", "-"), key) for key in WRITTEN_KEYS)
 WRITE_ORDER = ("timeline", "csv", "steps_csv", "plot", "breakdown")  # the order --json has always listed them
 
 
@@ -163,14 +162,14 @@ def check_options(args: argparse.Namespace) -> Options:
     _check_model_options(args)
     renderers = _renderers(args)
     files = et_files(args.traces)
-    outputs = [(flag, getattr(args, attr)) for flag, attr, _ in OUTPUT_OPTIONS]
+    outputs = [(flag, getattr(args, key)) for flag, key in OUTPUT_OPTIONS]
     check_outputs([(flag, path) for flag, path in [*outputs, ("--write-network", args.write_network)]
                    if path is not None], files)
     edits = [parse_edit(action, text) for action, text in args.edits]  # bad syntax fails before loading
     if edits and args.model == "astra-sim":
         raise BadInput("simulate", "what-if edits (--scale, --set-duration, --comm-bandwidth) apply to the default "
                                    "model only; --model astra-sim replays the files as written")
-    paths = {key: getattr(args, attr) for _, attr, key in OUTPUT_OPTIONS}
+    paths = {key: getattr(args, key) for _, key in OUTPUT_OPTIONS}
     return Options(files, edits, {key: (paths[key], renderers[key]) for key in WRITE_ORDER if paths[key] is not None})
 
 
@@ -181,7 +180,7 @@ def _check_model_options(args: argparse.Namespace) -> None:
             if getattr(args, attr) is not None and getattr(args, attr) is not False:  # --npus 0 is given
                 raise BadInput(flag, "only read with --model astra-sim")
         return
-    for flag, attr, _ in OUTPUT_OPTIONS:
+    for flag, attr in OUTPUT_OPTIONS:
         if getattr(args, attr) is not None:
             raise BadInput(flag, "not available with --model astra-sim")
     simulate_astra.check_arguments(args)

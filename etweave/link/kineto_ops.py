@@ -15,13 +15,10 @@ from typing import Any
 
 from etweave.link.host import HostLink
 from etweave.link.window import Window
-from etweave.model import Ids
+from etweave.model import NESTING_EPS, Ids
 from etweave.read.host_et import IO, PROCESS_ROOT_NAMES, THREAD_ROOT_NAMES, HostOp, HostTrace
 from etweave.read.kineto import Event, EventTable, KinetoTrace
 from etweave.values import as_int
-
-# Kineto rounds to the µs on old traces: a child may seem to end a hair after its parent (as in assemble).
-_EPS = 1e-3
 
 
 def _window_threads(events: EventTable, window: Window | None) -> dict[int | str, list[int]]:
@@ -117,8 +114,8 @@ def _parents(events: EventTable, threads: dict[int | str, list[int]], id_of: dic
             ev = events[i]
             end = ev.ts + ev.dur
             # Epoch-µs floats near 1.7e15 hold only quarter µs: allow a couple of units in the last place.
-            tol = max(_EPS, 2 * math.ulp(end))
-            while stack and events[stack[-1]].ts + events[stack[-1]].dur <= ev.ts + _EPS:
+            tol = max(NESTING_EPS, 2 * math.ulp(end))
+            while stack and events[stack[-1]].ts + events[stack[-1]].dur <= ev.ts + NESTING_EPS:
                 stack.pop()
             # An op that starts inside another but ends after it (unbalanced annotations) is not contained: its
             # parent is the innermost op that does contain it.

@@ -17,6 +17,7 @@ from etweave.chakra.io import node_type_name
 from etweave.simulate.engine import Replay
 from etweave.simulate.metrics import measured_window
 from etweave.simulate.timeline import NodeDetail, op_spans
+from etweave.stats import percent
 
 NODE_COLUMNS = ["rank", "id", "name", "type", "kind", "resource", "part_of", "measured_start_us",
                 "measured_duration_us", "simulated_issue_us", "simulated_start_us", "simulated_end_us",
@@ -109,7 +110,7 @@ def _step_row(rank: int, step: str, node_id: int | None, m: tuple[float, float] 
                            "simulated_duration_us": _us(s[1] - s[0]) if s else None,
                            "duration_error_pct": None}
     if m and s and m[1] > m[0]:
-        row["duration_error_pct"] = round(100.0 * ((s[1] - s[0]) - (m[1] - m[0])) / (m[1] - m[0]), 3)
+        row["duration_error_pct"] = percent((s[1] - s[0]) - (m[1] - m[0]), m[1] - m[0])
     return row
 
 
