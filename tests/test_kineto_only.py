@@ -297,7 +297,8 @@ def test_cpu_op_parents_follow_time_containment(tmp_path: Path) -> None:
         _x("cpu_op", "aten::linear", 10, 40, 1, **{"Sequence number": 12, "Record function id": 5}),
         _x("cpu_op", "aten::addmm", 10, 30, 1),  # same start: the longer one is the outer one
         _x("cpu_op", "aten::relu", 60, 10, 1),
-        _x("cpu_op", "autograd::engine::evaluate_function", 20, 30, 2, **{"Sequence number": 12}),
+        # a backward op runs after its forward op ended (README "Dependencies": autograd)
+        _x("cpu_op", "autograd::engine::evaluate_function", 52, 5, 2, **{"Sequence number": 12}),
     ])
     by_name = {n.name: n for n in result.nodes}
     attrs = {name: node_attrs(n) for name, n in by_name.items()}
