@@ -69,6 +69,15 @@ def file_rank(metadata: pb.GlobalMetadata, path: Path | str, default_rank: int |
     return rank
 
 
+def rank_disagreement(metadata: pb.GlobalMetadata, path: Path | str) -> str | None:
+    """What to warn about when a file's name and its metadata name different ranks (the name wins)."""
+    named, in_metadata = rank_from_name(path), metadata_rank(metadata, path)
+    if named is None or in_metadata is None or named == in_metadata:
+        return None
+    return (f"its name says rank {named}, its metadata rank {in_metadata}: read as rank {named}, as ASTRA-sim "
+            f"opens <prefix>.<rank>.et (rename the file if it is rank {in_metadata}'s)")
+
+
 def lone_file_rank(files: Sequence[Path]) -> int | None:
     """The default rank of a file whose name and metadata carry none: 0 when it is the only file given."""
     return 0 if len(files) == 1 else None

@@ -66,6 +66,11 @@ def test_check_and_simulate_take_a_files_rank_from_its_name(tmp_path: Path,
     code, out, _ = run(capsys, "check", "--json", str(tmp_path))
     report = orjson.loads(out)
     assert code == 0 and report["ok"] and report["counts"] == {}, out
+    # not silent: each file whose name and metadata disagree is a warning that says which rank it was read as
+    renamed = {Path(w["where"]).name: w["message"] for w in report["warnings"] if w["rule"] == "rank-name"}
+    assert sorted(renamed) == ["trace.0.et", "trace.1.et"]
+    assert "metadata rank 1: read as rank 0" in renamed["trace.0.et"]
+    assert "metadata rank 0: read as rank 1" in renamed["trace.1.et"]
     code, out, err = run(capsys, "simulate", "--json", str(tmp_path))
     assert code == 0, err
     assert [(r["rank"], Path(r["file"]).name) for r in orjson.loads(out)["per_rank"]] == [

@@ -19,7 +19,7 @@ from etweave.chakra.io import GZIP_MAGIC, et_files, read_et
 from etweave.check import Violation, check_metadata, check_nodes, check_run
 from etweave.errors import BadInput
 from etweave.progress import counted
-from etweave.runfolder import comm_groups_for, file_rank, lone_file_rank
+from etweave.runfolder import comm_groups_for, file_rank, lone_file_rank, rank_disagreement
 from etweave.simulate.coverage import missing_ranks, run_ranks
 
 EXIT_OK, EXIT_CHECK = 0, 3
@@ -79,6 +79,9 @@ def _check_files(files: list[Path], comm_group: dict[str, list[int]] | None) -> 
         _warn_if_gzip(path)
         metadata, nodes = read_et(path)
         rank = file_rank(metadata, path, lone_file_rank(files))
+        renamed = rank_disagreement(metadata, path)
+        if renamed is not None:
+            found.warnings.append(Violation("rank-name", str(path), renamed))
         if rank in rank_files:
             raise BadInput(path, f"rank {rank} again (also {rank_files[rank]}); give one run's files at a time")
         rank_files[rank] = path
