@@ -30,6 +30,8 @@ from typing import IO, Any
 
 import orjson
 
+from etweave.values import tensors
+
 REPO = Path(__file__).resolve().parents[1]
 GAP_US = 1000  # idle time between copies, so that no copy overlaps the previous one's GPU tail
 CHUNK = 4096  # events serialized per write
@@ -114,20 +116,10 @@ def _io(node: dict[str, Any], side: str) -> tuple[list[Any], list[Any]]:
 
 
 def _tensor_ids(values: list[Any], types: list[Any]) -> Iterator[int]:
-    for value, typ in zip(values, types, strict=False):  # malformed nodes may lack types: skip the rest
-        if isinstance(typ, str) and "Tensor" in typ:
-            for t in _tensors(value):
-                yield t[0]
-                yield t[1]
-
-
-def _tensors(value: Any) -> Iterator[list[Any]]:
-    if isinstance(value, list):
-        if len(value) == 6 and all(isinstance(x, int) and not isinstance(x, bool) for x in value[:5]):
-            yield value
-        else:
-            for v in value:
-                yield from _tensors(v)
+    """Tensor and storage ids of an op's inputs or outputs (malformed nodes may lack types: the rest skipped)."""
+    for _, tensor, storage, _, _ in tensors(values, types):
+        yield tensor
+        yield storage
 
 
 def strides(kineto: dict[str, Any], host: dict[str, Any] | None) -> Strides:
