@@ -185,17 +185,25 @@ def delay_share(nodes: Sequence[PathNode]) -> DelayShare:
     return DelayShare(cp, share, offset, dict(sorted(by_kind.items())), path)
 
 
-def blocked_in_gpu_syncs(g: Graph) -> tuple[float, float]:
-    """µs CPU threads spent blocked in GPU syncs (from each blocking call's start to the end of the GPU op it
-    waited for), and the part of it during which the device ran GPU ops (what faster GPU ops could shorten; a
-    pageable copy's staging, with the GPU idle, is not)."""
-    busy: dict[int | None, list[tuple[float, float]]] = {}
+class SyncBlocking(NamedTuple):
+    """µs CPU threads spent blocked in GPU syncs: in all, while the device ran GPU ops, and of that the part while
+    it ran a collective kernel (a collective's kernel also waits for its peers: faster GPUs do not shorten that)."""
+
+    blocked: float
+    while_busy: float
+    while_collective: float
+
+
+def blocked_in_gpu_syncs(g: Graph) -> SyncBlocking:
+    """From each blocking call's start to the end of the GPU op it waited for; `while_busy` is what faster GPU ops
+    could shorten (a pageable copy's staging, with the GPU idle, is not)."""
+    busy: dict[int | None, list[tuple[float, float, bool]]] = {}
     for it in g.items:
         if it.kind in GPU_KINDS:
-            busy.setdefault(it.device, []).append((it.start, it.start + it.dur))
+            busy.setdefault(it.device, []).append((it.start, it.start + it.dur, it.comm is not None))
     for spans in busy.values():
         spans.sort()
-    blocked = while_busy = 0.0
+    blocked = while_busy = while_collective = 0.0
     for it in g.items:
         for a in it.awaits:
             if a.evidence is not Evidence.SYNC or it.part_of is None:
@@ -204,9 +212,10 @@ def blocked_in_gpu_syncs(g: Graph) -> tuple[float, float]:
             lo, hi = call.start, min(awaited.start + awaited.dur, call.start + call.dur)
             blocked += max(0.0, hi - lo)
             cur = lo
-            for s0, e0 in busy.get(awaited.device, []):
+            for s0, e0, collective in busy.get(awaited.device, []):
                 s1, e1 = max(s0, cur), min(e0, hi)
                 if e1 > s1:
                     while_busy += e1 - s1
+                    while_collective += (e1 - s1) if collective else 0.0
                     cur = e1
-    return blocked, while_busy
+    return SyncBlocking(blocked, while_busy, while_collective)
