@@ -26,6 +26,7 @@ from etweave.model import GPU_KINDS
 from etweave.read.host_et import read_host_et
 from etweave.read.kineto import read_kineto
 from etweave.run import convert_run
+from etweave.runfolder import metadata_rank
 from etweave.simulate.engine import RankGraph, replay
 from etweave.simulate.load import find_comm_group, load_comm_group, load_rank
 
@@ -55,7 +56,7 @@ def main() -> int:
             result = run_pipeline(read_host_et(d / "host.json.gz"), read_kineto(d / "kineto.json.gz"))
             f = measure(result.nodes)
             share = delay_share(path_nodes(result.nodes)).share
-            path = Path(tmp) / "trace.0.et"
+            path = Path(tmp) / f"trace.{metadata_rank(result.metadata, rel) or 0}.et"  # the name says the rank
             write_et(path, result.metadata, result.nodes)
             rate = _replay_rate([load_rank(path)], {})
             print(f"{rel:38s} {len(result.nodes):7d} {f.span:9.0f} {f.critical_path_error:+8.2f}% {share:6.1f}% "

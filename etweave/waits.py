@@ -13,7 +13,6 @@ stays a fixed duration: UNTRACED between a thread's ops, an `[idle]` DELAY befor
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections import defaultdict
 from dataclasses import dataclass
@@ -103,12 +102,9 @@ def _await_last_periods(g: Graph, chains: Chains) -> None:
             x = g.by_id[a.item]
             if a.evidence is not Evidence.THREAD_WAIT or x.tid is None:
                 continue
-            order, end = chains.ids[x.tid], x.start + x.dur
-            k = bisect.bisect_left(chains.starts(x.tid), end) - 1
-            while k >= 0 and order[k] in chains.removed:
-                k -= 1
-            if k >= 0 and order[k] != a.item and g.by_id[order[k]].start >= x.start:
-                it.awaits[n] = Await(order[k], a.evidence, a.inferred)
+            last = chains.last_period(x)
+            if last.id != a.item:
+                it.awaits[n] = Await(last.id, a.evidence, a.inferred)
 
 
 def _name_untraced(g: Graph, chains: Chains) -> None:
