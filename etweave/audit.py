@@ -175,18 +175,62 @@ def delays(g: Graph, deps: Dependencies) -> Delays:
 def collectives_without_dependents(g: Graph, deps: Dependencies) -> list[CollectiveWithoutDependents]:
     """Collectives whose completion gates nothing on another thread or stream (program and collective order aside):
     no thread resumed after one and no other thread or stream consumed its output. A collective's own later
-    periods (`part_of`) stand for it."""
+    periods (`part_of`) stand for it. Each says why (`WHY_NO_DEPENDENT`)."""
     gates: set[int] = set()
+    next_on_stream: dict[int, int] = {}
     for target, edges in deps.preds.items():
         dst = g.by_id[target]
         for e in edges:
+            if e.source is Evidence.STREAM_ORDER:
+                next_on_stream[e.src] = target
             if e.source in (Evidence.THREAD_ORDER, Evidence.COLLECTIVE_ORDER):
                 continue
             src = g.by_id[e.src]
             if (src.tid, src.device, src.stream) != (dst.tid, dst.device, dst.stream):
                 gates.add(src.part_of if src.part_of is not None and src.comm is None else src.id)
-    return [CollectiveWithoutDependents(it.id, it.name, it.comm.collective_name)
-            for it in g.items if it.comm is not None and it.id not in gates]
+    out = []
+    memo: dict[int, int | None] = {}
+    for it in g.items:
+        if it.comm is None or it.id in gates:
+            continue
+        issuer = g.by_id.get(it.parent) if it.parent is not None else None
+        through = _gate_later_on_stream(it.id, next_on_stream, gates, memo)
+        if it.stream is None and issuer is not None and issuer.tid == it.tid:
+            why, via = "ran_on_issuing_thread", None
+        elif through is not None:
+            why, via = "waited_for_through_stream", through
+        else:
+            why, via = "not_waited_for", None
+        out.append(CollectiveWithoutDependents(it.id, it.name, it.comm.collective_name, why, via))
+    return out
+
+
+WHY_NO_DEPENDENT = {
+    "ran_on_issuing_thread": "it ran on the thread that issued it (gloo send/recv): program order carries its end",
+    "waited_for_through_stream": "work waits for a later op of its stream (`through`), and so for it by stream order",
+    "not_waited_for": "nothing on another thread or stream waited for it, or for its stream after it, in the trace",
+}
+
+
+def _gate_later_on_stream(start: int, next_on_stream: dict[int, int], gates: set[int],
+                          memo: dict[int, int | None]) -> int | None:
+    """The first op after `start` on its stream whose end another thread or stream waited for, if any (`memo`
+    keeps each op's answer: a stream's collectives share one walk)."""
+    path: list[int] = []
+    node = next_on_stream.get(start)
+    found: int | None = None
+    while node is not None:
+        if node in memo:
+            found = memo[node]
+            break
+        if node in gates:
+            found = node
+            break
+        path.append(node)
+        node = next_on_stream.get(node)
+    for p in path:
+        memo[p] = found
+    return found
 
 
 def _kineto_cpu_ops(kineto: KinetoTrace, link: HostLink) -> tuple[int, LeftOut]:

@@ -179,9 +179,14 @@ class CollectiveWithoutDependents:
     node: int
     name: str
     collective: str
+    why: str  # a key of etweave.audit.WHY_NO_DEPENDENT
+    through: int | None = None  # waited_for_through_stream: the later op of its stream that was waited for
 
     def to_json(self) -> dict[str, Any]:
-        return {"node": self.node, "name": self.name, "collective": self.collective}
+        out: dict[str, Any] = {"node": self.node, "name": self.name, "collective": self.collective, "why": self.why}
+        if self.through is not None:
+            out["through"] = self.through
+        return out
 
 
 @dataclass(slots=True)

@@ -259,7 +259,9 @@ def test_gloo_run_threads_wait_for_their_collectives(gloo_run: tuple[Path, Path,
             continue
         assert issuer is not None and issuer in woken.get(n.id, set()), f"nothing waits for {n.id} {n.name}"
     assert {by_id[i].name for i in inline} <= {"gloo:send", "gloo:recv"}
-    assert sorted(c["node"] for c in reports[rank]["collectives_without_dependents"]) == sorted(inline)
+    listed = reports[rank]["collectives_without_dependents"]
+    assert sorted(c["node"] for c in listed) == sorted(inline)
+    assert {c["why"] for c in listed} <= {"ran_on_issuing_thread"}
 
 
 # ---------------------------------------------------------------------------------------------- orphans
