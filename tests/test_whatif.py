@@ -25,7 +25,7 @@ from etweave.run import convert_run
 from etweave.simulate.engine import RankGraph, replay
 from etweave.simulate.load import load_comm_group, load_rank
 from etweave.simulate.steps import step_bounds, step_times
-from etweave.simulate.whatif import apply, parse_edit
+from etweave.simulate.whatif import apply, fit_groups, parse_edit, read_transfers
 
 REPO = Path(__file__).resolve().parents[1]
 COMM = (pb.COMM_COLL_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE)
@@ -100,15 +100,38 @@ def test_metadata_nodes_are_never_edited(ddp: Path) -> None:
                           for rg in ranks for nd in rg.nodes)
 
 
-def test_comm_bandwidth_divides_comm_durations_on_the_ranks_given(ddp: Path) -> None:
+def test_comm_bandwidth_times_the_ranks_given_from_the_fit(ddp: Path) -> None:
+    """`--comm-bandwidth rank=1:4` edits rank 1's communication nodes only, each timed from its (process group,
+    kind) fit over both ranks: transfers of one group, kind and size get one duration, a quarter of the fit's
+    bandwidth term."""
     ranks = load(ddp)
     before = durations(ranks)
+    transfers = [read_transfers(rg) for rg in ranks]
+    fits = fit_groups(ranks, transfers)
     [res] = apply(ranks, [parse_edit("comm-bandwidth", "rank=1:4")])
+    sized = 0
     for ri, rg in enumerate(ranks):
         for i, nd in enumerate(rg.nodes):
-            hit = nd.type in COMM and rg.rank == 1
-            assert nd.duration == (round(before[ri][i] / 4) if hit else before[ri][i])
-    assert res.nodes == sum(nd.type in COMM for nd in ranks[1].nodes) > 0
+            if nd.type not in COMM or rg.rank != 1:
+                assert nd.duration == before[ri][i]
+                continue
+            t = transfers[ri][nd.id]
+            if t.size > 0:
+                sized += 1
+                assert nd.duration == fits[(nd.pg or "", t.kind)].duration(t.size, 4)
+            else:
+                assert nd.duration == round(before[ri][i] / 4)
+    assert sized > 0 and res.nodes == sum(nd.type in COMM for nd in ranks[1].nodes)
+
+
+def test_plain_comm_scale_divides_each_node(ddp: Path) -> None:
+    """The per-node form of a bandwidth change: `--scale kind=comm:0.25` divides each node's own time."""
+    ranks = load(ddp)
+    before = durations(ranks)
+    apply(ranks, [parse_edit("scale", "kind=comm:0.25")])
+    for ri, rg in enumerate(ranks):
+        for i, nd in enumerate(rg.nodes):
+            assert nd.duration == (round(before[ri][i] * 0.25) if nd.type in COMM else before[ri][i])
 
 
 def test_set_duration_per_step_gives_each_op_exactly_that_time(ddp: Path) -> None:
