@@ -30,6 +30,7 @@ from etweave.simulate.whatif import apply, fit_groups, parse_edit, read_transfer
 REPO = Path(__file__).resolve().parents[1]
 COMM = (pb.COMM_COLL_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE)
 CPU_KINDS = ("host_op", "runtime", "self_part", "resume")
+RECORDED = ("straggler", "straggler_hidden", "async_allreduce", "compute4x")  # bench/whatif pairs the tests record
 
 
 @pytest.fixture(scope="module")
@@ -217,13 +218,14 @@ def test_cli_bad_edit_one_line_exit_2(ddp: Path, args: list[str]) -> None:
 
 @pytest.fixture(scope="session")
 def pairs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """bench/whatif's straggler pairs, recorded once: 2 gloo ranks, 2 steps; converted under <pair>/<side>."""
+    """bench/whatif's straggler, async and compute pairs, recorded once: 2 gloo ranks, 2 steps; converted under
+    <pair>/<side>."""
     runs = tmp_path_factory.mktemp("whatif")
     proc = subprocess.run([sys.executable, "-m", "bench.whatif.workload", str(runs / "runs"), "--repeats", "1",
-                           "--steps", "2", "--pairs", "straggler,straggler_hidden"], cwd=REPO, capture_output=True,
+                           "--steps", "2", "--pairs", ",".join(RECORDED)], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-5000:]
-    for pair in ("straggler", "straggler_hidden"):
+    for pair in RECORDED:
         for side in "AB":
             convert_run(runs / "runs" / pair / side / "r0", runs / pair / side, jobs=1)
     return runs
@@ -338,3 +340,32 @@ def test_hidden_straggler_does_not_reach_threads_that_did_not_wait(pairs: Path) 
         assert not on_bg, f"step {step}: {len(on_bg)} nodes of a running background thread reachable, e.g. {on_bg[:3]}"
         for name in ("slow_rank", "straggle"):
             assert (1, in_step(ranks[1], name, step)) not in reached
+
+
+def comm_in_step(rg: RankGraph, step: int) -> list[int]:
+    """Indices of the collectives of this rank whose measured start lies in ProfilerStep#step."""
+    lo, hi = step_bounds(rg.nodes)[step]
+    return [i for i, nd in enumerate(rg.nodes) if nd.type == pb.COMM_COLL_NODE and lo <= nd.measured_start < hi]
+
+
+@pytest.mark.parametrize("side", ["A", "B"])
+def test_async_wait_depends_on_the_all_reduce(pairs: Path, side: str) -> None:
+    """The async all_reduce of step k (on a gloo worker) gates what the main thread does once `work.wait()`
+    returned: each rank's `frame_after` of step k is reachable from it, so a longer transfer moves the step."""
+    ranks = load(pairs / "async_allreduce" / side)
+    for step in sorted(step_bounds(ranks[0].nodes)):
+        for ri, rg in enumerate(ranks):
+            [coll] = comm_in_step(rg, step)
+            assert rg.nodes[coll].name == "gloo:all_reduce"
+            assert (ri, in_step(rg, "frame_after", step)) in reach(ranks, (ri, coll)), \
+                f"rank {rg.rank} step {step}: the wait does not depend on the all_reduce"
+
+
+def test_compute_op_reaches_the_rank_that_waits_for_it(pairs: Path) -> None:
+    """compute4x: rank 1's `aten::mm` of step k delays rank 0 in step k (through the all_reduce rank 0 waits in),
+    and rank 0's own `frame_before` of that step (before the all_reduce) does not depend on it."""
+    ranks = load(pairs / "compute4x" / "A")
+    for step in sorted(step_bounds(ranks[0].nodes)):
+        reached = reach(ranks, (1, in_step(ranks[1], "aten::mm", step)))
+        assert (0, in_step(ranks[0], "frame_after", step)) in reached
+        assert (0, in_step(ranks[0], "frame_before", step)) not in reached

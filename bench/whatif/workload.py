@@ -49,10 +49,11 @@ STRAGGLE_BASE_MS, STRAGGLE_EXTRA_MS = 1.0, 25.0
 HIDDEN_SLOW_MS, HIDDEN_EXTRA_MS = 30.0, 15.0
 HELPER_A_MS, HELPER_B_MS, HELPER_MAIN_MS = 12.0, 37.0, 10.0
 HELPER_HIDDEN_A_MS, HELPER_HIDDEN_B_MS, HELPER_HIDDEN_MAIN_MS = 2.0, 8.0, 20.0
-# async_allreduce: 32 -> 64 MB, sizes that do not follow --stretch: from about 16 MB up, gloo's all_reduce time
-# grows in proportion to the bytes on this machine (measured 32 -> 64 MB: 14.9 -> 30.6 ms), while 4 -> 16 MB took
-# 2.7x, not 4x: the bandwidth edit could not predict that from A's one size
-ASYNC_NUMEL, ASYNC_FACTOR, ASYNC_OVERLAP_MS = 1 << 23, 2, 2.0
+# async_allreduce: 32 -> 128 MB, sizes that do not follow --stretch. gloo's all_reduce time is far from proportional
+# to the bytes below about 16 MB (measured under the profiler: 8 -> 32 MB took 3.2x, 4 -> 16 MB 2.7x), which the
+# bandwidth edit cannot know from A's one size; 32 -> 128 MB took 3.8x. Long sleeps around it (ASYNC_FRAME_MS):
+# the transfer's time follows the memory traffic of the whole machine, which SCHED_FIFO does not keep away
+ASYNC_NUMEL, ASYNC_FACTOR, ASYNC_OVERLAP_MS, ASYNC_FRAME_MS = 1 << 23, 4, 2.0, 25.0
 ASYNC_HIDDEN_NUMEL, ASYNC_HIDDEN_FACTOR, ASYNC_HIDDEN_OVERLAP_MS = 1 << 20, 2, 40.0  # 4 -> 8 MB (x stretch)
 # compute4x: (N x K) @ (K x N), B's K 4x A's: 4x the work (about 9 -> 36 ms here, under the profiler). Large, so
 # that the op's fixed cost (about 0.4 ms after a sleep, measured) is small beside it
@@ -60,6 +61,9 @@ MM_N, MM_K, MM_FACTOR = 256, 8192, 4
 BG_TICK_MS, BG_PAUSE_MS = 0.5, 4.0
 POLICY_FILE = "policy.json"  # {"realtime": bool}: whether the recorded steps ran under SCHED_FIFO
 FRAME_MS = 5.0  # fixed work before and after the interesting part of every step
+# compute4x: the changed op's time varies with the memory traffic of the whole machine (SCHED_FIFO keeps other
+# processes off the core, not off the memory bus); longer sleeps around it make B's span vary less
+LONG_FRAME_MS = 15.0
 # --stretch: every sleep, the async all_reduce's size and the bmm's batch times this (longer steps: less noise)
 _STRETCH = [1.0]
 
@@ -158,25 +162,25 @@ def step_helper_hidden(rank: int, step: int, side: str) -> None:
     _helper_step(side, HELPER_HIDDEN_A_MS, HELPER_HIDDEN_B_MS, HELPER_HIDDEN_MAIN_MS)
 
 
-def _async_step(side: str, numel: int, factor: int, overlap_ms: float) -> None:
+def _async_step(side: str, numel: int, factor: int, overlap_ms: float, frame_ms: float) -> None:
     _, dist, _ = _torch()
     grad = _tensor("ones", numel * (factor if side == "B" else 1))
-    _work("frame_before", FRAME_MS)
+    _work("frame_before", frame_ms)
     work = dist.all_reduce(grad, async_op=True)
     _work("overlap_work", overlap_ms)
     work.wait()
-    _work("frame_after", FRAME_MS)
+    _work("frame_after", frame_ms)
 
 
 def step_async_allreduce(rank: int, step: int, side: str) -> None:
-    """An async all_reduce overlapped with 2 ms of `overlap_work`, then waited for; B's tensor is 2x larger. The
+    """An async all_reduce overlapped with 2 ms of `overlap_work`, then waited for; B's tensor is 4x larger. The
     32 MB transfer of A already outlasts the overlap, so A's trace shows the wait."""
-    _async_step(side, ASYNC_NUMEL, ASYNC_FACTOR, ASYNC_OVERLAP_MS)
+    _async_step(side, ASYNC_NUMEL, ASYNC_FACTOR, ASYNC_OVERLAP_MS, ASYNC_FRAME_MS)
 
 
 def step_async_hidden(rank: int, step: int, side: str) -> None:
     """Control: the async all_reduce doubles but stays hidden behind 40 ms of `overlap_work`."""
-    _async_step(side, round(stretched(ASYNC_HIDDEN_NUMEL)), ASYNC_HIDDEN_FACTOR, ASYNC_HIDDEN_OVERLAP_MS)
+    _async_step(side, round(stretched(ASYNC_HIDDEN_NUMEL)), ASYNC_HIDDEN_FACTOR, ASYNC_HIDDEN_OVERLAP_MS, FRAME_MS)
 
 
 def step_compute4x(rank: int, step: int, side: str) -> None:
@@ -187,11 +191,11 @@ def step_compute4x(rank: int, step: int, side: str) -> None:
     a = _tensor("mm_a", MM_N * k).view(MM_N, k)
     b = _tensor("mm_b", k * MM_N).view(k, MM_N)
     out = _tensor("zeros", MM_N * MM_N).view(MM_N, MM_N)  # no allocation inside the op: page faults grow with size
-    _work("frame_before", FRAME_MS)
+    _work("frame_before", LONG_FRAME_MS)
     if rank == 1:  # one rank computes: two ops at once on 2 shared cores slow each other down unevenly
         torch.mm(a, b, out=out)
     _all_reduce_small()
-    _work("frame_after", FRAME_MS)
+    _work("frame_after", LONG_FRAME_MS)
 
 
 STEPS: dict[str, Callable[[int, int, str], None]] = {
@@ -219,7 +223,7 @@ PAIRS: dict[str, Pair] = {p.name: p for p in [
          lambda steps, x: [("set-duration", f"name=helper_work:{_us(HELPER_B_MS, x)}")]),
     Pair("helper_hidden", "control: helper thread `helper_work` 2 -> 8 ms, hidden behind 20 ms", True,
          lambda steps, x: [("set-duration", f"name=helper_work:{_us(HELPER_HIDDEN_B_MS, x)}")]),
-    Pair("async_allreduce", "async all_reduce 2x larger (32 -> 64 MB), overlapped with 2 ms then waited for", False,
+    Pair("async_allreduce", "async all_reduce 4x larger (32 -> 128 MB), overlapped with 2 ms then waited for", False,
          lambda steps, x: [("comm-bandwidth", f"{1 / ASYNC_FACTOR:g}")]),
     Pair("async_hidden", "control: async all_reduce 2x larger (4 -> 8 MB), hidden behind 40 ms", True,
          lambda steps, x: [("comm-bandwidth", f"{1 / ASYNC_HIDDEN_FACTOR:g}")]),
