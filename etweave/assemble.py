@@ -120,7 +120,7 @@ def op_record(op: HostOp) -> OpRecord:
     return OpRecord(op.et_tid, op.parent, op.rf_id, op.seq_id, op.op_schema, inputs, outputs,
                     tuple(tensors(inputs.values, inputs.types)) if inputs.values else (),
                     tuple(tensors(outputs.values, outputs.types)) if outputs.values else (),
-                    collective_call, _comm_args(op) if collective_call or op.name == PARAM_COMMS else None)
+                    collective_call, _comm_args(op) if collective_call or op.name == PARAM_COMMS else None, op.fw_tid)
 
 
 def _comm_args(op: HostOp) -> CommArgs:

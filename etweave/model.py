@@ -70,6 +70,7 @@ class OpRecord:
     output_tensors: tuple[TensorRef, ...]
     collective_call: bool = False  # a c10d collective or p2p call (not `wait`, not process-group bookkeeping)
     comm: CommArgs | None = None  # collective calls and record_param_comms ops only
+    fw_tid: int = 0  # a backward op: the host ET thread id of its forward op's thread (0: a forward op, or unknown)
 
 
 @dataclass(slots=True)  # not frozen: one per event with args (see OpRecord)

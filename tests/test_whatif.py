@@ -25,11 +25,12 @@ from etweave.run import convert_run
 from etweave.simulate.engine import RankGraph, replay
 from etweave.simulate.load import load_comm_group, load_rank
 from etweave.simulate.steps import step_bounds, step_times
-from etweave.simulate.whatif import apply, parse_edit
+from etweave.simulate.whatif import apply, fit_groups, parse_edit, read_transfers
 
 REPO = Path(__file__).resolve().parents[1]
 COMM = (pb.COMM_COLL_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE)
 CPU_KINDS = ("host_op", "runtime", "self_part", "resume")
+RECORDED = ("straggler", "straggler_hidden", "async_allreduce", "compute4x")  # bench/whatif pairs the tests record
 
 
 @pytest.fixture(scope="module")
@@ -100,15 +101,38 @@ def test_metadata_nodes_are_never_edited(ddp: Path) -> None:
                           for rg in ranks for nd in rg.nodes)
 
 
-def test_comm_bandwidth_divides_comm_durations_on_the_ranks_given(ddp: Path) -> None:
+def test_comm_bandwidth_times_the_ranks_given_from_the_fit(ddp: Path) -> None:
+    """`--comm-bandwidth rank=1:4` edits rank 1's communication nodes only, each timed from its (process group,
+    kind) fit over both ranks: transfers of one group, kind and size get one duration, a quarter of the fit's
+    bandwidth term."""
     ranks = load(ddp)
     before = durations(ranks)
+    transfers = [read_transfers(rg) for rg in ranks]
+    fits = fit_groups(ranks, transfers)
     [res] = apply(ranks, [parse_edit("comm-bandwidth", "rank=1:4")])
+    sized = 0
     for ri, rg in enumerate(ranks):
         for i, nd in enumerate(rg.nodes):
-            hit = nd.type in COMM and rg.rank == 1
-            assert nd.duration == (round(before[ri][i] / 4) if hit else before[ri][i])
-    assert res.nodes == sum(nd.type in COMM for nd in ranks[1].nodes) > 0
+            if nd.type not in COMM or rg.rank != 1:
+                assert nd.duration == before[ri][i]
+                continue
+            t = transfers[ri][nd.id]
+            if t.size > 0:
+                sized += 1
+                assert nd.duration == fits[(nd.pg or "", t.kind)].duration(t.size, 4)
+            else:
+                assert nd.duration == round(before[ri][i] / 4)
+    assert sized > 0 and res.nodes == sum(nd.type in COMM for nd in ranks[1].nodes)
+
+
+def test_plain_comm_scale_divides_each_node(ddp: Path) -> None:
+    """The per-node form of a bandwidth change: `--scale kind=comm:0.25` divides each node's own time."""
+    ranks = load(ddp)
+    before = durations(ranks)
+    apply(ranks, [parse_edit("scale", "kind=comm:0.25")])
+    for ri, rg in enumerate(ranks):
+        for i, nd in enumerate(rg.nodes):
+            assert nd.duration == (round(before[ri][i] * 0.25) if nd.type in COMM else before[ri][i])
 
 
 def test_set_duration_per_step_gives_each_op_exactly_that_time(ddp: Path) -> None:
@@ -194,13 +218,14 @@ def test_cli_bad_edit_one_line_exit_2(ddp: Path, args: list[str]) -> None:
 
 @pytest.fixture(scope="session")
 def pairs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """bench/whatif's straggler pairs, recorded once: 2 gloo ranks, 2 steps; converted under <pair>/<side>."""
+    """bench/whatif's straggler, async and compute pairs, recorded once: 2 gloo ranks, 2 steps; converted under
+    <pair>/<side>."""
     runs = tmp_path_factory.mktemp("whatif")
     proc = subprocess.run([sys.executable, "-m", "bench.whatif.workload", str(runs / "runs"), "--repeats", "1",
-                           "--steps", "2", "--pairs", "straggler,straggler_hidden"], cwd=REPO, capture_output=True,
+                           "--steps", "2", "--pairs", ",".join(RECORDED)], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-5000:]
-    for pair in ("straggler", "straggler_hidden"):
+    for pair in RECORDED:
         for side in "AB":
             convert_run(runs / "runs" / pair / side / "r0", runs / pair / side, jobs=1)
     return runs
@@ -315,3 +340,32 @@ def test_hidden_straggler_does_not_reach_threads_that_did_not_wait(pairs: Path) 
         assert not on_bg, f"step {step}: {len(on_bg)} nodes of a running background thread reachable, e.g. {on_bg[:3]}"
         for name in ("slow_rank", "straggle"):
             assert (1, in_step(ranks[1], name, step)) not in reached
+
+
+def comm_in_step(rg: RankGraph, step: int) -> list[int]:
+    """Indices of the collectives of this rank whose measured start lies in ProfilerStep#step."""
+    lo, hi = step_bounds(rg.nodes)[step]
+    return [i for i, nd in enumerate(rg.nodes) if nd.type == pb.COMM_COLL_NODE and lo <= nd.measured_start < hi]
+
+
+@pytest.mark.parametrize("side", ["A", "B"])
+def test_async_wait_depends_on_the_all_reduce(pairs: Path, side: str) -> None:
+    """The async all_reduce of step k (on a gloo worker) gates what the main thread does once `work.wait()`
+    returned: each rank's `frame_after` of step k is reachable from it, so a longer transfer moves the step."""
+    ranks = load(pairs / "async_allreduce" / side)
+    for step in sorted(step_bounds(ranks[0].nodes)):
+        for ri, rg in enumerate(ranks):
+            [coll] = comm_in_step(rg, step)
+            assert rg.nodes[coll].name == "gloo:all_reduce"
+            assert (ri, in_step(rg, "frame_after", step)) in reach(ranks, (ri, coll)), \
+                f"rank {rg.rank} step {step}: the wait does not depend on the all_reduce"
+
+
+def test_compute_op_reaches_the_rank_that_waits_for_it(pairs: Path) -> None:
+    """compute4x: rank 1's `aten::mm` of step k delays rank 0 in step k (through the all_reduce rank 0 waits in),
+    and rank 0's own `frame_before` of that step (before the all_reduce) does not depend on it."""
+    ranks = load(pairs / "compute4x" / "A")
+    for step in sorted(step_bounds(ranks[0].nodes)):
+        reached = reach(ranks, (1, in_step(ranks[1], "aten::mm", step)))
+        assert (0, in_step(ranks[0], "frame_after", step)) in reached
+        assert (0, in_step(ranks[0], "frame_before", step)) not in reached

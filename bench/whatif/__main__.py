@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.whatif.workload import PAIRS, run_dir
+from bench.whatif.workload import PAIRS, POLICY_FILE, run_dir
 from etweave.run import convert_run
 from etweave.simulate.engine import RankGraph, replay
 from etweave.simulate.load import find_comm_group, load_comm_group, load_rank
@@ -262,10 +263,26 @@ def shared_delay_shares(fn: Callable[[Sequence[Any]], float]) -> list[str]:
     return lines
 
 
+def load_average() -> str:
+    """The machine's load average now: how busy it was while the pairs were recorded."""
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f} (1, 5, 15 min) on {os.cpu_count()} cores"
+
+
+def recorded_policy(runs: Path) -> str:
+    policy = runs / POLICY_FILE
+    if not policy.exists():
+        return "recorded steps: scheduling policy not recorded (an older recording)"
+    realtime = json.loads(policy.read_text()).get("realtime")
+    return ("recorded steps ran under SCHED_FIFO (no other process preempted them)" if realtime else
+            "recorded steps ran at the ordinary scheduling policy (SCHED_FIFO not permitted): B varies more on a "
+            "busy machine")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5, help="A/B recordings per pair (default 5, at least 3)")
-    ap.add_argument("--steps", type=int, default=4, help="recorded steps per run (default 4)")
+    ap.add_argument("--steps", type=int, default=8, help="recorded steps per run (default 8)")
     ap.add_argument("--stretch", type=float, default=2.0,
                     help="time stretch of every pair: sleeps, async all_reduce size, bmm batch (default 2)")
     ap.add_argument("--quick", action="store_true", help="3 repeats of 2 steps, stretch 1, no shared traces")
@@ -289,9 +306,11 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"{runs} was recorded with {meta.read_text()}, not {settings}: choose another --runs")
         if not all(run_dir(runs, p, s, k).is_dir() for p in pairs for s in "AB" for k in range(args.repeats)):
             print(f"recording {len(pairs)} pairs x {args.repeats} repeats x {args.steps} steps, stretch "
-                  f"{args.stretch:g} (2 gloo ranks) in {runs}", flush=True)
+                  f"{args.stretch:g} (2 gloo ranks) in {runs}; {load_average()}", flush=True)
             record(runs, pairs, args.repeats, args.steps, args.stretch)
             meta.write_text(json.dumps(settings))
+            print(f"recorded; {load_average()}")
+        print(recorded_policy(runs))
         converted = runs / "converted"
         results = []
         for name in pairs:

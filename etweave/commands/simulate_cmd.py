@@ -48,7 +48,11 @@ An edit that selects no node is bad input (exit 2). Examples:
   --scale 'name=aten::mm*:2'                           every aten::mm* op twice as long
   --scale 'kind=gpu,rank=3:0.5'                        rank 3's GPU work twice as fast
   --set-duration 'name=straggle,rank=0,step=2:25000'   that op lasts 25 ms in all
-  --comm-bandwidth 2                                   transfer times / 2 (also '[SELECTOR:]FACTOR')
+  --comm-bandwidth 2                                   communication twice as fast (also '[SELECTOR:]FACTOR')
+--comm-bandwidth times each selected comm node from a fit, per (process group, collective kind), of the
+graph's transfer times as latency + bytes x time per byte (robust: the median time of each size, the median
+slope and intercept): latency + bytes x time per byte / FACTOR; with one size, all of it is bandwidth. The
+per-node form, each node's own time / FACTOR (its noise included), is --scale 'kind=comm:1/FACTOR'.
 Printed beside the measured ones: each ProfilerStep's simulated time (else the whole span's), and per edit
 the ops and nodes it changed and the us it added."""
 
@@ -92,7 +96,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     what_if.add_argument("--set-duration", action=_EditAction, metavar="SELECTOR:MICROS",
                          help="each selected op lasts MICROS us in all (spread over its node and parts)")
     what_if.add_argument("--comm-bandwidth", action=_EditAction, metavar="[SELECTOR:]FACTOR",
-                         help="communication FACTOR times as fast: transfer durations divided by FACTOR")
+                         help="communication FACTOR times as fast, from a robust fit of the transfer times "
+                              "(below)")
     p.set_defaults(run=run, edits=[])
 
 

@@ -39,13 +39,42 @@ def stream_order(g: Graph) -> list[Edge]:
 
 
 def autograd(g: Graph) -> list[Edge]:
-    """Backward ops after the forward op they belong to: the same sequence number on another thread, starting after
-    the forward op ended (each thread counts sequence numbers from 0: forward ops of two threads share them, and one
-    that began while the other still ran is no backward of it)."""
+    """Backward ops after the forward op they belong to. Each thread counts sequence numbers from 0, so the host ET
+    names the forward op's thread (`fw_tid` of a backward op): a backward op follows the op of its sequence number
+    on that thread (the earliest, not itself a backward op), when it runs on another thread and started after that
+    op ended. A trace that names no forward thread (Kineto alone) pairs by sequence number on any other thread."""
+    seq_ops = [it for it in g.items
+               if it.kind == HOST_OP and it.host is not None and it.host.seq_id >= 0 and it.tid is not None]
+    if not any(it.host is not None and it.host.fw_tid for it in seq_ops):
+        return _autograd_any_thread(seq_ops)
+    forward: dict[tuple[int, int], Item] = {}  # (ET thread, sequence number) -> its forward op
+    backward: dict[tuple[int, int], list[Item]] = defaultdict(list)
+    for it in sorted(seq_ops, key=lambda it: (it.start, it.id)):
+        h = it.host
+        assert h is not None
+        if h.fw_tid:
+            backward[(h.fw_tid, h.seq_id)].append(it)
+        else:
+            forward.setdefault((h.et_tid, h.seq_id), it)
+    edges: list[Edge] = []
+    for key in sorted(backward):
+        fwd = forward.get(key)
+        if fwd is None:
+            continue
+        ops = backward[key]
+        ids = {fwd.id, *(it.id for it in ops)}
+        edges.extend(Edge(fwd.id, it.id, Evidence.AUTOGRAD) for it in ops
+                     if it.tid != fwd.tid and it.enclosing not in ids and it.start >= fwd.start + fwd.dur)
+    return edges
+
+
+def _autograd_any_thread(seq_ops: list[Item]) -> list[Edge]:
+    """Without forward thread ids: the earliest op of a sequence number is the forward op, and ops of that number
+    on other threads that started after it ended are its backward ops."""
     by_seq: dict[int, list[Item]] = defaultdict(list)
-    for it in g.items:
-        if it.kind == HOST_OP and it.host is not None and it.host.seq_id >= 0 and it.tid is not None:
-            by_seq[it.host.seq_id].append(it)
+    for it in seq_ops:
+        assert it.host is not None
+        by_seq[it.host.seq_id].append(it)
     edges: list[Edge] = []
     for seq in sorted(by_seq):
         ops = sorted(by_seq[seq], key=lambda it: (it.start, it.id))

@@ -18,8 +18,14 @@ Actions, applied in the order given, each to the durations left by the previous 
 - `scale SELECTOR:FACTOR` multiplies each selected node's duration by FACTOR (>= 0);
 - `set-duration SELECTOR:MICROS` gives each selected op MICROS µs in all, spread over its node and parts in
   proportion to their current durations (all on the op's own node when they are all 0);
-- `comm-bandwidth [SELECTOR:]FACTOR` communication FACTOR times as fast: selected communication nodes' durations
-  (the transfer time where `convert-run` measured one) divided by FACTOR (> 0).
+- `comm-bandwidth [SELECTOR:]FACTOR` communication FACTOR times as fast (> 0), from a fit, not node by node: for each
+  (process group, collective kind) — ALL_REDUCE, ..., SEND, RECV; point-to-point nodes have no group — the
+  graph's transfer times (each comm node's duration: the transfer time where `convert-run` measured one) are fitted
+  as `latency + bytes × time per byte` (`fit_transfers`: robust, Theil-Sen over the median time of each size, so
+  one slow transfer sets nothing), and each selected node gets `latency + bytes × time per byte / FACTOR`. Where
+  a group has one size only, latency and bandwidth cannot be told apart and all of its time counts as bandwidth
+  (its median time per byte). A node whose size is unknown (attr `comm_size` 0 or absent) is divided by FACTOR.
+  The per-node form, each node's own measured time (noise included) divided by F, is `scale kind=comm:1/F`.
 
 Only the simulated `duration` changes: each node's measured start and duration stay as loaded, so the replay is
 still compared with the measured (unedited) run. Metadata nodes (process and thread roots) are never selected. An
@@ -30,11 +36,15 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from pathlib import Path
 
-from etweave.chakra.accepts import COMM_NODE_TYPES
+from etweave.chakra import et_def_pb2 as pb
+from etweave.chakra.accepts import COMM_NODE_TYPES, comm_type_name
+from etweave.chakra.io import iter_et
 from etweave.errors import BadInput
 from etweave.nodes import is_marker_node
 from etweave.simulate.engine import RankGraph, SimNode
@@ -191,6 +201,98 @@ def select(rank: RankGraph, selector: Selector) -> list[list[int]]:
     return [sorted(g, key=lambda i: (i != o, i)) for o, g in sorted(groups.items())]
 
 
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """What the bandwidth fit reads of one communication node besides its duration."""
+
+    kind: str  # collective kind (ALL_REDUCE, ...; the number where it names none), or SEND / RECV
+    size: int  # bytes (attr comm_size); 0 = not given
+
+
+@dataclass(frozen=True, slots=True)
+class TransferFit:
+    """One (process group, collective kind)'s transfers: duration ≈ latency_us + bytes × us_per_byte."""
+
+    latency_us: float
+    us_per_byte: float
+    samples: int  # transfers with a size
+    sizes: int  # distinct sizes among them; 1: latency and bandwidth cannot be told apart (latency taken as 0)
+
+    def duration(self, size: int, bandwidth: float) -> int:
+        """µs of a transfer of `size` bytes on a network `bandwidth` times as fast."""
+        return round(self.latency_us + size * self.us_per_byte / bandwidth)
+
+
+MAX_FIT_SIZES = 256  # Theil-Sen is quadratic in the distinct sizes: more are thinned to this many, evenly
+
+
+def read_transfers(rank: RankGraph) -> dict[int, Transfer]:
+    """node id -> Transfer of every communication node of the rank's file (`rank.source`)."""
+    if not rank.source:
+        raise BadInput("--comm-bandwidth", f"rank {rank.rank}: no file to read the transfers' sizes from")
+    out: dict[int, Transfer] = {}
+    _, nodes = iter_et(Path(rank.source))
+    for node in nodes:
+        if node.type not in COMM_NODE_TYPES:
+            continue
+        attrs = {a.name: getattr(a, a.WhichOneof("value") or "int64_val") for a in node.attr
+                 if a.name in ("comm_type", "comm_size")}
+        if node.type == pb.COMM_COLL_NODE:
+            kind = comm_type_name(int(attrs.get("comm_type", -1)))
+        else:
+            kind = "SEND" if node.type == pb.COMM_SEND_NODE else "RECV"
+        out[node.id] = Transfer(kind, max(0, int(attrs.get("comm_size", 0))))
+    return out
+
+
+def fit_transfers(points: Sequence[tuple[int, int]]) -> TransferFit:
+    """Fit `(bytes, µs)` transfers (bytes > 0) as latency + bytes × time per byte, robustly: each size's median
+    time, then the Theil-Sen line through those (the median slope over pairs of sizes, the median intercept), with
+    latency and time per byte >= 0. One size only: latency 0, the median time per byte."""
+    by_size: dict[int, list[int]] = {}
+    for size, us in points:
+        by_size.setdefault(size, []).append(us)
+    sizes = sorted(by_size)
+    if not sizes:
+        raise ValueError("no transfer to fit")
+    if len(sizes) > MAX_FIT_SIZES:
+        sizes = [sizes[round(i * (len(sizes) - 1) / (MAX_FIT_SIZES - 1))] for i in range(MAX_FIT_SIZES)]
+    medians = [(b, float(statistics.median(by_size[b]))) for b in sizes]
+    if len(medians) == 1:
+        b, m = medians[0]
+        return TransferFit(0.0, m / b, len(points), 1)
+    slope = max(0.0, statistics.median((m2 - m1) / (b2 - b1) for i, (b1, m1) in enumerate(medians)
+                                       for b2, m2 in medians[i + 1:]))
+    latency = statistics.median(m - slope * b for b, m in medians)
+    if latency < 0:  # a line through the origin instead: all of the time is bandwidth
+        latency, slope = 0.0, statistics.median(m / b for b, m in medians)
+    return TransferFit(latency, slope, len(points), len(medians))
+
+
+def fit_groups(ranks: Sequence[RankGraph], transfers: Sequence[Mapping[int, Transfer]]
+               ) -> dict[tuple[str, str], TransferFit]:
+    """(process group, collective kind) -> the fit of its transfers' current durations over all ranks."""
+    points: dict[tuple[str, str], list[tuple[int, int]]] = {}
+    for rg, shapes in zip(ranks, transfers, strict=True):
+        for nd in rg.nodes:
+            t = shapes.get(nd.id)
+            if t is not None and t.size > 0 and nd.type in COMM_NODE_TYPES:
+                points.setdefault((nd.pg or "", t.kind), []).append((t.size, nd.duration))
+    return {key: fit_transfers(pts) for key, pts in sorted(points.items())}
+
+
+def _bandwidth(rg: RankGraph, group: list[int], factor: float, shapes: Mapping[int, Transfer],
+               fits: Mapping[tuple[str, str], TransferFit]) -> list[int]:
+    """New durations of one selected op's nodes under `comm-bandwidth FACTOR` (see the module docstring)."""
+    out = []
+    for i in group:
+        nd = rg.nodes[i]
+        t = shapes.get(nd.id)
+        fit = fits.get((nd.pg or "", t.kind)) if t is not None and t.size > 0 else None
+        out.append(fit.duration(t.size, factor) if fit is not None and t is not None else round(nd.duration / factor))
+    return out
+
+
 def _spread(total: int, weights: list[int]) -> list[int]:
     """`total` split in proportion to `weights` (all on the first when they sum to 0); sums exactly to total."""
     whole = sum(weights)
@@ -205,12 +307,20 @@ def _spread(total: int, weights: list[int]) -> list[int]:
     return out
 
 
-def apply(ranks: Sequence[RankGraph], edits: Sequence[Edit]) -> list[EditResult]:
-    """Apply `edits` in order to the nodes' simulated durations, in place. BadInput if an edit selects nothing."""
+def apply(ranks: Sequence[RankGraph], edits: Sequence[Edit],
+          transfers: Sequence[Mapping[int, Transfer]] | None = None) -> list[EditResult]:
+    """Apply `edits` in order to the nodes' simulated durations, in place. BadInput if an edit selects nothing.
+    `transfers` (per rank, as `read_transfers` gives them) are read from the ranks' files when a comm-bandwidth
+    edit needs them and none are given."""
     results = []
     for edit in edits:
         nodes = ops = before = after = 0
-        for rg in ranks:
+        fits: dict[tuple[str, str], TransferFit] = {}
+        if edit.action == "comm-bandwidth":
+            if transfers is None:
+                transfers = [read_transfers(rg) for rg in ranks]
+            fits = fit_groups(ranks, transfers)  # from the durations the previous edits left
+        for ri, rg in enumerate(ranks):
             for group in select(rg, edit.selector):
                 olds = [rg.nodes[i].duration for i in group]
                 if edit.action == "set-duration":
@@ -218,7 +328,8 @@ def apply(ranks: Sequence[RankGraph], edits: Sequence[Edit]) -> list[EditResult]
                 elif edit.action == "scale":
                     news = [round(d * edit.value) for d in olds]
                 else:  # comm-bandwidth
-                    news = [round(d / edit.value) for d in olds]
+                    assert transfers is not None
+                    news = _bandwidth(rg, group, edit.value, transfers[ri], fits)
                 for i, d in zip(group, news, strict=True):
                     rg.nodes[i].duration = d
                 nodes += len(group)
