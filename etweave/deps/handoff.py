@@ -10,7 +10,7 @@ from collections import defaultdict
 
 from etweave.deps.awaited import awaited
 from etweave.deps.evidence import MAX_WAKEUP, Evidence
-from etweave.model import DELAY, HOST_OP, RESUME, RUNTIME, SELF_PART, THREAD_ROOT, Edge, Graph, Item
+from etweave.model import DELAY, HOST_OP, RESUME, RUNTIME, SELF_PART, THREAD_ROOT, Edge, Graph, Item, OpRecord
 from etweave.periods import Chains, thread_of
 
 
@@ -57,7 +57,11 @@ class HandOverEvidence:
     def __init__(self, g: Graph) -> None:
         self.issued: dict[int | str, tuple[list[float], list[Item]]] = {}  # thread -> its collective issues
         self.ops: dict[int | str, tuple[list[float], list[Item]]] = {}  # thread -> its host ops by start
-        self.forward_tid: dict[int, int | str] = {}  # autograd sequence id -> the thread of its forward op
+        # autograd: (host ET thread, sequence id) -> the thread of its forward op; every thread counts sequence ids
+        # from 0, and a backward op names its forward op's ET thread (`fw_tid`). Without fw_tid in the trace
+        # (Kineto alone) the key's thread is 0 and the first op of a sequence id is taken as its forward op.
+        self.forward_tid: dict[tuple[int, int], int | str] = {}
+        self.names_forward_thread = any(it.host is not None and it.host.fw_tid for it in g.items)
         # (tensor, storage, thread) -> the starts of that thread's ops that wrote the tensor, and the ops, in
         # (start, id) order: the latest writer by a time is one bisection, not a scan of every writer
         self.writers: dict[tuple[int, int, int | str], tuple[list[float], list[Item]]] = {}
@@ -72,8 +76,8 @@ class HandOverEvidence:
             h = it.host
             if h is None:
                 continue
-            if h.seq_id >= 0:
-                self.forward_tid.setdefault(h.seq_id, tid)
+            if h.seq_id >= 0 and not h.fw_tid:
+                self.forward_tid.setdefault(self._forward_key(h.et_tid, h.seq_id), tid)
             for _, tensor, storage, _, _ in h.output_tensors:
                 w_starts, w_ops = self.writers.setdefault((tensor, storage, tid), ([], []))
                 w_starts.append(it.start)
@@ -98,7 +102,7 @@ class HandOverEvidence:
             h = o.host
             if h is None:
                 continue
-            if h.seq_id >= 0 and self.forward_tid.get(h.seq_id) == by and o.tid != by:
+            if self._backward_of(h) == by and o.tid != by:
                 return True, None  # the backward of an op `by` ran forward: `by` called backward()
             for _, tensor, storage, _, _ in h.input_tensors:
                 wrote = self.writers.get((tensor, storage, by))
@@ -107,6 +111,16 @@ class HandOverEvidence:
                     w = wrote[1][k - 1]  # the latest writer by then; an issuing op names the hand-over
                     return True, w if w.start + w.dur <= t and w.name.startswith(ISSUE_PREFIXES) else None
         return False, None
+
+
+    def _forward_key(self, et_tid: int, seq_id: int) -> tuple[int, int]:
+        return (et_tid if self.names_forward_thread else 0), seq_id
+
+    def _backward_of(self, h: OpRecord) -> int | str | None:
+        """The thread that ran the forward op of backward op `h`, or None when `h` is no backward op."""
+        if h.seq_id < 0 or (self.names_forward_thread and not h.fw_tid):
+            return None
+        return self.forward_tid.get(self._forward_key(h.fw_tid, h.seq_id))
 
 
 def main_thread(g: Graph, chains: Chains) -> int | str | None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from etweave.deps import sources
 from etweave.deps.evidence import Evidence
-from etweave.model import HOST_OP, Edge, Item
+from etweave.deps.handoff import HandOverEvidence
+from etweave.model import DELAY, HOST_OP, Edge, Item
 from tests.unit.graphs import graph, host_op
 
 MAIN, HELPER, ENGINE = 1, 2, 3  # host ET thread ids; the items' tid (the Kineto thread) is 10 x that
@@ -56,3 +57,23 @@ def test_backward_on_its_forward_thread_or_before_it_ended_gets_no_edge() -> Non
     early = op(3, "MmBackward0", 10.0, 5.0, ENGINE, seq=0, fw_tid=MAIN)
     orphan = op(4, "AddBackward0", 70.0, 5.0, ENGINE, seq=9, fw_tid=MAIN)
     assert sources.autograd(graph(main_fwd, same_thread, early, orphan)) == []
+
+
+def _measured(*items: Item) -> list[Item]:
+    for it in items:
+        it.measured = True
+    return list(items)
+
+
+def test_hand_over_by_autograd_names_the_forward_thread() -> None:
+    """The hand-over evidence (deps.handoff) reads sequence numbers by the same rule: the engine thread's backward
+    op was handed over by the thread its fw_tid names, not by another thread whose forward op has that number."""
+    main_fwd, helper_fwd, backward, gap = _measured(
+        op(1, "aten::mm", 0.0, 5.0, MAIN, seq=0), op(2, "aten::mul", 6.0, 5.0, HELPER, seq=0),
+        op(3, "MmBackward0", 30.0, 5.0, ENGINE, seq=0, fw_tid=MAIN), Item(4, DELAY, "[idle]", start=0.0, dur=30.0))
+    evidence = HandOverEvidence(graph(main_fwd, helper_fwd, backward, gap))
+    assert evidence.shows(10 * MAIN, gap, backward) == (True, None)
+    assert evidence.shows(10 * HELPER, gap, backward) == (False, None)
+    # a helper's forward op with the main thread's number: no backward op, handed over by nobody (the old rule took
+    # it for the backward of the main thread's op, the first of its number)
+    assert evidence.shows(10 * MAIN, gap, helper_fwd) == (False, None)
