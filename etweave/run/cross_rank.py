@@ -427,7 +427,8 @@ def _first_pass(streams: dict[int, bytes | Path], by_rank: Mapping[int, Converte
     (pass 2 parses it again: every node pass 1 changes is one it keeps)."""
     first = _FirstPass(streams)
     for rank in sorted(by_rank):
-        _metadata, nodes = parse(_load(streams[rank]))
+        data = _load(streams[rank])
+        _metadata, nodes = parse(data)
         comm = [n for n in nodes if n.type in COMM_NODE_TYPES]
         first.rewritten += _rewrite_pg_names(comm, _local_to_global(by_rank[rank].local_groups, ids))
         first.comm_nodes[rank] = comm
@@ -438,12 +439,17 @@ def _first_pass(streams: dict[int, bytes | Path], by_rank: Mapping[int, Converte
             a = _attr(node, "pg_name")
             gid = a.string_val if a is not None else ""
             first.seqs.setdefault(gid, {}).setdefault(rank, []).append(_signature(node))
-        for n in nodes:
-            owner = _int_attr(n, "part_of") if n.type == pb.COMP_NODE and colls else None
+        # only gloo ops with child ops have periods: a stream without the attr name has none to scan for
+        has_parts = bool(colls) and _PART_OF.encode() in data
+        for n in nodes if has_parts else ():
+            owner = _int_attr(n, _PART_OF) if n.type == pb.COMP_NODE else None
             if owner is not None and owner in colls:
                 first.parts.setdefault(rank, {}).setdefault(owner, []).append(n)
-        del nodes
+        del nodes, data
     return first
+
+
+_PART_OF = "part_of"  # attr of an op's later periods: the id of its first, the comm node (etweave.nodes)
 
 
 def _local_to_global(local_groups: Mapping[str, str], ids: Mapping[str, str]) -> dict[str, str]:
