@@ -172,18 +172,23 @@ SPOOL_PREFIX = ".etweave-run-"
 
 
 def _spiller(spool: Path) -> Callable[[ConvertedRank], ConvertedRank]:
-    """Write each converted rank's stream to a file of its own in `spool` as it arrives; keep the rest."""
+    """Write each converted rank's stream to a file of its own in `spool` as it arrives; keep the rest, with the
+    rank lists of its process groups shared with the ranks before it (every rank lists the world group's N ranks:
+    held once, not N times)."""
     count = itertools.count()
+    shared: dict[tuple[int, ...], tuple[int, ...]] = {}
 
     def spill(out: ConvertedRank) -> ConvertedRank:
+        groups = tuple(g if g.ranks is None else replace(g, ranks=shared.setdefault(g.ranks, g.ranks))
+                       for g in out.groups)
         if isinstance(out.et, Path):
-            return out
+            return replace(out, groups=groups)
         path = spool / f"{next(count)}.et"
         try:
             path.write_bytes(out.et)
         except OSError as exc:
             raise BadInput(spool, f"cannot write: {exc.strerror or exc}") from exc
-        return replace(out, et=path)
+        return replace(out, et=path, groups=groups)
 
     return spill
 
