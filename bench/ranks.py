@@ -17,7 +17,16 @@ rank r sits on "node" r // S with local device r mod S, as a job of N / S such n
 Only the subgroup of rank r (not every subgroup of the job) is listed in its `pg_config`, so each rank's input
 has the same size at every N and the per-rank cost can be compared across N.
 
+The second source (`--source gloo`) is a CPU run recorded with `etweave.collect` (`examples/train_gloo.py`: DDP,
+every gloo collective and a send/recv pair per step; recorded afresh unless `--source-run` names one). Rank r is a
+copy of source rank s = r mod S in block b = r // S (N must be a multiple of S): its host ET's and Kineto trace's
+world size become N (`## process_group:init ##`, `distributedInfo`), and every send's and recv's peer p becomes
+b * S + p (the host ET's `c10d::send`/`c10d::recv_` peer argument, which the converter reads, and Kineto's
+`Concrete Inputs`), so each block's ranks exchange among themselves as the source's did; the collectives stay in
+the world group of N ranks. Timestamps are jittered as above, to the ns.
+
     python -m bench.ranks --generate 32 --out /tmp/run32           # the generator alone
+    python -m bench.ranks --generate 16 --source gloo --out /tmp/g16
     python -m bench.ranks --sizes 8,64,256 [--dask 64]              # the N-rank table (bench/README.md)
 """
 
@@ -32,6 +41,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,15 +50,17 @@ import orjson
 
 from bench.run import run_proc
 from bench.scale import load_json, traces_dir
+from etweave.read.widths import MAX_RANKS  # the converter's world-size cap: the generator stays within it
 
 REPO = Path(__file__).resolve().parents[1]
-# The converter refuses a world size above 1 << 20 ranks (bad input, issue "Hostile input"): the generator
-# stays within the same bound.
-MAX_RANKS = 1 << 20
 SHIFT_US = 20  # largest extra start offset of a rank (collectives must still overlap across members)
 STRETCH = 0.0005  # largest relative change of a rank's speed (0.05%: 10 us over dlrm's 20 ms)
 GROUP_SIZE = 4
 ALL_REDUCE_MARK = "AllReduce"  # NCCL all-reduce kernels: ncclKernel_AllReduce_*, ncclDevKernel_AllReduce_*
+SOURCES = ("dlrm", "gloo")
+GLOO_EXAMPLE = REPO / "examples" / "train_gloo.py"
+P2P_CALLS = frozenset({"c10d::send", "c10d::recv_"})  # their first integer argument after the tensors is the peer
+PG_INIT = "## process_group:init ##"
 
 
 def source_run() -> Path:
@@ -74,28 +86,44 @@ def _group(rank: int, n: int, group_size: int) -> tuple[str, list[int]]:
     return str(1 + rank // group_size), list(range(lo, min(lo + group_size, n)))
 
 
-def _rank_kineto(base: dict[str, Any], rank: int, n: int, group_size: int, rng: random.Random) -> dict[str, Any]:
-    events = base["traceEvents"]
-    t0 = min(e["ts"] for e in events if isinstance(e.get("ts"), int | float) and e.get("ph") != "M")
+def _retimer(events: list[dict[str, Any]], rng: random.Random, digits: int | None) -> Callable[[float], float]:
+    """This rank's affine map of instants (see the module docstring), rounded to `digits` decimals (None: an int)."""
+    t0: float = min(e["ts"] for e in events if _timed(e))
     shift = rng.randint(0, SHIFT_US)
     stretch = 1.0 + rng.uniform(-STRETCH, STRETCH)
 
-    def at(t: float) -> int:
-        return round(t0 + shift + (t - t0) * stretch)
+    def at(t: float) -> float:
+        mapped = t0 + shift + (t - t0) * stretch
+        return round(mapped) if digits is None else round(mapped, digits)
 
+    return at
+
+
+def _retimed(ev: dict[str, Any], at: Callable[[float], float]) -> dict[str, Any]:
+    new = dict(ev)
+    ts = ev["ts"]
+    new["ts"] = at(ts)
+    dur = ev.get("dur")
+    if isinstance(dur, int | float):
+        new["dur"] = at(ts + dur) - new["ts"]  # the mapped end: nested events stay nested
+    return new
+
+
+def _timed(ev: dict[str, Any]) -> bool:
+    return isinstance(ev.get("ts"), int | float) and ev.get("ph") != "M"
+
+
+def _rank_kineto(base: dict[str, Any], rank: int, n: int, group_size: int, rng: random.Random) -> dict[str, Any]:
+    events = base["traceEvents"]
+    at = _retimer(events, rng, None)
     name, members = _group(rank, n, group_size)
     pg_args = {"Process Group Name": name, "Process Group Ranks": orjson.dumps(members).decode()}
     out: list[dict[str, Any]] = []
     for ev in events:
-        ts = ev.get("ts")
-        if not isinstance(ts, int | float) or ev.get("ph") == "M":
+        if not _timed(ev):
             out.append(ev)
             continue
-        new = dict(ev)
-        new["ts"] = at(ts)
-        dur = ev.get("dur")
-        if isinstance(dur, int | float):
-            new["dur"] = at(ts + dur) - new["ts"]  # the mapped end: nested events stay nested
+        new = _retimed(ev, at)
         if ev.get("cat") == "kernel" and ALL_REDUCE_MARK in str(ev.get("name", "")):
             new["args"] = {**(ev.get("args") or {}), **pg_args}
         out.append(new)
@@ -109,12 +137,26 @@ def _rank_kineto(base: dict[str, Any], rank: int, n: int, group_size: int, rng: 
     return doc
 
 
-def generate(n: int, out: Path, src: Path | None = None, group_size: int = GROUP_SIZE, seed: int = 0) -> Path:
-    """An N-rank run folder out/rank<r>/{host,kineto}.json.gz from the real run `src` (gpu/dlrm-8rank)."""
+def _check_n(n: int, group_size: int) -> None:
     if not 1 <= n <= MAX_RANKS:
         raise SystemExit(f"--ranks {n}: must be 1 .. {MAX_RANKS}")
     if group_size < 1:
         raise SystemExit(f"--group-size {group_size}: must be >= 1")
+
+
+def _write_gz(path: Path, doc: object) -> None:
+    path.write_bytes(gzip.compress(orjson.dumps(doc), compresslevel=1, mtime=0))
+
+
+def generate(n: int, out: Path, src: Path | None = None, group_size: int = GROUP_SIZE, seed: int = 0,
+             source: str = "dlrm") -> Path:
+    """An N-rank run folder out/rank<r>/{host,kineto}.json.gz from the real run `src`: gpu/dlrm-8rank for source
+    "dlrm" (the default src), a run recorded with etweave.collect for "gloo" (`generate_gloo`)."""
+    if source == "gloo":
+        if src is None:
+            raise SystemExit("--source gloo needs the recorded run (record_gloo)")
+        return generate_gloo(n, out, src, seed)
+    _check_n(n, group_size)
     sources = _source_ranks(src or source_run())
     rng = random.Random(seed)  # one stream for the whole run: the same N and seed give the same files
     out.mkdir(parents=True, exist_ok=True)
@@ -123,9 +165,84 @@ def generate(n: int, out: Path, src: Path | None = None, group_size: int = GROUP
         d = out / f"rank{r}"
         d.mkdir(exist_ok=True)
         shutil.copyfile(s.host, d / "host.json.gz")
-        doc = _rank_kineto(s.kineto, r, n, group_size, rng)
-        (d / "kineto.json.gz").write_bytes(gzip.compress(orjson.dumps(doc), compresslevel=1, mtime=0))
+        _write_gz(d / "kineto.json.gz", _rank_kineto(s.kineto, r, n, group_size, rng))
     return out
+
+
+def record_gloo(out: Path, steps: int = 3) -> Path:
+    """Record the gloo source: `examples/train_gloo.py` (2 CPU ranks, torch + gloo, etweave.collect) into out."""
+    proc = subprocess.run([sys.executable, str(GLOO_EXAMPLE), "--out", str(out), "--steps", str(steps)], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise SystemExit(f"recording the gloo source failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    return out
+
+
+def generate_gloo(n: int, out: Path, src: Path, seed: int = 0) -> Path:
+    """An N-rank run from a gloo run recorded with etweave.collect (`record_gloo`), peers rewritten per block of
+    the source's S ranks (the module docstring)."""
+    hosts = sorted(src.glob("rank*/host.json.gz"), key=lambda p: int(p.parent.name[4:]))
+    if not hosts:
+        raise SystemExit(f"{src}: no rank<N>/host.json.gz")
+    width = len(hosts)
+    _check_n(n, 1)
+    if n % width:
+        raise SystemExit(f"--ranks {n}: must be a multiple of the gloo source's {width} ranks (p2p pairs)")
+    sources = [(load_json(h), load_json(h.parent / "kineto.json.gz")) for h in hosts]
+    rng = random.Random(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    for r in range(n):
+        host, kineto = sources[r % width]
+        base = r - r % width  # the first rank of r's block: a source peer p becomes base + p
+        d = out / f"rank{r}"
+        d.mkdir(exist_ok=True)
+        _write_gz(d / "host.json.gz", _gloo_host(host, n, base))
+        _write_gz(d / "kineto.json.gz", _gloo_kineto(kineto, r, n, base, rng))
+    return out
+
+
+def _gloo_host(doc: dict[str, Any], n: int, base: int) -> dict[str, Any]:
+    nodes = []
+    for node in doc["nodes"]:
+        if node["name"] in P2P_CALLS or node["name"] == PG_INIT:
+            node = {**node, "inputs": {**node["inputs"], "values": _host_values(node, n, base)}}
+        nodes.append(node)
+    return {**doc, "nodes": nodes}
+
+
+def _host_values(node: dict[str, Any], n: int, base: int) -> list[Any]:
+    values = list(node["inputs"]["values"])
+    if node["name"] == PG_INIT:  # a JSON list of the process groups; "ranks": [] is every rank
+        groups = orjson.loads(values[0])
+        for g in groups:
+            if not g.get("ranks"):
+                g["group_size"] = n
+        values[0] = orjson.dumps(groups).decode()
+        return values
+    at = next(i for i, v in enumerate(values) if i > 0 and isinstance(v, int) and not isinstance(v, bool))
+    values[at] = base + values[at]
+    return values
+
+
+def _gloo_kineto(base_doc: dict[str, Any], rank: int, n: int, base: int, rng: random.Random) -> dict[str, Any]:
+    events = base_doc["traceEvents"]
+    at = _retimer(events, rng, 3)  # gloo traces time to the ns
+    out: list[dict[str, Any]] = []
+    for ev in events:
+        new = _retimed(ev, at) if _timed(ev) else ev
+        if ev.get("name") in P2P_CALLS and ev.get("cat") == "cpu_op":
+            args = dict(ev["args"])
+            inputs = list(args["Concrete Inputs"])  # (tensors, group, peer, tag)
+            inputs[2] = str(base + int(inputs[2]))
+            args["Concrete Inputs"] = inputs
+            new = {**new, "args": args}
+        out.append(new)
+    info = base_doc["distributedInfo"]
+    doc = {k: v for k, v in base_doc.items() if k != "traceEvents"}
+    doc["distributedInfo"] = {**info, "rank": rank, "world_size": n,
+                              "pg_config": [{**g, "pg_size": n, "ranks": list(range(n))} for g in info["pg_config"]]}
+    doc["traceEvents"] = out
+    return doc
 
 
 def decode(paths: list[str]) -> int:
@@ -182,9 +299,12 @@ class _Cluster:
         self.proc.wait(timeout=60)
 
 
-def measure(n: int, work: Path, jobs: int, dask: bool) -> dict[str, Any]:
+def measure(n: int, work: Path, jobs: int, dask: bool, source: tuple[str, Path | None] = ("dlrm", None)
+            ) -> dict[str, Any]:
     run, out = work / f"run{n}", work / f"out{n}"
-    gen = _step("generate", [sys.executable, "-m", "bench.ranks", "--generate", str(n), "--out", str(run)])
+    kind, src = source
+    gen = _step("generate", [sys.executable, "-m", "bench.ranks", "--generate", str(n), "--out", str(run),
+                             "--source", kind, *(["--source-run", str(src)] if src is not None else [])])
     if gen.rc != 0:
         return {"n": n, "error": f"generate: {gen.err}"}
     row: dict[str, Any] = {"n": n, "input_mb": sum(f.stat().st_size for f in run.rglob("*.json.gz")) / 1e6}
@@ -246,6 +366,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="with --generate: the run folder")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--group-size", type=int, default=GROUP_SIZE)
+    p.add_argument("--source", choices=SOURCES, default="dlrm",
+                   help="dlrm: gpu/dlrm-8rank (default); gloo: a CPU run recorded with etweave.collect, with p2p")
+    p.add_argument("--source-run", type=Path, metavar="DIR",
+                   help="the source run folder (default: gpu/dlrm-8rank; for gloo, one recorded now)")
     p.add_argument("--decode", nargs="+", metavar="ET", help=argparse.SUPPRESS)  # the floor, as a child
     args = p.parse_args(argv)
     if args.decode:
@@ -253,8 +377,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.generate is not None:
         if args.out is None:
             p.error("--generate needs --out")
-        generate(args.generate, args.out, group_size=args.group_size, seed=args.seed)
+        with tempfile.TemporaryDirectory(prefix="etweave-gloo-") as tmp:
+            src = args.source_run
+            if args.source == "gloo" and src is None:
+                src = record_gloo(Path(tmp) / "gloo")
+            generate(args.generate, args.out, src, group_size=args.group_size, seed=args.seed, source=args.source)
         return 0
+    return table(args)
+
+
+def table(args: argparse.Namespace) -> int:
+    """The N-rank table (bench/README.md)."""
     sizes = [int(s) for s in args.sizes.split(",")]
     print(f"python {platform.python_version()}; {os.cpu_count()} CPUs; --jobs {args.jobs}; load average "
           f"{os.getloadavg()[0]:.2f} at the start", flush=True)
@@ -262,11 +395,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"start-up (python -m etweave --help): wall {startup.wall_s:.2f} s, cpu {startup.cpu_s:.2f} s", flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="etweave-ranks-") as tmp:
+        src = args.source_run
+        if args.source == "gloo" and src is None:
+            src = record_gloo(Path(tmp) / "gloo")
+            print(f"recorded the gloo source ({GLOO_EXAMPLE.name})", flush=True)
+        source = (args.source, src)
         for n in sizes:
-            rows.append(measure(n, Path(tmp), args.jobs, dask=False))
+            rows.append(measure(n, Path(tmp), args.jobs, dask=False, source=source))
             _print_row(rows[-1])
         if args.dask:
-            rows.append(measure(args.dask, Path(tmp), args.jobs, dask=True))
+            rows.append(measure(args.dask, Path(tmp), args.jobs, dask=True, source=source))
             rows[-1]["dask"] = True
             _print_row(rows[-1])
     local = [r for r in rows if "steps" in r and not r.get("dask")]

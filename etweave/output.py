@@ -254,7 +254,7 @@ def folder_lock(folder: Path) -> Iterator[None]:
         except BlockingIOError as exc:
             raise BadInput(folder, "another etweave run is writing into this folder: wait for it to end or choose "
                                    "another output folder") from exc
-        # holding the lock, no live run uses the staging folders of older versions: they are stale
+        # holding the lock, no live run uses a .etweave-run-* folder (convert-run's spool): any here is stale
         for entry in os.scandir(folder):
             if entry.name.startswith(".etweave-run-") and entry.is_dir(follow_symlinks=False):
                 shutil.rmtree(entry.path, ignore_errors=True)

@@ -1,5 +1,6 @@
-"""bench.ranks: a synthetic 32-rank run made from gpu/dlrm-8rank converts with consistent cross-rank checks,
-passes `check`, and replays with no stuck node."""
+"""bench.ranks: a synthetic 32-rank run made from gpu/dlrm-8rank, and a 16-rank one made from a gloo run recorded
+with etweave.collect (send/recv peers rewritten), convert with consistent cross-rank checks, pass `check`, and
+replay with no stuck node."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from bench.ranks import MAX_RANKS, generate
+from bench.ranks import generate, record_gloo
 from bench.scale import load_json
+from etweave.chakra import et_def_pb2 as pb
+from etweave.chakra.io import node_attrs, read_et
 from etweave.cli import main
+from etweave.read.widths import MAX_RANKS
 from etweave.simulate.engine import replay
 from etweave.simulate.load import load_comm_group, load_rank
 
@@ -88,3 +92,67 @@ def test_same_seed_same_bytes_and_bounds(traces: Path, tmp_path: Path) -> None:
     for bad in (0, MAX_RANKS + 1):
         with pytest.raises(SystemExit):
             generate(bad, tmp_path / "bad")
+
+
+# ---- the gloo source: a CPU run recorded with etweave.collect, with send/recv
+
+GLOO_N = 16
+
+
+@pytest.fixture(scope="module")
+def gloo16(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """(the recorded 2-rank source, the 16-rank run made from it, its convert-run output)."""
+    pytest.importorskip("torch")
+    base = tmp_path_factory.mktemp("gloo")
+    src = record_gloo(base / "src")
+    run = generate(GLOO_N, base / "run", src, source="gloo")
+    out = base / "out"
+    assert main(["convert-run", str(run), "-o", str(out), "--jobs", "2", "--quiet"]) == 0
+    return src, run, out
+
+
+def p2p(nodes: list[pb.Node]) -> list[tuple[str, int, int, int, int]]:
+    """(send/recv, src, dst, tag, size) of a rank's p2p nodes, in issue order (ascending id)."""
+    found = []
+    for n in sorted(nodes, key=lambda n: n.id):
+        if n.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):
+            a = node_attrs(n)
+            fields = [a["comm_src"], a["comm_dst"], a["comm_tag"], a["comm_size"]]
+            assert all(isinstance(v, int) for v in fields)
+            src, dst, tag, size = (v for v in fields if isinstance(v, int))
+            found.append(("send" if n.type == pb.COMM_SEND_NODE else "recv", src, dst, tag, size))
+    return found
+
+
+def test_gloo_source_peers_rewritten_and_checks_pass(gloo16: tuple[Path, Path, Path]) -> None:
+    _, run, out = gloo16
+    info = load_json(run / "rank13" / "kineto.json.gz")["distributedInfo"]
+    assert (info["rank"], info["world_size"]) == (13, GLOO_N)
+    cross = json.loads((out / "report.json").read_text())["cross_rank"]
+    assert cross["consistent"] and not cross["violations"] and not cross["mismatches"]
+    (world,) = cross["groups"]
+    assert world["group"] == "" and world["present"] == f"0-{GLOO_N - 1}" and world["absent"] == 0
+    ranks = {r: read_et(out / f"trace.{r}.et")[1] for r in range(GLOO_N)}
+    for r, nodes in ranks.items():
+        peer = r ^ 1  # the source's pair (0, 1), copied per block of 2
+        mine = p2p(nodes)
+        assert mine and {(src, dst) for _, src, dst, _, _ in mine} == {(r, peer), (peer, r)}, (r, mine)
+        # each send of r is a recv of its peer, in the same order
+        sends = [m[1:] for m in mine if m[0] == "send"]
+        assert sends == [m[1:] for m in p2p(ranks[peer]) if m[0] == "recv"]
+
+
+def test_gloo_source_check_and_simulate(gloo16: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    _, _, out = gloo16
+    assert main(["check", str(out)]) == 0
+    assert main(["simulate", str(out)]) == 0
+    assert "deadlock" not in capsys.readouterr().out
+    result = replay([load_rank(p) for p in sorted(out.glob("trace.*.et"))], load_comm_group(out / "comm_group.json"))
+    assert result.stuck_count == 0
+
+
+def test_gloo_source_bounds(gloo16: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    src = gloo16[0]
+    for bad in (0, 3, MAX_RANKS + 2):  # 3: not a multiple of the source's 2 ranks (a peer would be missing)
+        with pytest.raises(SystemExit):
+            generate(bad, tmp_path / "bad", src, source="gloo")

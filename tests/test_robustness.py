@@ -7,6 +7,7 @@ import gzip
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -512,8 +513,10 @@ def test_failure_at_each_rename_changes_nothing(traces: Path, tmp_path: Path, mo
         break
     assert n >= 4, "two targets, each moved aside and then replaced"
 
-    result = whole_run.convert_run(traces / "cpu-gloo/dist_ddp_w2", tmp_path / "run", jobs=1)
+    # the result reads its ranks from the files convert_run wrote: write it again into a copy of that folder
+    result = whole_run.convert_run(traces / "cpu-gloo/dist_ddp_w2", tmp_path / "first", jobs=1)
     run_out = tmp_path / "run"
+    shutil.copytree(tmp_path / "first", run_out)
     (run_out / "trace.1.et").write_bytes(b"older rank 1")
     before = _snapshot(run_out)
     n = 0

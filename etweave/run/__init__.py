@@ -35,13 +35,17 @@ ranks together (`assemble_run`):
     among the members, clamped to >= 0 (>= 1 when measured > 0) and never above its old value, and is also
     written to attr `transfer_duration_micros`; `measured_duration_micros` keeps the measured one.
   - `check_nodes` per rank and `check_run` across ranks on the final nodes.
-Outputs are written only when all of that passed (a divergence passes only with `allow_mismatch`), each file
-atomically; a failed run writes nothing.
+Outputs are written only when all of that passed (a divergence passes only with `allow_mismatch`), all renamed
+into place together; a failed run writes nothing. The parent holds one rank's stream at a time: each converted
+rank's stream is spilled to a spool folder in OUT_DIR as it arrives, and each final stream is staged beside its
+target as soon as it is final (`RankStreams`).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import shutil
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -49,10 +53,11 @@ from typing import Any
 
 from etweave import progress as progress_ui  # `progress` is a flag here
 from etweave.errors import BadInput, CheckFailed
-from etweave.output import FileBytes, JsonFile, Writer, output_folder, write_together
+from etweave.output import FileBytes, JsonFile, Writer, commit, discard, output_folder, stage, write_together
 from etweave.run.cross_rank import (
     _SHOWN,
     CollSig,
+    RankStreams,
     RunResult,
     _group_label,
     assemble_run,
@@ -64,8 +69,8 @@ from etweave.run.workers import ConvertedRank, RankFailure, convert_rank, conver
 from etweave.runfolder import COMM_GROUP_FILE, REPORT_FILE, CommGroups, et_file_name, split_rank_name
 
 __all__ = ["COMM_GROUP_FILE", "REPORT_FILE", "CollSig", "CommGroups", "ConvertedRank", "Discovery", "RankFailure",
-           "RankFiles", "RunResult", "assemble_run", "build_comm_group", "check_sequences", "convert_rank",
-           "convert_ranks", "convert_run", "discover", "stale_outputs", "summary", "write_run"]
+           "RankFiles", "RankStreams", "RunResult", "assemble_run", "build_comm_group", "check_sequences",
+           "convert_rank", "convert_ranks", "convert_run", "discover", "stale_outputs", "summary", "write_run"]
 
 
 def stale_outputs(out_dir: Path, prefix: str, ranks: Iterable[int]) -> list[Path]:
@@ -84,14 +89,28 @@ def _prefix_of(path: Path) -> str | None:
 
 def write_run(out_dir: Path, prefix: str, result: RunResult) -> list[Path]:
     """Every output staged beside its target, then all renamed into place together (etweave.output.commit): a
-    failure anywhere leaves no output new or changed."""
+    failure anywhere leaves no output new or changed. Rank streams that `RankStreams` staged already (in
+    `out_dir`, with `prefix`) are committed as they are; the others are staged here from their bytes."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    # the stream write_et would write, kept as bytes by the cross-rank pass; cleaned once locked
+    moves = result.ranks.staged() if result.ranks.stages_as(out_dir, prefix) else []
+    done = {rank for rank, _ in moves}
+    # the stream write_et would write, kept by the cross-rank pass; the folder was cleaned once locked
     outputs: list[Writer] = [FileBytes(out_dir / et_file_name(prefix, rank), result.ranks.stream(rank))
-                             for rank in sorted(result.ranks)]
+                             for rank in sorted(result.ranks) if rank not in done]
     outputs += [JsonFile(out_dir / name, obj) for name, obj in ((COMM_GROUP_FILE, result.comm_group.to_json()),
                                                                   (REPORT_FILE, result.report))]
-    return write_together(outputs, clean=False)
+    if not moves:
+        return write_together(outputs, clean=False)
+    files = [staged for _, staged in moves]
+    try:
+        for writer in outputs:
+            files.append((stage(Path(writer.path), writer.content(), clean=False), Path(writer.path)))
+    except BaseException:
+        discard([tmp for tmp, _ in files])
+        raise
+    commit(files)
+    result.ranks.placed()
+    return [target for _, target in files]
 
 
 def convert_run(run_dir: Path, out_dir: Path, prefix: str = "trace", allow_mismatch: bool = False,
@@ -119,21 +138,59 @@ def _convert_locked(run_dir: Path, found: Discovery, out_dir: Path, prefix: str,
         raise BadInput(out_dir, f"holds {len(stale)} .et file(s) of ranks not in this run ("
                                 f"{', '.join(p.name for p in stale[:5])}{more}): remove them or choose another "
                                 "output folder or --prefix")
-    outputs = [replace(out, host=_relative(rf.host, run_dir), kineto=_relative(rf.kineto, run_dir))
-               for out, rf in zip(convert_ranks(found.ranks, jobs, scheduler, progress, allow_mismatch), found.ranks,
-                                  strict=True)]
-    found.ignored = [str(_relative(Path(p), run_dir)) for p in found.ignored]
-    with progress_ui.stage("cross-rank checks"):
-        result = assemble_run(outputs, allow_mismatch, found)
-    if on_ranks is not None:
-        on_ranks(result)
-    if not result.consistent and not allow_mismatch:
-        shown = "; ".join(result.messages[:_SHOWN])
-        raise CheckFailed(f"the ranks issue different collectives, nothing written (--allow-mismatch writes "
-                          f"anyway): {shown}")
-    with progress_ui.stage(f"writing {out_dir}"):
-        write_run(Path(out_dir), prefix, result)
+    # Each converted rank's stream goes to a spool folder as it arrives, each final one is staged beside its
+    # target as it is final: the parent holds one rank at a time. A killed run's spool folder and staged files
+    # are removed by the next run into OUT_DIR (etweave.output.folder_lock).
+    spool = Path(out_dir) / f"{SPOOL_PREFIX}{os.getpid()}"
+    ranks = RankStreams(Path(out_dir), prefix)
+    try:
+        spool.mkdir()
+        spilled = convert_ranks(found.ranks, jobs, scheduler, progress, allow_mismatch, keep=_spiller(spool))
+        outputs = [replace(out, host=_relative(rf.host, run_dir), kineto=_relative(rf.kineto, run_dir))
+                   for out, rf in zip(spilled, found.ranks, strict=True)]
+        found.ignored = [str(_relative(Path(p), run_dir)) for p in found.ignored]
+        with progress_ui.stage("cross-rank checks"):
+            result = assemble_run(outputs, allow_mismatch, found, ranks)
+        if on_ranks is not None:
+            on_ranks(result)
+        if not result.consistent and not allow_mismatch:
+            shown = "; ".join(result.messages[:_SHOWN])
+            raise CheckFailed(f"the ranks issue different collectives, nothing written (--allow-mismatch writes "
+                              f"anyway): {shown}")
+        with progress_ui.stage(f"writing {out_dir}"):
+            write_run(Path(out_dir), prefix, result)
+    except BaseException:
+        ranks.discard()
+        raise
+    finally:
+        shutil.rmtree(spool, ignore_errors=True)
     return result
+
+
+# The spool folder of a run in its output folder; etweave.output.folder_lock removes any it finds (a killed run's)
+SPOOL_PREFIX = ".etweave-run-"
+
+
+def _spiller(spool: Path) -> Callable[[ConvertedRank], ConvertedRank]:
+    """Write each converted rank's stream to a file of its own in `spool` as it arrives; keep the rest, with the
+    rank lists of its process groups shared with the ranks before it (every rank lists the world group's N ranks:
+    held once, not N times)."""
+    count = itertools.count()
+    shared: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+    def spill(out: ConvertedRank) -> ConvertedRank:
+        groups = tuple(g if g.ranks is None else replace(g, ranks=shared.setdefault(g.ranks, g.ranks))
+                       for g in out.groups)
+        if isinstance(out.et, Path):
+            return replace(out, groups=groups)
+        path = spool / f"{next(count)}.et"
+        try:
+            path.write_bytes(out.et)
+        except OSError as exc:
+            raise BadInput(spool, f"cannot write: {exc.strerror or exc}") from exc
+        return replace(out, et=path, groups=groups)
+
+    return spill
 
 
 def _relative(path: Path | None, run_dir: Path) -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from etweave.chakra import et_def_pb2 as pb
@@ -19,10 +20,11 @@ from etweave.fidelity import RANK_START_OFFSET
 from etweave.matching import collective_instances
 from etweave.model import PROCESS_ROOT
 from etweave.nodes import DEP_EVIDENCE, MARKER_KINDS
+from etweave.output import discard, stage
 from etweave.process_groups import assign_group_ids
 from etweave.run.discover import Discovery
 from etweave.run.workers import ConvertedRank
-from etweave.runfolder import CommGroups
+from etweave.runfolder import CommGroups, et_file_name
 from etweave.version import __version__
 
 # Kinds whose members must all pass the same byte count (all_to_all(v), gather and scatter legitimately differ).
@@ -51,29 +53,64 @@ class CollSig:
 
 
 class RankStreams(Mapping[int, tuple[pb.GlobalMetadata, list[pb.Node]]]):
-    """Each rank's final `.et` stream, kept as bytes: a rank is parsed into protobuf nodes only when it is looked
-    up, so a run of a thousand ranks never holds every rank's graph as Python objects (`stream` gives the bytes
-    that `write_run` writes)."""
+    """Each rank's final `.et` stream: a rank is parsed into protobuf nodes only when it is looked up, so a run of a
+    thousand ranks never holds every rank's graph as Python objects. Kept as bytes, or, given an output folder,
+    staged there as each rank is final (`etweave.output.stage`: a temporary file beside `<prefix>.<rank>.et`, which
+    `write_run` renames into place with the run's other outputs), so the parent never holds every rank's bytes."""
 
-    def __init__(self) -> None:
-        self._streams: dict[int, bytes] = {}
+    def __init__(self, folder: Path | None = None, prefix: str = "trace") -> None:
+        self._streams: dict[int, bytes | Path] = {}
+        self._folder, self._prefix = folder, prefix
         self.node_counts: dict[int, int] = {}
 
     def put(self, rank: int, metadata: pb.GlobalMetadata, nodes: list[pb.Node]) -> None:
-        self._streams[rank] = serialize(metadata, nodes)
+        data = serialize(metadata, nodes)
+        if self._folder is None:
+            self._streams[rank] = data
+        else:
+            self._streams[rank] = stage(self.target(rank), data, clean=False)  # the folder was cleaned once, locked
         self.node_counts[rank] = len(nodes)
 
+    def target(self, rank: int) -> Path:
+        """Where the rank's file goes (a staged stream only)."""
+        assert self._folder is not None
+        return self._folder / et_file_name(self._prefix, rank)
+
+    def stages_as(self, folder: Path, prefix: str) -> bool:
+        """Whether ranks are staged as `folder`/`<prefix>.<rank>.et`."""
+        return self._folder is not None and Path(folder) == self._folder and prefix == self._prefix
+
+    def staged(self) -> list[tuple[int, tuple[Path, Path]]]:
+        """rank, (staged file, target) of every rank staged and not yet placed, in rank order (for
+        `etweave.output.commit`)."""
+        return [(rank, (where, self.target(rank))) for rank, where in sorted(self._streams.items())
+                if isinstance(where, Path) and where != self.target(rank)]
+
+    def placed(self) -> None:
+        """The staged files were renamed onto their targets: read them there from now on."""
+        for rank, where in self._streams.items():
+            if isinstance(where, Path):
+                self._streams[rank] = self.target(rank)
+
+    def discard(self) -> None:
+        """Remove the staged files (a failed run)."""
+        discard([where for _, (where, _target) in self.staged()])
+
     def stream(self, rank: int) -> bytes:
-        return self._streams[rank]
+        return _load(self._streams[rank])
 
     def __getitem__(self, rank: int) -> tuple[pb.GlobalMetadata, list[pb.Node]]:
-        return parse(self._streams[rank])
+        return parse(self.stream(rank))
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._streams)
 
     def __len__(self) -> int:
         return len(self._streams)
+
+
+def _load(stream: bytes | Path) -> bytes:
+    return stream.read_bytes() if isinstance(stream, Path) else stream
 
 
 @dataclass(slots=True)
@@ -260,10 +297,10 @@ def _cut_parts(parts: Sequence[pb.Node], left: int, stats: Counter[str]) -> None
 
 @dataclass(slots=True)
 class _FirstPass:
-    """What pass 1 keeps of the ranks: their streams with run-wide pg names, and only the nodes and facts the
-    cross-rank work needs (edited in place by `_adjust`, then put back into the streams by pass 2)."""
+    """What pass 1 keeps of the ranks: only the nodes and facts the cross-rank work needs (the comm nodes with
+    run-wide pg names, edited in place by `_adjust`, then put in place of their originals by pass 2)."""
 
-    streams: dict[int, bytes] = field(default_factory=dict)
+    streams: dict[int, bytes | Path] = field(default_factory=dict)  # rank -> its stream as converted
     starts: dict[int, int] = field(default_factory=dict)  # rank -> its first measured start (0: none)
     rewritten: int = 0  # pg_name attrs rewritten to the run-wide id
     # group id -> rank -> its collectives in ascending id (the order the simulator matches them in)
@@ -297,10 +334,12 @@ class _Checked:
 
 
 def assemble_run(outputs: list[ConvertedRank], allow_mismatch: bool = False,
-                 discovery: Discovery | None = None) -> RunResult:
-    """Cross-rank work on converted ranks (no I/O): comm groups, pg_name rewrite, sequence check, durations,
-    checks. Raises CheckFailed on a check violation; a divergence sets `consistent` (the caller decides).
-    Takes the `.et` streams out of `outputs` (stream-less copies stay), so each is held once at a time."""
+                 discovery: Discovery | None = None, ranks: RankStreams | None = None) -> RunResult:
+    """Cross-rank work on converted ranks: comm groups, pg_name rewrite, sequence check, durations, checks, each
+    rank's final stream put into `ranks` (new, in memory, when not given; `convert_run` gives one that stages
+    them in the output folder). Raises CheckFailed on a check violation; a divergence sets `consistent` (the
+    caller decides). Takes the `.et` streams out of `outputs` (stream-less copies stay), so each is held once at a
+    time; a stream may be a file (`ConvertedRank.et`), read when its rank's turn comes."""
     streams = _take_streams(outputs)
     by_rank, notes = _by_rank(outputs)
     world = _world_size(outputs, notes)
@@ -308,7 +347,7 @@ def assemble_run(outputs: list[ConvertedRank], allow_mismatch: bool = False,
     notes += groups.notes
     first = _first_pass(streams, by_rank, groups.ids)
     checked_groups = _check_groups(first, groups, _world_members(sorted(by_rank), world, notes), notes)
-    checked = _second_pass(first, by_rank, groups)
+    checked = _second_pass(first, by_rank, groups, RankStreams() if ranks is None else ranks)
     consistent = checked_groups.consistent and not checked.mismatches
     messages = checked_groups.messages + [str(v) for v in checked.mismatches]
     report: dict[str, Any] = {
@@ -341,9 +380,9 @@ def assemble_run(outputs: list[ConvertedRank], allow_mismatch: bool = False,
     return RunResult(checked.ranks, groups, report, consistent, messages)
 
 
-def _take_streams(outputs: list[ConvertedRank]) -> dict[int, bytes]:
+def _take_streams(outputs: list[ConvertedRank]) -> dict[int, bytes | Path]:
     """rank -> its stream; `outputs` keeps copies without it (one copy of each stream at a time, freed in turn)."""
-    streams: dict[int, bytes] = {}
+    streams: dict[int, bytes | Path] = {}
     for i, out in enumerate(outputs):
         streams.setdefault(out.rank, out.et)
         outputs[i] = replace(out, et=b"")
@@ -381,13 +420,15 @@ def _world_members(present: list[int], world: int | None, notes: list[str]) -> l
     return world_members
 
 
-def _first_pass(streams: dict[int, bytes], by_rank: Mapping[int, ConvertedRank], ids: Mapping[str, str]
+def _first_pass(streams: dict[int, bytes | Path], by_rank: Mapping[int, ConvertedRank], ids: Mapping[str, str]
                 ) -> _FirstPass:
     """One rank at a time: rewrite pg names, keep only what the cross-rank work needs (each rank's collective
-    sequence, its comm nodes and their later periods, its first measured start) and the stream."""
-    first = _FirstPass()
+    sequence, its comm nodes and their later periods, its first measured start) and the stream as converted
+    (pass 2 parses it again: every node pass 1 changes is one it keeps)."""
+    first = _FirstPass(streams)
     for rank in sorted(by_rank):
-        metadata, nodes = parse(streams.pop(rank))  # popped: only one copy of each stream at a time
+        data = _load(streams[rank])
+        _metadata, nodes = parse(data)
         comm = [n for n in nodes if n.type in COMM_NODE_TYPES]
         first.rewritten += _rewrite_pg_names(comm, _local_to_global(by_rank[rank].local_groups, ids))
         first.comm_nodes[rank] = comm
@@ -398,13 +439,17 @@ def _first_pass(streams: dict[int, bytes], by_rank: Mapping[int, ConvertedRank],
             a = _attr(node, "pg_name")
             gid = a.string_val if a is not None else ""
             first.seqs.setdefault(gid, {}).setdefault(rank, []).append(_signature(node))
-        for n in nodes:
-            owner = _int_attr(n, "part_of") if n.type == pb.COMP_NODE and colls else None
+        # only gloo ops with child ops have periods: a stream without the attr name has none to scan for
+        has_parts = bool(colls) and _PART_OF.encode() in data
+        for n in nodes if has_parts else ():
+            owner = _int_attr(n, _PART_OF) if n.type == pb.COMP_NODE else None
             if owner is not None and owner in colls:
                 first.parts.setdefault(rank, {}).setdefault(owner, []).append(n)
-        first.streams[rank] = serialize(metadata, nodes)
-        del metadata, nodes
+        del nodes, data
     return first
+
+
+_PART_OF = "part_of"  # attr of an op's later periods: the id of its first, the comm node (etweave.nodes)
 
 
 def _local_to_global(local_groups: Mapping[str, str], ids: Mapping[str, str]) -> dict[str, str]:
@@ -467,14 +512,15 @@ def _check_group(first: _FirstPass, gid: str, members: list[int], here: list[int
                             f"{d['has']}; rank(s) {_range_text(d['expected_on'])} have {d['expected']}")
 
 
-def _second_pass(first: _FirstPass, by_rank: Mapping[int, ConvertedRank], groups: CommGroups) -> _Checked:
+def _second_pass(first: _FirstPass, by_rank: Mapping[int, ConvertedRank], groups: CommGroups,
+                 ranks: RankStreams) -> _Checked:
     """One rank at a time: the edited comm nodes and periods in place of their originals, the rank start offset,
-    the per-rank checks, the final stream; then the checks across ranks."""
+    the per-rank checks, the final stream (into `ranks`); then the checks across ranks."""
     measured_starts = [t for t in first.starts.values() if t > 0]
     run_t0 = min(measured_starts) if measured_starts else None
-    checked = _Checked(RankStreams(), {}, [], [], [], [])
-    for rank in sorted(first.streams):
-        metadata, nodes = parse(first.streams.pop(rank))
+    checked = _Checked(ranks, {}, [], [], [], [])
+    for rank in sorted(by_rank):
+        metadata, nodes = parse(_load(first.streams.pop(rank)))
         nodes = _with_edits(nodes, first.comm_nodes[rank], first.parts.get(rank, {}))
         if run_t0 is not None:
             checked.offsets[rank] = _add_start_offset(nodes, first.starts[rank], run_t0)

@@ -25,7 +25,9 @@ class ConvertedRank:
     """One rank converted: plain, picklable data, the same whether converted here, in a process pool or on Dask."""
 
     rank: int  # the rank the converter wrote (GlobalMetadata attr `rank`)
-    et: bytes  # the .et stream
+    # the .et stream; or, in the parent, the file it was spilled to as it arrived (`convert_ranks`' `keep`), so a
+    # run's parent never holds every rank's bytes at once
+    et: bytes | Path
     report: dict[str, Any]  # etweave.report's per-rank audit (JSON-shaped; assemble_run corrects `nodes`)
     local_groups: dict[str, str]  # trace pg name -> the comm-group id this rank's converter wrote
     groups: tuple[GroupDescription, ...]  # every process-group description of its traces
@@ -93,11 +95,19 @@ def default_jobs() -> int:
         return os.cpu_count() or 1
 
 
+Keep = Callable[[ConvertedRank], ConvertedRank]
+
+
+def _as_is(out: ConvertedRank) -> ConvertedRank:
+    return out
+
+
 def convert_ranks(ranks: Sequence[RankFiles], jobs: int | None = None, scheduler: str | None = None,
-                  progress: bool = False, allow_mismatch: bool = False) -> list[ConvertedRank]:
-    """Run `convert_rank` for every rank: in this process (jobs 1), a process pool, or on a Dask cluster.
-    Raises BadInput for the first rank (in rank order) whose input is bad, CheckFailed for the first whose
-    host ET and Kineto trace are not of one run (unless allow_mismatch)."""
+                  progress: bool = False, allow_mismatch: bool = False, keep: Keep = _as_is) -> list[ConvertedRank]:
+    """Run `convert_rank` for every rank: in this process (jobs 1), a process pool, or on a Dask cluster; `keep`
+    sees each converted rank as soon as it arrives (it may spill the stream to disk: what it returns is kept).
+    The outcomes in the order of `ranks`. Raises BadInput for the first rank (in rank order) whose input is bad,
+    CheckFailed for the first whose host ET and Kineto trace are not of one run (unless allow_mismatch)."""
     tasks = [(rf.rank, str(rf.host) if rf.host else None, str(rf.kineto) if rf.kineto else None, allow_mismatch)
              for rf in ranks]
     # One bar for the ranks; the stages inside a rank converted here (jobs 1) stay quiet under it.
@@ -105,11 +115,15 @@ def convert_ranks(ranks: Sequence[RankFiles], jobs: int | None = None, scheduler
         if not progress:
             quiet.enter_context(muted())
         with stage("converting ranks", len(tasks), "ranks") as bar, muted():
+            def arrived(out: RankOutcome) -> RankOutcome:
+                bar.advance(1)
+                return keep(out) if isinstance(out, ConvertedRank) else out
+
             if scheduler is not None:
-                outputs = _on_dask(tasks, scheduler, bar.advance)
+                outputs = _on_dask(tasks, scheduler, arrived)
             else:
                 workers = min(jobs or default_jobs(), len(tasks))
-                outputs = _local(tasks, workers, bar.advance)
+                outputs = _local(tasks, workers, arrived)
     converted = [o for o in outputs if isinstance(o, ConvertedRank)]
     failed = [o for o in outputs if isinstance(o, RankFailure)]
     if failed:
@@ -117,34 +131,51 @@ def convert_ranks(ranks: Sequence[RankFiles], jobs: int | None = None, scheduler
     return converted
 
 
-def _local(tasks: list[tuple[int | None, str | None, str | None, bool]], workers: int,
-           done: Callable[[int], object]) -> list[RankOutcome]:
+Task = tuple[int | None, str | None, str | None, bool]
+
+
+def _local(tasks: list[Task], workers: int, arrived: Callable[[RankOutcome], RankOutcome]) -> list[RankOutcome]:
+    """The outcomes in task order, up to the first failure. Each result is handed to `arrived` as it comes and the
+    future dropped, so the pool never keeps every rank's stream."""
     if workers <= 1:
         outputs: list[RankOutcome] = []
         for task in tasks:
-            outputs.append(convert_rank(*task))
-            done(1)
+            outputs.append(arrived(convert_rank(*task)))
             if isinstance(outputs[-1], RankFailure):
                 break  # bad input: the rest would be thrown away
         return outputs
+    return _in_pool(tasks, workers, arrived)
+
+
+def _in_pool(tasks: list[Task], workers: int, arrived: Callable[[RankOutcome], RankOutcome]) -> list[RankOutcome]:
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 
     # spawn, not fork: the parent may hold threads (a progress bar, a caller's Dask client) that fork would copy
     # in an undefined state.
     ctx = multiprocessing.get_context("spawn")
+    results: dict[int, RankOutcome] = {}
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = [pool.submit(convert_rank, *task) for task in tasks]
-        for future in as_completed(futures):
-            done(1)
-            if future.exception() is not None or isinstance(future.result(), RankFailure):
-                for f in futures:  # the run has failed: do not start the ranks still queued
+        pending: dict[Future[RankOutcome], int] = {pool.submit(convert_rank, *task): i for i, task in enumerate(tasks)}
+        for future in as_completed(list(pending)):
+            index = pending.pop(future)
+            error = future.exception()
+            if error is not None:  # an etweave bug, or input it cannot convert yet
+                for f in pending:
+                    f.cancel()
+                raise error
+            results[index] = arrived(future.result())
+            del future  # as_completed has let go of it too: the stream is freed once `arrived` spilled it
+            if isinstance(results[index], RankFailure):
+                for f in pending:  # the run has failed: do not start the ranks still queued
                     f.cancel()
                 break
-        failed = [f for f in futures if f.done() and not f.cancelled() and f.exception() is not None]
-        if failed:
-            raise failed[0].exception()  # type: ignore[misc]  # an etweave bug, or input it cannot convert yet
-        return [f.result() for f in futures if f.done() and not f.cancelled()]
+    # after a failure: the ranks that were running finished when the pool shut down; a lower rank's failure
+    # among them is the one reported (convert_ranks reports the first in rank order)
+    for f, i in pending.items():
+        if f.done() and not f.cancelled() and f.exception() is None:
+            results[i] = arrived(f.result())
+    return [results[i] for i in sorted(results)]
 
 
 # How long a run waits while the cluster has no worker at all (none yet, or every one lost) before giving up;
@@ -159,8 +190,7 @@ def _dask_wait() -> float:
         return DASK_NO_WORKER_WAIT
 
 
-def _on_dask(tasks: list[tuple[int | None, str | None, str | None, bool]], address: str,
-             done: Callable[[int], object]) -> list[RankOutcome]:
+def _on_dask(tasks: list[Task], address: str, arrived: Callable[[RankOutcome], RankOutcome]) -> list[RankOutcome]:
     try:
         from dask.distributed import Client
     except ImportError as exc:
@@ -173,16 +203,20 @@ def _on_dask(tasks: list[tuple[int | None, str | None, str | None, bool]], addre
         # Workers read the trace files by path: they must see RUN_DIR at the same path (a shared file system);
         # the paths are absolute (resolved here, on the client), so the workers' working folder does not matter.
         futures = [client.submit(convert_rank, *task, pure=False) for task in tasks]
-        _wait_while_workers(client, futures, address, done)
-        return list(client.gather(futures))  # type: ignore[no-untyped-call]  # dask.distributed is unannotated
+        results = _wait_while_workers(client, futures, address, arrived)
+        return [results[i] for i in range(len(tasks))]
 
 
-def _wait_while_workers(client: Any, futures: list[Any], address: str, done: Callable[[int], object]) -> None:
-    """Until every future is done; bad input when the cluster has had no worker for the wait (`_dask_wait`).
-    `client` and `futures` are dask.distributed's Client and Futures, which have no annotations."""
+def _wait_while_workers(client: Any, futures: list[Any], address: str,
+                        arrived: Callable[[RankOutcome], RankOutcome]) -> dict[int, RankOutcome]:
+    """Every future's outcome by task index, each handed to `arrived` (and released on the cluster) as it
+    finishes; bad input when the cluster has had no worker for the wait (`_dask_wait`). `client` and `futures`
+    are dask.distributed's Client and Futures, which have no annotations."""
     from dask.distributed import wait
 
+    index = {f.key: i for i, f in enumerate(futures)}
     pending = set(futures)
+    results: dict[int, RankOutcome] = {}
     limit = _dask_wait()
     no_workers_since: float | None = None
     while pending:
@@ -191,7 +225,10 @@ def _wait_while_workers(client: Any, futures: list[Any], address: str, done: Cal
                                      return_when="FIRST_COMPLETED")
         except TimeoutError:  # none finished within the second: see whether any worker is left
             finished = set()
-        done(len(finished))
+        for f in finished:
+            results[index[f.key]] = arrived(f.result())
+            f.release()
+        del finished
         if not pending:
             break
         if client.scheduler_info().get("workers"):
@@ -200,8 +237,9 @@ def _wait_while_workers(client: Any, futures: list[Any], address: str, done: Cal
         now = time.monotonic()
         no_workers_since = now if no_workers_since is None else no_workers_since
         if now - no_workers_since >= limit:
-            for f in futures:
+            for f in pending:
                 f.cancel()
             raise BadInput(address, f"the Dask cluster has had no worker for {limit:g} s ({len(pending)} of "
-                                    f"{len(futures)} ranks not converted): every worker lost, or none started "
+                                    f"{len(index)} ranks not converted): every worker lost, or none started "
                                     "(ETWEAVE_DASK_WAIT sets the wait)")
+    return results
