@@ -31,11 +31,12 @@ from sys import intern
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.accepts import COMM_NODE_TYPES
-from etweave.chakra.io import attr_value, iter_et, node_type_name
+from etweave.chakra.io import node_type_name
 from etweave.errors import BadInput
 from etweave.runfolder import file_rank, lone_file_rank
 from etweave.simulate.engine import GraphError
 from etweave.simulate.network import DEFAULT_NETWORK, NETWORK_TIMED, Network, collective_ns, send_ns
+from etweave.simulate.reader import read_nodes
 
 CPU, GPU, COMM, FREE = 0, 1, 2, 3  # the slot a node takes; FREE = none
 SLOT_NAMES = ("CPU", "GPU", "comm")
@@ -102,26 +103,24 @@ def _as_int(value: object, default: int = 0) -> int:
 def load_astra_rank(path: Path, default_rank: int | None = None) -> AstraRank:
     """One `.et` file, read the way ASTRA-sim's feeder reads it (only the fields it uses, plus measured times).
     Its rank as `etweave simulate` finds it (`runfolder.file_rank`)."""
-    metadata, nodes = iter_et(path)  # one protobuf node at a time: only the AstraNodes stay
+    metadata, nodes = read_nodes(path, _WANTED)  # one node at a time, only the fields ASTRA-sim's feeder reads
     rank = file_rank(metadata, path, default_rank)
     out = []
-    for nd in nodes:
-        attrs = {a.name: attr_value(a) for a in nd.attr if a.name in _WANTED}
+    for node_id, name, ntype, deps, start, duration, attrs in nodes:
         cpu = attrs.get("is_cpu_op", True)
         # interned: names and kinds repeat over nodes and ranks (memory per distinct string, as in load.py)
-        an = AstraNode(id=nd.id, name=intern(nd.name), type=nd.type, deps=tuple(nd.data_deps) + tuple(nd.ctrl_deps),
-                       duration_us=nd.duration_micros, is_cpu_op=bool(cpu),
-                       measured_start=nd.start_time_micros, kind=intern(str(attrs.get("kind", ""))))
-        an.measured_end = nd.start_time_micros + _as_int(attrs.get("measured_duration_micros"), nd.duration_micros)
-        if nd.type in COMM_NODE_TYPES:
+        an = AstraNode(node_id, intern(name), ntype, deps, duration, bool(cpu), measured_start=start,
+                       kind=intern(str(attrs.get("kind", ""))))
+        an.measured_end = start + _as_int(attrs.get("measured_duration_micros"), duration)
+        if ntype in COMM_NODE_TYPES:
             an.comm_size = _as_int(attrs.get("comm_size"))
             if "comm_type" in attrs:
                 an.comm_type = _as_int(attrs["comm_type"])
             pg = attrs.get("pg_name", "")
             an.pg = pg if isinstance(pg, str) else str(pg)
-            for name in ("comm_src", "comm_dst", "comm_tag"):
-                if name in attrs:
-                    setattr(an, name, _as_int(attrs[name]))
+            for attr in ("comm_src", "comm_dst", "comm_tag"):
+                if attr in attrs:
+                    setattr(an, attr, _as_int(attrs[attr]))
         out.append(an)
     return AstraRank(rank=rank, nodes=out, source=str(path))
 
