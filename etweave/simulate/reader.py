@@ -141,11 +141,12 @@ _CACHE_LIMIT = 1 << 16  # distinct entries kept decoded (a rank repeats a few hu
 
 def _nodes(raws: Iterator[bytes], path: Path, wanted: frozenset[str]) -> Iterator[NodeFields]:
     pick = _picker(wanted).match
-    parse: Callable[[bytes], Any] = _ReducedNode.FromString  # a built class: its fields are not typed
+    new_node: Callable[[], Any] = _ReducedNode  # a built class: its fields are not typed
     decoded: dict[bytes, tuple[str, object]] = {}  # entry bytes -> (name, value): most entries repeat
     for raw in raws:
+        node = new_node()
         try:
-            node = parse(raw)
+            node.ParseFromString(raw)  # (FromString costs twice as much)
         except Exception:
             yield _full(raw, path, wanted)  # raises the error iter_et would
             continue
