@@ -7,6 +7,8 @@ cost twice the decode. An entry is decoded by hand when it has the canonical for
 (the name first, then one value: an integer, bool or string); any other form (another value type, a value
 before the name, a doc_string, a malformed entry) sends that node through the full protobuf message instead, so
 every value reads exactly as `etweave.chakra.io.attr_value` reads it, and bad bytes fail as `iter_et` fails.
+The one difference: the entries of attrs no replay reads are never parsed, so a malformed one (which protobuf
+would refuse) goes unnoticed here; `etweave check` reads every byte.
 """
 
 from __future__ import annotations
