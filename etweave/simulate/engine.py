@@ -31,7 +31,8 @@ from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate, chain
+from itertools import accumulate, chain, compress
+from operator import not_
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.matching import Channel, collective_instances, group_members, issue_order, match_p2p
@@ -547,7 +548,7 @@ class _EventLoop:
 def _critical_path(start: list[int], end: list[int], pred: array[int]) -> tuple[list[int], list[int]]:
     """(path as global indices, earliest first; µs each node adds to it): walk back from the last node to end
     (ties: lowest global index)."""
-    g = max(range(len(end)), key=lambda x: (end[x], -x)) if end else -1
+    g = end.index(max(end)) if end else -1  # the first of the latest
     path: list[int] = []
     while g >= 0:
         path.append(g)
@@ -566,7 +567,7 @@ class _Diagnosis:
 
     def __init__(self, graph: _Graph, colls: _Collectives, messages: _Messages, loop: _EventLoop) -> None:
         self.graph, self.colls, self.messages, self.loop = graph, colls, messages, loop
-        self.stuck = [g for g, done in enumerate(loop.done) if not done]
+        self.stuck = list(compress(range(len(loop.done)), map(not_, loop.done)))
 
     def root_causes_first(self, limit: int) -> list[Stuck]:
         """The first `limit` stuck nodes: issued comm nodes waiting for a peer (the root causes), then resource
