@@ -38,26 +38,45 @@ def _int(value: object, path: Path, node_id: int, name: str) -> int:
 _INF = float("inf")
 
 
+_SPECIAL_TYPES = frozenset({*COMM_NODE_TYPES, pb.METADATA_NODE})  # durations and attrs of their own
+
+
 def to_sim_node(fields: NodeFields, path: Path) -> SimNode:
     # Names, kinds and resource labels are interned: a rank repeats a few hundred of them over thousands of
     # nodes, and a run repeats them over its ranks, so they cost memory per distinct string, not per node.
-    node_id, name, ntype, deps, start, measured_duration, attrs = fields
-    duration = measured_duration
+    node_id, name, ntype, deps, start, duration, attrs = fields
+    kind = attrs.get("kind", "")
+    # kind: what `etweave simulate --scale/--set-duration` select by and step times are bounded by (whatif.py,
+    # steps.py)
+    kind = intern(kind if type(kind) is str else str(kind))
+    resource = resource_of(attrs)
+    if ntype in _SPECIAL_TYPES or "measured_duration_micros" in attrs:
+        sim = _special_node(node_id, name, ntype, deps, start, duration, attrs, path)
+        sim.kind, sim.resource = kind, intern(resource) if resource is not None else None
+        return sim
+    # most nodes: a compute node whose measured duration is its duration
+    sim = SimNode(node_id, intern(name), ntype, deps, duration, intern(resource) if resource is not None else None,
+                  start, duration, None, None, None, None, kind)
+    if "part_of" in attrs:
+        part_of = attrs["part_of"]
+        sim.part_of = part_of if type(part_of) is int else _int(part_of, path, node_id, "part_of")
+    return sim
+
+
+def _special_node(node_id: int, name: str, ntype: int, deps: tuple[int, ...], start: int, duration: int,
+                  attrs: dict[str, object], path: Path) -> SimNode:
+    """A comm or metadata node, or one with a measured duration of its own: all but its kind and resource."""
+    measured_duration = duration
     if ntype in COMM_NODE_TYPES and "transfer_duration_micros" in attrs:
         # the measured duration of a comm node includes waiting for peers; the replay models that wait itself
         duration = _int(attrs["transfer_duration_micros"], path, node_id, "transfer_duration_micros")
     elif ntype == pb.METADATA_NODE:
         duration = 0  # metadata nodes take no time (docs/OUTPUT.md)
-    resource = resource_of(attrs)
     measured = attrs.get("measured_duration_micros")
     if measured is not None:
         # whole-run conversion shortens a comm node to its transfer time; the measured one is kept as an attr
         measured_duration = _int(measured, path, node_id, "measured_duration_micros")
-    kind = attrs.get("kind", "")
-    # kind: what `etweave simulate --scale/--set-duration` select by and step times are bounded by (whatif.py,
-    # steps.py)
-    sim = SimNode(node_id, intern(name), ntype, deps, duration, intern(resource) if resource is not None else None,
-                  start, measured_duration, kind=intern(kind if isinstance(kind, str) else str(kind)))
+    sim = SimNode(node_id, intern(name), ntype, deps, duration, None, start, measured_duration)
     if "part_of" in attrs:
         sim.part_of = _int(attrs["part_of"], path, node_id, "part_of")
     if ntype == pb.COMM_COLL_NODE:
