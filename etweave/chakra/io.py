@@ -199,6 +199,28 @@ def iter_et(path: Path) -> tuple[pb.GlobalMetadata, Iterator[pb.Node]]:
     return cast(pb.GlobalMetadata, metadata), cast(Iterator[pb.Node], it)
 
 
+def iter_et_raw(path: Path) -> tuple[pb.GlobalMetadata, Iterator[bytes]]:
+    """The metadata, and each node's serialized bytes, unparsed (for a reader that decodes only what it needs:
+    etweave/simulate/reader.py). The stream's framing is checked as `iter_et` checks it."""
+    path = Path(path)
+    raw, stream = _open(path)
+
+    def messages() -> Generator[bytes, None, None]:
+        with raw, stream:
+            yield from _raw_messages(stream, path)
+
+    it = messages()
+    try:
+        first = next(it, None)
+        if first is None:
+            raise BadInput(path, "empty file: no GlobalMetadata")
+        metadata = next(_parse_stream(iter((first,)), path))
+    except BaseException:
+        it.close()
+        raise
+    return cast(pb.GlobalMetadata, metadata), it
+
+
 def read_et(path: Path) -> tuple[pb.GlobalMetadata, list[pb.Node]]:
     """Read a whole `.et` (or `.et.gz`) file: metadata and nodes."""
     metadata, nodes = iter_et(path)

@@ -7,6 +7,7 @@ included: etweave/simulate/whatif.py).
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +127,17 @@ class Options:
 
 
 def run(args: argparse.Namespace) -> int:
+    # the loaders build millions of acyclic records: the cyclic collector would rescan them and free nothing
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _run(args)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _run(args: argparse.Namespace) -> int:
     options = check_options(args)
     group_file, found = comm_groups_for(options.files, args.comm_group)
     groups = found or {}

@@ -26,16 +26,19 @@ import heapq
 from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import not_
 from pathlib import Path
 from sys import intern
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.accepts import COMM_NODE_TYPES
-from etweave.chakra.io import attr_value, iter_et, node_type_name
+from etweave.chakra.io import node_type_name
 from etweave.errors import BadInput
 from etweave.runfolder import file_rank, lone_file_rank
 from etweave.simulate.engine import GraphError
 from etweave.simulate.network import DEFAULT_NETWORK, NETWORK_TIMED, Network, collective_ns, send_ns
+from etweave.simulate.reader import read_nodes
 
 CPU, GPU, COMM, FREE = 0, 1, 2, 3  # the slot a node takes; FREE = none
 SLOT_NAMES = ("CPU", "GPU", "comm")
@@ -102,26 +105,24 @@ def _as_int(value: object, default: int = 0) -> int:
 def load_astra_rank(path: Path, default_rank: int | None = None) -> AstraRank:
     """One `.et` file, read the way ASTRA-sim's feeder reads it (only the fields it uses, plus measured times).
     Its rank as `etweave simulate` finds it (`runfolder.file_rank`)."""
-    metadata, nodes = iter_et(path)  # one protobuf node at a time: only the AstraNodes stay
+    metadata, nodes = read_nodes(path, _WANTED)  # one node at a time, only the fields ASTRA-sim's feeder reads
     rank = file_rank(metadata, path, default_rank)
     out = []
-    for nd in nodes:
-        attrs = {a.name: attr_value(a) for a in nd.attr if a.name in _WANTED}
+    for node_id, name, ntype, deps, start, duration, attrs in nodes:
         cpu = attrs.get("is_cpu_op", True)
         # interned: names and kinds repeat over nodes and ranks (memory per distinct string, as in load.py)
-        an = AstraNode(id=nd.id, name=intern(nd.name), type=nd.type, deps=tuple(nd.data_deps) + tuple(nd.ctrl_deps),
-                       duration_us=nd.duration_micros, is_cpu_op=bool(cpu),
-                       measured_start=nd.start_time_micros, kind=intern(str(attrs.get("kind", ""))))
-        an.measured_end = nd.start_time_micros + _as_int(attrs.get("measured_duration_micros"), nd.duration_micros)
-        if nd.type in COMM_NODE_TYPES:
+        an = AstraNode(node_id, intern(name), ntype, deps, duration, bool(cpu), measured_start=start,
+                       kind=intern(str(attrs.get("kind", ""))))
+        an.measured_end = start + _as_int(attrs.get("measured_duration_micros"), duration)
+        if ntype in COMM_NODE_TYPES:
             an.comm_size = _as_int(attrs.get("comm_size"))
             if "comm_type" in attrs:
                 an.comm_type = _as_int(attrs["comm_type"])
             pg = attrs.get("pg_name", "")
             an.pg = pg if isinstance(pg, str) else str(pg)
-            for name in ("comm_src", "comm_dst", "comm_tag"):
-                if name in attrs:
-                    setattr(an, name, _as_int(attrs[name]))
+            for attr in ("comm_src", "comm_dst", "comm_tag"):
+                if attr in attrs:
+                    setattr(an, attr, _as_int(attrs[attr]))
         out.append(an)
     return AstraRank(rank=rank, nodes=out, source=str(path))
 
@@ -175,11 +176,11 @@ def simulate(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[int]], ne
     n = len(flat.kind)
     finished: list[int | None] = []
     for ri, rg in enumerate(ranks):
-        span = range(flat.offset[ri], flat.offset[ri] + len(rg.nodes))
-        finished.append(None if any(not loop.done[g] for g in span) else max((loop.end[g] for g in span), default=0))
+        first, last = flat.offset[ri], flat.offset[ri] + len(rg.nodes)
+        finished.append(max(loop.end[first:last], default=0) if all(loop.done[first:last]) else None)
     run = AstraRun(ranks=ranks, collectives=collectives, slots=slots, finished_ns=finished,
                    slot_wait_ns=loop.slot_wait, blocked_by=[dict(b) for b in loop.blocked], notes=notes)
-    stuck = [g for g in range(n) if not loop.done[g]]
+    stuck = list(compress(range(n), map(not_, loop.done)))
     run.stuck_count = len(stuck)
     run.stuck = _stuck_lines(ranks, flat, loop, stuck)
     return run
@@ -211,24 +212,49 @@ def _flatten(ranks: Sequence[AstraRank], slots: bool, slotless_kinds: Collection
     flat = _Flat(offset=offset, kind=[_COMP] * n, slot=[CPU] * n, dur_ns=[0] * n, node_id=[0] * n, owner=[0] * n,
                  indeg=[0] * n, children=[[] for _ in range(n)])
     for ri, rg in enumerate(ranks):
-        pos = _positions(ri, rg, offset[ri])
-        for i, nd in enumerate(rg.nodes):
-            g = offset[ri] + i
-            flat.kind[g], flat.slot[g] = _kind_and_slot(nd, ri)
-            if nd.kind in slotless_kinds:
-                flat.slot[g] = FREE
-            flat.dur_ns[g] = max(1, nd.duration_us * 1000)
-            flat.node_id[g] = nd.id
-            flat.owner[g] = ri
-            for d in set(nd.deps):
-                p = pos.get(d)
-                if p is None:
-                    raise GraphError(ri, f"node {nd.id} depends on node {d}, which is not in the file")
-                flat.children[p].append(g)
-                flat.indeg[g] += 1
+        try:
+            _flatten_rank(flat, ri, rg, slotless_kinds)
+        except GraphError:
+            _first_error(ri, rg, offset[ri])  # the error the node-by-node rules meet first
+            raise
     if not slots:
         flat.slot = [FREE] * n
     return flat
+
+
+def _flatten_rank(flat: _Flat, ri: int, rg: AstraRank, slotless_kinds: Collection[str]) -> None:
+    """Rank `ri`'s part of the flat lists, column by column (this runs for every node of every rank)."""
+    nodes, base = rg.nodes, flat.offset[ri]
+    end = base + len(nodes)
+    pos = _positions(ri, rg, base)
+    comp = pb.COMP_NODE
+    kinds = [(_COMP, CPU if nd.is_cpu_op else GPU) if nd.type == comp else _kind_and_slot(nd, ri) for nd in nodes]
+    flat.kind[base:end] = [k for k, _ in kinds]
+    flat.slot[base:end] = [FREE if nd.kind in slotless_kinds else s for nd, (_, s) in zip(nodes, kinds, strict=True)]
+    flat.dur_ns[base:end] = [max(1, nd.duration_us * 1000) for nd in nodes]
+    flat.node_id[base:end] = [nd.id for nd in nodes]
+    flat.owner[base:end] = [ri] * len(nodes)
+    children, indeg, get = flat.children, flat.indeg, pos.get
+    for g, nd in enumerate(nodes, base):
+        deps = nd.deps
+        if len(deps) > 1:
+            deps = tuple(set(deps))  # a repeated dep is one edge; in the set's order, as ever
+        for d in deps:
+            p = get(d)
+            if p is None:
+                raise GraphError(ri, f"node {nd.id} depends on node {d}, which is not in the file")
+            children[p].append(g)
+        indeg[g] = len(deps)
+
+
+def _first_error(ri: int, rg: AstraRank, base: int) -> None:
+    """Raise the GraphError that checking rank `ri` node by node (its type, then its deps) meets first."""
+    pos = _positions(ri, rg, base)
+    for nd in rg.nodes:
+        _kind_and_slot(nd, ri)
+        for d in nd.deps:
+            if d not in pos:
+                raise GraphError(ri, f"node {nd.id} depends on node {d}, which is not in the file")
 
 
 def _positions(ri: int, rg: AstraRank, base: int) -> dict[int, int]:
@@ -328,7 +354,6 @@ class _EventLoop:
         self.ready_t = [-1] * n
         self.end = [-1] * n
         self.done = [False] * n
-        self.busy = [[False] * 3 for _ in ranks]
         self.ready: list[list[list[tuple[int, int]]]] = [[[] for _ in range(4)] for _ in ranks]  # (node id, g)
         self.arrived = [0] * len(instances.nodes)
         self.slot_wait = [[0] * 3 for _ in ranks]  # per rank index and slot: ready → issue, summed
@@ -340,35 +365,39 @@ class _EventLoop:
         self.seq = 0
 
     def run(self) -> None:
-        flat, indeg, children, slot = self.flat, self.flat.indeg, self.flat.children, self.flat.slot
+        flat = self.flat
         for g in range(len(flat.kind)):
-            if indeg[g] == 0:
+            if flat.indeg[g] == 0:
                 self.make_ready(g, 0)
         for ri in range(len(self.ranks)):
             self.issue_ready(ri, 0)
-        events, pop = self.events, heapq.heappop
+        self._loop()
+
+    def _loop(self) -> None:
+        """Every completion in time order (`account_slots` and `make_ready` written out: they run per node)."""
+        flat = self.flat
+        indeg, children, slot, owner, node_id = flat.indeg, flat.children, flat.slot, flat.owner, flat.node_id
+        events, done, ready_t, holder, ready, since, blocked, kind_name = (
+            self.events, self.done, self.ready_t, self.holder, self.ready, self.since, self.blocked, self.kind_name)
+        pop, push, issue_ready = heapq.heappop, heapq.heappush, self.issue_ready
         while events:
             t, _, g = pop(events)
-            self.done[g] = True
-            ri = flat.owner[g]
-            self.account_slots(ri, t)
+            done[g] = True
+            ri = owner[g]
+            hold, heaps, at = holder[ri], ready[ri], since[ri]
+            for s in (CPU, GPU, COMM):  # the rank's slot states change only at its own events: account up to now
+                h = hold[s]
+                if h >= 0 and heaps[s]:
+                    blocked[ri][s, kind_name[h]] += t - at[s]
+                at[s] = t
             if slot[g] != FREE:
-                self.busy[ri][slot[g]] = False
-                self.holder[ri][slot[g]] = -1
+                hold[slot[g]] = -1
             for c in children[g]:
                 indeg[c] -= 1
                 if indeg[c] == 0:
-                    self.make_ready(c, t)
-            self.issue_ready(ri, t)
-
-    def account_slots(self, ri: int, t: int) -> None:
-        """The rank's slot states change only at its own events: account the time up to now."""
-        holder, ready, since, blocked = self.holder[ri], self.ready[ri], self.since[ri], self.blocked[ri]
-        for s in (CPU, GPU, COMM):
-            h = holder[s]
-            if h >= 0 and ready[s]:
-                blocked[s, self.kind_name[h]] += t - since[s]
-            since[s] = t
+                    ready_t[c] = t
+                    push(heaps[slot[c]], (node_id[c], c))
+            issue_ready(ri, t)
 
     def coll_ns(self, g: int) -> int:
         if self.collectives == "duration":
@@ -400,12 +429,13 @@ class _EventLoop:
         s = flat.slot[g]
         if s != FREE:
             ri = flat.owner[g]
-            self.busy[ri][s] = True
             self.holder[ri][s] = g
             self.slot_wait[ri][s] += t - self.ready_t[g]
         k = flat.kind[g]
         if k in (_COMP, _BCAST):
-            self.finish_at(g, t + flat.dur_ns[g])
+            self.end[g] = end = t + flat.dur_ns[g]  # finish_at, written out: most nodes come here
+            self.seq += 1
+            heapq.heappush(self.events, (end, self.seq, g))
         elif k == _COLL:
             self.arrive(g, t)
         elif k == _SEND:
@@ -431,14 +461,15 @@ class _EventLoop:
     def issue_ready(self, ri: int, t: int) -> None:
         # ASTRA-sim visits the ready nodes in ascending id and issues each whose slot is free: per slot that is
         # its lowest ready node; every slot-free node issues. Issue them in id order (it orders equal-time events).
-        heaps, busy = self.ready[ri], self.busy[ri]
-        picked: list[tuple[int, int]] = []
-        for s in (CPU, GPU, COMM):
-            if heaps[s] and not busy[s]:
-                picked.append(heapq.heappop(heaps[s]))
-        picked += heaps[FREE]
-        heaps[FREE] = []
-        for _, g in sorted(picked):
+        heaps, hold = self.ready[ri], self.holder[ri]
+        picked = [heapq.heappop(heaps[s]) for s in (CPU, GPU, COMM) if heaps[s] and hold[s] < 0]
+        if heaps[FREE]:
+            picked += heaps[FREE]
+            heaps[FREE] = []
+            picked.sort()
+        elif len(picked) > 1:
+            picked.sort()
+        for _, g in picked:
             self.issue(g, t)
 
     def make_ready(self, g: int, t: int) -> None:

@@ -31,6 +31,8 @@ from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate, chain, compress
+from operator import not_
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.matching import Channel, collective_instances, group_members, issue_order, match_p2p
@@ -202,56 +204,61 @@ def _index(ranks: list[RankGraph]) -> _Graph:
         n += len(rg.nodes)
     graph = _Graph(ranks, [rg.rank for rg in ranks], index_of_rank, offset, dur=[0] * n, kind=[_PLAIN] * n,
                    res=[-1] * n, node_id=[0] * n, indeg=array("q", bytes(8 * n)), res_names=[])
-    edge_from, edge_to = array("q"), array("q")  # every dependency edge (p -> g)
+    graph.child_at.append(0)
     for ri, rg in enumerate(ranks):
-        _index_rank(graph, ri, rg, edge_from, edge_to)
-    graph.child_at, graph.child_list = _group_by_source(n, edge_from, edge_to)
+        _index_rank(graph, ri, rg)
     return graph
 
 
-def _index_rank(graph: _Graph, ri: int, rg: RankGraph, edge_from: array[int], edge_to: array[int]) -> None:
-    """Fill rank `ri`'s part of the flat arrays; append its dependency edges."""
-    base = graph.offset[ri]
-    pos: dict[int, int] = {}  # node id -> g, this rank's only (a map per rank of them all costs ~100 B/node)
-    for i, nd in enumerate(rg.nodes):
-        if nd.id in pos:
-            raise GraphError(ri, f"node id {nd.id} appears twice")
-        pos[nd.id] = base + i
-    dur, kind, res, node_id, indeg, res_names = (graph.dur, graph.kind, graph.res, graph.node_id, graph.indeg,
-                                                  graph.res_names)
-    res_index: dict[str, int] = {}
-    for g, nd in enumerate(rg.nodes, base):
-        dur[g] = nd.duration
-        kind[g] = _KIND.get(nd.type, _PLAIN)
-        node_id[g] = nd.id
-        if nd.resource is not None:
-            r = res_index.get(nd.resource)
-            if r is None:
-                r = res_index[nd.resource] = len(res_names)
-                res_names.append((ri, nd.resource))
-            res[g] = r
-        for d in set(nd.deps):
-            p = pos.get(d)
+def _index_rank(graph: _Graph, ri: int, rg: RankGraph) -> None:
+    """Fill rank `ri`'s part of the flat arrays, its dependency edges grouped by source included. Column by
+    column (comprehensions): this runs for every node of every rank."""
+    nodes, base = rg.nodes, graph.offset[ri]
+    end = base + len(nodes)
+    ids = [nd.id for nd in nodes]
+    pos = dict(zip(ids, range(base, end), strict=True))  # node id -> g, this rank's only (~100 B/node for all)
+    if len(pos) != len(ids):
+        _raise_repeated_id(ri, ids)
+    graph.dur[base:end] = [nd.duration for nd in nodes]
+    graph.kind[base:end] = [_KIND.get(nd.type, _PLAIN) for nd in nodes]
+    graph.node_id[base:end] = ids
+    graph.res[base:end] = _resource_indices(graph, ri, [nd.resource for nd in nodes])
+    children: list[list[int]] = [[] for _ in nodes]  # this rank's only, by node index, flattened below
+    indeg, get = graph.indeg, pos.get
+    for g, nd in enumerate(nodes, base):
+        deps = nd.deps
+        if not deps:
+            continue
+        if len(deps) > 1:
+            deps = tuple(set(deps))  # a repeated dep is one edge; in the set's order, as ever
+        for d in deps:
+            p = get(d)
             if p is None:
                 raise GraphError(ri, f"node {nd.id} depends on node {d}, which is not in the file")
-            edge_from.append(p)
-            edge_to.append(g)
-            indeg[g] += 1
+            children[p - base].append(g)
+        indeg[g] = len(deps)
+    at = accumulate(map(len, children), initial=graph.child_at[-1])
+    next(at)  # the initial value: already there
+    graph.child_at.extend(at)
+    graph.child_list.extend(chain.from_iterable(children))
 
 
-def _group_by_source(n: int, edge_from: array[int], edge_to: array[int]) -> tuple[array[int], array[int]]:
-    """(child_at, child_list): the edges' targets grouped by source, each source's in the order found."""
-    child_at = array("q", bytes(8 * (n + 1)))
-    for p in edge_from:
-        child_at[p + 1] += 1
-    for g in range(n):
-        child_at[g + 1] += child_at[g]
-    fill = child_at[:-1]
-    child_list = array("q", bytes(8 * len(edge_to)))
-    for p, g in zip(edge_from, edge_to, strict=True):
-        child_list[fill[p]] = g
-        fill[p] += 1
-    return child_at, child_list
+def _raise_repeated_id(ri: int, ids: list[int]) -> None:
+    seen: set[int] = set()
+    for node_id in ids:
+        if node_id in seen:
+            raise GraphError(ri, f"node id {node_id} appears twice")
+        seen.add(node_id)
+
+
+def _resource_indices(graph: _Graph, ri: int, labels: list[str | None]) -> list[int]:
+    """Each node's resource index (-1: none); a rank's labels are numbered in the order of their first use."""
+    index: dict[str | None, int] = {None: -1}
+    for label in dict.fromkeys(labels):
+        if label is not None:
+            index[label] = len(graph.res_names)
+            graph.res_names.append((ri, label))
+    return [index[label] for label in labels]
 
 
 @dataclass(slots=True)
@@ -399,13 +406,23 @@ class _EventLoop:
         self.touched: list[int] = []  # resources whose holder or queue changed since the last dispatch
 
     def run(self) -> None:
-        indeg, child_at, child_list, res, done = self.indeg, self.child_at, self.child_list, self.res, self.done
-        holder, last_holder, events, touched = self.holder, self.last_holder, self.events, self.touched
-        make_ready, pop = self._make_ready, _pop
-        for g in range(len(indeg)):
-            if indeg[g] == 0:
-                make_ready(g, 0, -1)
+        for g in range(len(self.indeg)):
+            if self.indeg[g] == 0:
+                self._make_ready(g, 0, -1)
         self._dispatch(0)
+        self._loop()
+
+    def _loop(self) -> None:
+        """Every completion in time order. What `_make_ready`, `_dispatch` and `_issue` do, written out for the
+        plain nodes (most of them): a method call per node costs as much as the rest of its work."""
+        indeg, child_at, child_list, res, done, kind, dur = (self.indeg, self.child_at, self.child_list, self.res,
+                                                             self.done, self.kind, self.dur)
+        holder, last_holder, events, touched, queue = (self.holder, self.last_holder, self.events, self.touched,
+                                                       self.queue)
+        ready_at, ready_cause, issue_t, issue_cause, start, end, pred, node_id = (
+            self.ready_at, self.ready_cause, self.issue_t, self.issue_cause, self.start, self.end, self.pred,
+            self.node_id)
+        issue, dispatch, pop, push = self._issue, self._dispatch, _pop, _push
         while events:
             t = events[0][0]
             # drain every completion at time t before issuing, so the ready-first/lowest-id rule sees them all
@@ -419,9 +436,23 @@ class _EventLoop:
                     touched.append(r)
                 for c in child_list[child_at[g]:child_at[g + 1]]:
                     indeg[c] -= 1
-                    if indeg[c] == 0:
-                        make_ready(c, t, g)  # events pop in time order, so g is the last dep to finish
-            self._dispatch(t)
+                    if indeg[c]:
+                        continue
+                    # ready: events pop in time order, so g is the last dep to finish
+                    ready_at[c] = t
+                    ready_cause[c] = g
+                    rc = res[c]
+                    if rc >= 0:
+                        push(queue[rc], (t, node_id[c], c))
+                        touched.append(rc)
+                    elif kind[c] == _PLAIN:  # takes no resource: issued and started at once
+                        issue_t[c] = start[c] = t
+                        issue_cause[c] = pred[c] = g
+                        end[c] = e = t + dur[c]
+                        push(events, (e, c))
+                    else:
+                        issue(c, t, g)
+            dispatch(t)
 
     def _make_ready(self, g: int, t: int, cause: int) -> None:
         self.ready_at[g] = t
@@ -434,13 +465,21 @@ class _EventLoop:
             self.touched.append(r)
 
     def _dispatch(self, t: int) -> None:
-        """Issue the first ready node of each free resource that changed."""
-        holder, queue, ready_at, ready_cause, last_holder = (self.holder, self.queue, self.ready_at,
-                                                             self.ready_cause, self.last_holder)
+        """Issue the first ready node of each free resource that changed (`_issue` written out for plain nodes)."""
+        holder, queue, ready_at, ready_cause, last_holder, kind = (self.holder, self.queue, self.ready_at,
+                                                                   self.ready_cause, self.last_holder, self.kind)
         for r in self.touched:
             if holder[r] < 0 and queue[r]:
                 _, _, g = _pop(queue[r])
-                self._issue(g, t, ready_cause[g] if ready_at[g] == t else last_holder[r])
+                cause = ready_cause[g] if ready_at[g] == t else last_holder[r]
+                if kind[g] == _PLAIN:
+                    holder[r] = g
+                    self.issue_t[g] = self.start[g] = t
+                    self.issue_cause[g] = self.pred[g] = cause
+                    self.end[g] = end = t + self.dur[g]
+                    _push(self.events, (end, g))
+                else:
+                    self._issue(g, t, cause)
         self.touched.clear()
 
     def _issue(self, g: int, t: int, cause: int) -> None:
@@ -509,7 +548,7 @@ class _EventLoop:
 def _critical_path(start: list[int], end: list[int], pred: array[int]) -> tuple[list[int], list[int]]:
     """(path as global indices, earliest first; µs each node adds to it): walk back from the last node to end
     (ties: lowest global index)."""
-    g = max(range(len(end)), key=lambda x: (end[x], -x)) if end else -1
+    g = end.index(max(end)) if end else -1  # the first of the latest
     path: list[int] = []
     while g >= 0:
         path.append(g)
@@ -528,7 +567,7 @@ class _Diagnosis:
 
     def __init__(self, graph: _Graph, colls: _Collectives, messages: _Messages, loop: _EventLoop) -> None:
         self.graph, self.colls, self.messages, self.loop = graph, colls, messages, loop
-        self.stuck = [g for g, done in enumerate(loop.done) if not done]
+        self.stuck = list(compress(range(len(loop.done)), map(not_, loop.done)))
 
     def root_causes_first(self, limit: int) -> list[Stuck]:
         """The first `limit` stuck nodes: issued comm nodes waiting for a peer (the root causes), then resource

@@ -8,20 +8,16 @@ from sys import intern
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.accepts import COMM_NODE_TYPES
-from etweave.chakra.io import iter_et
 from etweave.errors import BadInput
 from etweave.runfolder import COMM_GROUP_FILE, file_rank, find_comm_group, read_comm_groups
 from etweave.simulate.engine import GraphError, RankGraph, Replay, SimNode, UnknownGroup, replay
+from etweave.simulate.reader import NodeFields, read_nodes
 
 # what the CLI and the Python API import from here; the rules live in etweave.runfolder
 __all__ = ["COMM_GROUP_FILE", "find_comm_group", "load_comm_group", "load_rank", "replay_files", "resource_of",
            "to_sim_node"]
 _WANTED = frozenset({"device", "stream", "tid", "pg_name", "comm_src", "comm_dst", "comm_tag",
                      "transfer_duration_micros", "measured_duration_micros", "kind", "part_of"})
-
-
-_LIST_FIELDS = frozenset(f.name for f in pb.AttributeProto.DESCRIPTOR.oneofs_by_name["value"].fields
-                         if f.name.endswith("_list"))
 
 
 def resource_of(attrs: dict[str, object]) -> str | None:
@@ -42,67 +38,63 @@ def _int(value: object, path: Path, node_id: int, name: str) -> int:
 _INF = float("inf")
 
 
-def _wanted_attrs(node: pb.Node) -> dict[str, object]:
-    """Only the attrs the replay reads: node_attrs() would build a dict of every attr per node."""
-    attrs: dict[str, object] = {}
-    for a in node.attr:
-        name = a.name
-        if name in _WANTED:
-            which = a.WhichOneof("value")  # attr_value, inlined: this loop runs for every attr of every node
-            if which is None:
-                attrs[name] = None
-                continue
-            value = getattr(a, which)
-            attrs[name] = list(value.values) if which in _LIST_FIELDS else value
-    return attrs
+_SPECIAL_TYPES = frozenset({*COMM_NODE_TYPES, pb.METADATA_NODE})  # durations and attrs of their own
 
 
-def to_sim_node(node: pb.Node, path: Path) -> SimNode:
+def to_sim_node(fields: NodeFields, path: Path) -> SimNode:
     # Names, kinds and resource labels are interned: a rank repeats a few hundred of them over thousands of
     # nodes, and a run repeats them over its ranks, so they cost memory per distinct string, not per node.
-    attrs = _wanted_attrs(node)
-    ntype = node.type
-    duration = node.duration_micros
+    node_id, name, ntype, deps, start, duration, attrs = fields
+    kind = attrs.get("kind", "")
+    # kind: what `etweave simulate --scale/--set-duration` select by and step times are bounded by (whatif.py,
+    # steps.py)
+    kind = intern(kind if type(kind) is str else str(kind))
+    resource = resource_of(attrs)
+    if ntype in _SPECIAL_TYPES or "measured_duration_micros" in attrs:
+        sim = _special_node(node_id, name, ntype, deps, start, duration, attrs, path)
+        sim.kind, sim.resource = kind, intern(resource) if resource is not None else None
+        return sim
+    # most nodes: a compute node whose measured duration is its duration
+    sim = SimNode(node_id, intern(name), ntype, deps, duration, intern(resource) if resource is not None else None,
+                  start, duration, None, None, None, None, kind)
+    if "part_of" in attrs:
+        part_of = attrs["part_of"]
+        sim.part_of = part_of if type(part_of) is int else _int(part_of, path, node_id, "part_of")
+    return sim
+
+
+def _special_node(node_id: int, name: str, ntype: int, deps: tuple[int, ...], start: int, duration: int,
+                  attrs: dict[str, object], path: Path) -> SimNode:
+    """A comm or metadata node, or one with a measured duration of its own: all but its kind and resource."""
+    measured_duration = duration
     if ntype in COMM_NODE_TYPES and "transfer_duration_micros" in attrs:
         # the measured duration of a comm node includes waiting for peers; the replay models that wait itself
-        duration = _int(attrs["transfer_duration_micros"], path, node.id, "transfer_duration_micros")
+        duration = _int(attrs["transfer_duration_micros"], path, node_id, "transfer_duration_micros")
     elif ntype == pb.METADATA_NODE:
         duration = 0  # metadata nodes take no time (docs/OUTPUT.md)
-    resource = resource_of(attrs)
     measured = attrs.get("measured_duration_micros")
-    sim = SimNode(
-        id=node.id,
-        name=intern(node.name),
-        type=ntype,
-        deps=(*node.data_deps, *node.ctrl_deps),
-        duration=duration,
-        resource=intern(resource) if resource is not None else None,
-        measured_start=node.start_time_micros,
+    if measured is not None:
         # whole-run conversion shortens a comm node to its transfer time; the measured one is kept as an attr
-        measured_duration=node.duration_micros if measured is None else _int(
-            measured, path, node.id, "measured_duration_micros"),
-    )
-    # what `etweave simulate --scale/--set-duration` select by and step times are bounded by (whatif.py, steps.py)
-    kind = attrs.get("kind", "")
-    sim.kind = intern(kind if isinstance(kind, str) else str(kind))
+        measured_duration = _int(measured, path, node_id, "measured_duration_micros")
+    sim = SimNode(node_id, intern(name), ntype, deps, duration, None, start, measured_duration)
     if "part_of" in attrs:
-        sim.part_of = _int(attrs["part_of"], path, node.id, "part_of")
+        sim.part_of = _int(attrs["part_of"], path, node_id, "part_of")
     if ntype == pb.COMM_COLL_NODE:
         pg = attrs.get("pg_name", "")
         sim.pg = intern(pg if isinstance(pg, str) else str(pg))
     elif ntype in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):
-        for name in ("comm_src", "comm_dst", "comm_tag"):
-            if name in attrs:
-                setattr(sim, name, _int(attrs[name], path, node.id, name))
+        for attr in ("comm_src", "comm_dst", "comm_tag"):
+            if attr in attrs:
+                setattr(sim, attr, _int(attrs[attr], path, node_id, attr))
     return sim
 
 
 def load_rank(path: Path, default_rank: int | None = None) -> RankGraph:
     """One `.et` file, its rank by `etweave.runfolder.file_rank` (the name `<prefix>.<rank>.et`, else the
     GlobalMetadata attr `rank`, else `default_rank`)."""
-    metadata, nodes = iter_et(path)  # one protobuf node at a time: only the SimNodes stay
+    metadata, nodes = read_nodes(path, _WANTED)  # one node at a time, only the fields the replay reads
     rank = file_rank(metadata, path, default_rank)
-    return RankGraph(rank=rank, nodes=[to_sim_node(nd, path) for nd in nodes], source=str(path))
+    return RankGraph(rank=rank, nodes=[to_sim_node(fields, path) for fields in nodes], source=str(path))
 
 
 def load_comm_group(path: Path) -> dict[str, list[int]]:

@@ -10,6 +10,7 @@ arrived, i.e. when the measured transfer could begin).
 
 from __future__ import annotations
 
+from itertools import compress
 from typing import Any
 
 from etweave.fidelity import RANK_START_OFFSET
@@ -21,7 +22,7 @@ TOP_COLLECTIVES = 10
 
 
 def _error_stats(errors: list[int], span: int) -> dict[str, Any]:
-    absolute = sorted(abs(e) for e in errors)
+    absolute = sorted(map(abs, errors))
     p50, p95 = percentile(absolute, 50), percentile(absolute, 95)
     worst = absolute[-1] if absolute else 0
     return {
@@ -34,12 +35,16 @@ def _error_stats(errors: list[int], span: int) -> dict[str, Any]:
 
 def measured_window(replay: Replay) -> tuple[int, int] | None:
     """(earliest start, latest end) over measured nodes of all ranks, or None if nothing was measured."""
-    # generator min/max, not a min() and a max() call per node: this runs over every node of every rank
-    lo = min((nd.measured_start for rg in replay.ranks for nd in rg.nodes if nd.measured_start), default=None)
-    if lo is None:
-        return None
-    return lo, max(nd.measured_start + nd.measured_duration for rg in replay.ranks for nd in rg.nodes
-                   if nd.measured_start)
+    # a column per rank and min/max over it in C: this runs over every node of every rank
+    window: tuple[int, int] | None = None
+    for rg in replay.ranks:
+        starts = [nd.measured_start for nd in rg.nodes]
+        if not any(starts):
+            continue
+        lo = min(filter(None, starts))
+        hi = max(compress([nd.measured_start + nd.measured_duration for nd in rg.nodes], starts))
+        window = (lo, hi) if window is None else (min(window[0], lo), max(window[1], hi))
+    return window
 
 
 def summarize(replay: Replay) -> dict[str, Any]:
@@ -69,24 +74,24 @@ def summarize(replay: Replay) -> dict[str, Any]:
 def _rank_summary(replay: Replay, ri: int, origin: int, node_errors: list[int]) -> dict[str, Any]:
     """One rank's entry; appends the start error of each of its measured nodes (common frame) to `node_errors`."""
     rg = replay.ranks[ri]
-    issue, end = replay.issue[ri], replay.end[ri]
-    measured = [(i, nd) for i, nd in enumerate(rg.nodes) if nd.measured_start]
+    nodes, issue, end = rg.nodes, replay.issue[ri], replay.end[ri]
+    starts = [nd.measured_start for nd in nodes]
+    measured = list(compress(range(len(nodes)), starts))  # indices of the measured nodes
     # the synthetic [rank start offset] node "starts" at the run's first instant: not this rank's own start
-    own = [(i, nd) for i, nd in measured if nd.name != RANK_START_OFFSET]
-    node_errors += [issue[i] + origin - nd.measured_start for i, nd in measured]
-    entry: dict[str, Any] = {"rank": rg.rank, "file": rg.source, "nodes": len(rg.nodes),
+    own = [i for i in measured if nodes[i].name != RANK_START_OFFSET]
+    node_errors += [issue[i] + origin - starts[i] for i in measured]
+    entry: dict[str, Any] = {"rank": rg.rank, "file": rg.source, "nodes": len(nodes),
                              "simulated_makespan_us": max(end, default=0), "measured_span_us": None}
     if own:
-        lo = min(nd.measured_start for _, nd in own)
-        hi = max(nd.measured_start + nd.measured_duration for _, nd in own)
+        lo = min(map(starts.__getitem__, own))
+        hi = max(starts[i] + nodes[i].measured_duration for i in own)
         entry["measured_span_us"] = hi - lo
         # a rank whose trace begins later shows that skew in the common frame, so also give the error in the
         # rank's own frame (simulated times less the rank's simulated first issue)
         entry["measured_first_start_us"] = lo - origin
-        first = min(issue[i] for i, _ in own)
+        first = min(map(issue.__getitem__, own))
         entry["simulated_first_start_us"] = first
-        entry["start_error_own_frame"] = _error_stats(
-            [issue[i] - first + lo - nd.measured_start for i, nd in own], hi - lo)
+        entry["start_error_own_frame"] = _error_stats([issue[i] - first + lo - starts[i] for i in own], hi - lo)
     return entry
 
 

@@ -1,0 +1,88 @@
+"""`simulate` against the protobuf decode of its `.et` files, before and after a change, in one run.
+
+    python -m bench.simulate_floor OUT [OUT ...] [--base REV] [--reps N]
+
+Each OUT is a `convert-run` output folder (e.g. kept from `python -m bench.ranks --generate N` + `convert-run`).
+Per folder, interleaved, best CPU (user + sys, `os.wait4`) of `--reps` runs of each whole process: the floor
+(`python -m bench.ranks --decode`, the `decode` line of `bench.ranks`), `etweave simulate OUT` and
+`etweave simulate OUT --model astra-sim` of the working tree and, with `--base`, of that revision (its own git
+worktree, as `bench.identical` checks it out). Prints simulate / decode for each model and whether the base's
+and the working tree's stdout are byte for byte the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench.identical import checkout
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _cpu(tree: Path, cmd: list[str], stdout: Path) -> float:
+    """CPU seconds of one whole process run from `tree` (its imports too); its stdout into `stdout`."""
+    with stdout.open("wb") as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: keep Popen from waiting again
+        if proc.returncode:
+            err.seek(0)
+            raise SystemExit(f"{' '.join(cmd)}: exit {proc.returncode}: {err.read()[-2000:].decode(errors='replace')}")
+    return usage.ru_utime + usage.ru_stime
+
+
+def measure(out: Path, trees: dict[str, Path], reps: int, work: Path) -> dict[str, float]:
+    files = [str(p) for p in sorted(out.glob("trace.*.et"))]
+    commands: dict[str, tuple[Path, list[str]]] = {"decode": (REPO, [sys.executable, "-m", "bench.ranks", "--decode",
+                                                                     *files])}
+    for side, tree in trees.items():
+        commands[f"default {side}"] = (tree, [sys.executable, "-m", "etweave", "simulate", str(out)])
+        commands[f"astra-sim {side}"] = (tree, [sys.executable, "-m", "etweave", "simulate", str(out), "--model",
+                                                "astra-sim"])
+    best: dict[str, float] = {}
+    for _ in range(reps):
+        for name, (tree, cmd) in commands.items():
+            best[name] = min(best.get(name, float("inf")), _cpu(tree, cmd, work / name.replace(" ", "_")))
+    return best
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.simulate_floor", description=__doc__.splitlines()[0])
+    p.add_argument("outs", type=Path, nargs="+", metavar="OUT", help="convert-run output folders")
+    p.add_argument("--base", metavar="REV", help="also time this revision's simulate (a git worktree of it)")
+    p.add_argument("--reps", type=int, default=3, help="runs of each command, the best counts (default 3)")
+    args = p.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="etweave-simfloor-"))
+    trees = {"head": REPO}
+    try:
+        if args.base:
+            trees = {"base": checkout(args.base, work / "base-tree"), **trees}
+        print(f"load average {os.getloadavg()[0]:.2f} at the start; best CPU s of {args.reps}", flush=True)
+        for out in args.outs:
+            best = measure(out, trees, args.reps, work)
+            d = best["decode"]
+            same = ""
+            if "base" in trees:
+                same = "; stdout base == head: " + str(all(
+                    (work / f"{m}_base").read_bytes() == (work / f"{m}_head").read_bytes()
+                    for m in ("default", "astra-sim")))
+            ratios = ", ".join(f"{name} {cpu:.2f} s = {cpu / d:.2f}x" for name, cpu in best.items() if name != "decode")
+            print(f"{out.name} ({len(list(out.glob('trace.*.et')))} ranks): decode {d:.2f} s; {ratios}{same}",
+                  flush=True)
+        print(f"load average {os.getloadavg()[0]:.2f} at the end")
+    finally:
+        if "base" in trees:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(trees["base"])], check=False)
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""Read, from each `.et` node, only the fields the replays use: the loaders' one reader (load.py, astra.py).
+
+A node is parsed by protobuf (upb, in C) with a reduced schema: the Node's own fields as Chakra's, its `attr`
+entries kept as their serialized bytes. Only the entries whose name the caller wants are decoded here, picked by
+one regex per entry (in C): building a protobuf object per attribute (about ten per node) is what made reading
+cost twice the decode. An entry is decoded by hand when it has the canonical form every protobuf writer gives it
+(the name first, then one value: an integer, bool or string); any other form (another value type, a value
+before the name, a doc_string, a malformed entry) sends that node through the full protobuf message instead, so
+every value reads exactly as `etweave.chakra.io.attr_value` reads it, and bad bytes fail as `iter_et` fails.
+The one difference: the entries of attrs no replay reads are never parsed, so a malformed one (which protobuf
+would refuse) goes unnoticed here; `etweave check` reads every byte.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Collection, Iterator
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import Message
+
+from etweave.chakra import et_def_pb2 as pb
+from etweave.chakra.io import attr_value, iter_et_raw
+from etweave.errors import BadInput
+
+# (id, name, type, deps: data_deps then ctrl_deps, start_time_micros, duration_micros, wanted attrs)
+NodeFields = tuple[int, str, int, tuple[int, ...], int, int, dict[str, object]]
+
+
+class _Unusual(Exception):
+    """An attr entry not in the canonical form this module decodes: read the node with full protobuf."""
+
+
+def _reduced_node_class() -> type[Message]:
+    """Chakra's Node with `attr` (field 10) as repeated bytes: the same wire format, no object per attribute."""
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(descriptor_pb2.FileDescriptorProto.FromString(pb.DESCRIPTOR.serialized_pb))
+    f = descriptor_pb2.FileDescriptorProto(name="etweave_reduced_node.proto", package="etweave_reduced",
+                                           syntax="proto3", dependency=[pb.DESCRIPTOR.name])
+    node = f.message_type.add(name="Node")
+    fd = descriptor_pb2.FieldDescriptorProto
+    for number, name, kind, repeated in ((1, "id", fd.TYPE_UINT64, False), (2, "name", fd.TYPE_STRING, False),
+                                         (3, "type", fd.TYPE_INT32, False),  # an open enum reads as int32
+                                         (4, "ctrl_deps", fd.TYPE_UINT64, True),
+                                         (5, "data_deps", fd.TYPE_UINT64, True),
+                                         (6, "start_time_micros", fd.TYPE_UINT64, False),
+                                         (7, "duration_micros", fd.TYPE_UINT64, False),
+                                         (8, "inputs", fd.TYPE_MESSAGE, False), (9, "outputs", fd.TYPE_MESSAGE, False),
+                                         (10, "attr", fd.TYPE_BYTES, True)):
+        field = node.field.add(name=name, number=number, type=kind,
+                               label=fd.LABEL_REPEATED if repeated else fd.LABEL_OPTIONAL)
+        if kind == fd.TYPE_MESSAGE:
+            field.type_name = ".ChakraProtoMsg.IOInfo"  # parsed (and its strings checked) as Chakra's
+    pool.Add(f)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("etweave_reduced.Node"))
+
+
+_ReducedNode = _reduced_node_class()
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """(unsigned value, position after it); _Unusual when it runs past the entry or past 10 bytes."""
+    result = shift = 0
+    for i in range(pos, min(pos + 10, len(buf))):
+        b = buf[i]
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result & 0xFFFFFFFFFFFFFFFF, i + 1
+        shift += 7
+    raise _Unusual
+
+
+def _signed64(raw: int) -> int:
+    return raw - (1 << 64) if raw >> 63 else raw
+
+
+def _signed32(raw: int) -> int:
+    raw &= 0xFFFFFFFF
+    return raw - (1 << 32) if raw >> 31 else raw
+
+
+# AttributeProto value fields decoded here: tag byte(s) -> the value from the varint after them (None: a string)
+_TAGS: dict[bytes, Callable[[int], object] | None] = {
+    b"\x48": _signed64,  # int64_val
+    b"\x68": int,  # uint64_val
+    b"\x38": _signed32,  # int32_val
+    b"\x58": lambda raw: raw & 0xFFFFFFFF,  # uint32_val
+    b"\xd8\x01": lambda raw: raw != 0,  # bool_val
+    b"\xea\x01": None,  # string_val: the varint is its length
+}
+
+
+def _value(entry: bytes, at: int) -> object:
+    """The value of an attr entry whose name ends at `at`, as attr_value gives it."""
+    if at == len(entry):
+        return None  # no value set
+    tag = entry[at:at + 1] if entry[at] < 0x80 else entry[at:at + 2]
+    if tag not in _TAGS:
+        raise _Unusual
+    raw, pos = _varint(entry, at + len(tag))
+    convert = _TAGS[tag]
+    if convert is not None:
+        if pos != len(entry):
+            raise _Unusual  # more fields after the value
+        return convert(raw)
+    if pos + raw != len(entry):
+        raise _Unusual  # a short string, or more fields after it
+    try:
+        return entry[pos:].decode()
+    except UnicodeDecodeError as exc:
+        raise _Unusual from exc
+
+
+def _picker(wanted: Collection[str]) -> re.Pattern[bytes]:
+    """Matches an entry that starts with one of the wanted names (tag, length, name), or any entry that does not
+    start with a name at all (handed to _Unusual); an entry of any other name does not match."""
+    names = b"|".join(re.escape(bytes([len(n.encode())]) + n.encode()) for n in sorted(wanted))
+    return re.compile(rb"\n(?:" + names + rb")|[^\n]", re.S)
+
+
+def _full(raw: bytes, path: Path, wanted: Collection[str]) -> NodeFields:
+    """A node read through Chakra's full protobuf message (the rule every other path must agree with)."""
+    node = pb.Node()
+    try:
+        node.ParseFromString(raw)
+    except Exception as exc:  # protobuf's DecodeError, worded as iter_et words it
+        raise BadInput(path, f"not a Chakra .et stream: {exc}") from exc
+    attrs = {a.name: attr_value(a) for a in node.attr if a.name in wanted}
+    return (node.id, node.name, node.type, (*node.data_deps, *node.ctrl_deps), node.start_time_micros,
+            node.duration_micros, attrs)
+
+
+def read_nodes(path: Path, wanted: Collection[str]) -> tuple[pb.GlobalMetadata, Iterator[NodeFields]]:
+    """The metadata, and each node's fields with the attrs named in `wanted` (later entries of one name win, as
+    a dict of `node.attr` would), one node at a time: memory independent of the file's size."""
+    metadata, raws = iter_et_raw(path)
+    return metadata, _nodes(raws, path, frozenset(wanted))
+
+
+_CACHE_LIMIT = 1 << 16  # distinct entries kept decoded (a rank repeats a few hundred; ids like part_of never)
+
+
+def _nodes(raws: Iterator[bytes], path: Path, wanted: frozenset[str]) -> Iterator[NodeFields]:
+    pick = _picker(wanted).match
+    new_node: Callable[[], Any] = _ReducedNode  # a built class: its fields are not typed
+    decoded: dict[bytes, tuple[str, object]] = {}  # entry bytes -> (name, value): most entries repeat
+    for raw in raws:
+        node = new_node()
+        try:
+            node.ParseFromString(raw)  # (FromString costs twice as much)
+        except Exception:
+            yield _full(raw, path, wanted)  # raises the error iter_et would
+            continue
+        attrs: dict[str, object] = {}
+        try:
+            for entry in filter(pick, node.attr):
+                hit = decoded.get(entry)
+                if hit is None:
+                    if len(decoded) >= _CACHE_LIMIT:
+                        decoded.clear()
+                    hit = decoded[entry] = _decode(entry)
+                attrs[hit[0]] = hit[1]
+        except _Unusual:
+            yield _full(raw, path, wanted)
+            continue
+        yield (node.id, node.name, node.type, (*node.data_deps, *node.ctrl_deps), node.start_time_micros,
+               node.duration_micros, attrs)
+
+
+def _decode(entry: bytes) -> tuple[str, object]:
+    """(name, value) of an entry the picker matched."""
+    if entry[0] != 0x0A:
+        raise _Unusual
+    at = 2 + entry[1]
+    return entry[2:at].decode(), _value(entry, at)
