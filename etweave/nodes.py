@@ -9,7 +9,7 @@ length and bytes. `build_nodes` gives the same nodes as protobuf objects (the Py
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import cast
 
 import orjson
@@ -95,34 +95,13 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-def _uint64(value: int) -> bytes:
-    if not 0 <= value < _U64:
-        raise ValueError(f"value out of range for uint64: {value}")
-    return _varint(value)
-
-
-def _int64(value: int) -> bytes:
-    if value >= 0:
-        if value >= _I64_END:
-            raise ValueError(f"value out of range for int64: {value}")
-        return _varint(value)
-    if value < _I64_MIN:
-        raise ValueError(f"value out of range for int64: {value}")
-    return _varint(value + _U64)  # negative: two's complement, ten bytes
-
-
-def _int32(value: int) -> bytes:
-    if not _I32_MIN <= value < _I32_END:
-        raise ValueError(f"value out of range for int32: {value}")
-    return _varint(value if value >= 0 else value + _U64)  # negative int32 is sign-extended to 64 bits
-
-
 def _tag(number: int, wire: int) -> bytes:
     return _varint(number << 3 | wire)
 
 
 def _len_field(tag: bytes, payload: bytes) -> bytes:
-    return tag + _varint(len(payload)) + payload
+    n = len(payload)
+    return tag + (_BYTE[n] if n < 0x80 else _varint(n)) + payload
 
 
 def _text(s: str) -> bytes:
@@ -157,6 +136,36 @@ def _string_attr(key: bytes, value: str) -> bytes:
     return _attr(key, _len_field(b"", _text(value)))
 
 
+_IntAttr = Callable[[int], bytes]
+_RANGES = {"int64_val": (_I64_MIN, _I64_END), "uint64_val": (0, _U64), "int32_val": (_I32_MIN, _I32_END)}
+
+
+def _int_attr(name: str, oneof: str = "int64_val") -> _IntAttr:
+    """The encoder of one integer attr: value -> the Node's `attr` entry. 0..127 and -1 are encoded once."""
+    key = _key(name, oneof)
+    low, end = _RANGES[oneof]
+    kind = oneof.removesuffix("_val")
+    common = {v: _attr(key, _signed_varint(v)) for v in [*range(0x80), -1] if low <= v}
+    # the entry's length fits one byte: the key and at most ten bytes of varint
+    prefixes = [_N_ATTR + _varint(len(key) + n) + key for n in range(11)]
+
+    def encode(value: int) -> bytes:
+        entry = common.get(value)
+        if entry is not None:
+            return entry
+        if not low <= value < end:
+            raise ValueError(f"value out of range for {kind}: {value}")
+        encoded = _signed_varint(value)
+        return prefixes[len(encoded)] + encoded
+
+    return encode
+
+
+def _signed_varint(value: int) -> bytes:
+    """int64 and int32 alike: a negative value as its 64-bit two's complement (ten bytes)."""
+    return _varint(value if value >= 0 else value + _U64)
+
+
 def _io(io: IO) -> tuple[str, str, str]:
     dumps = orjson.dumps
     return dumps(io.values).decode(), dumps(io.shapes).decode(), dumps(io.types).decode()
@@ -169,61 +178,71 @@ def _io_bytes(tag: bytes, values: str, shapes: str, types: str) -> bytes:
     return _len_field(tag, payload)
 
 
-# attr keys, each with the oneof field its value uses (chakra.accepts.ATTR_TYPES for those it names)
-_KIND = _key("kind", "string_val")
-_TID, _DEVICE, _STREAM = _key("tid", "int64_val"), _key("device", "int64_val"), _key("stream", "int64_val")
-_ET_TID, _ET_PARENT = _key("et_tid", "int64_val"), _key("et_parent", "int64_val")
-_RF_ID, _SEQ_ID = _key("rf_id", "int64_val"), _key("seq_id", "int64_val")
+_NO_IO = _io_bytes(_N_INPUTS, "[]", "[]", "[]") + _io_bytes(_N_OUTPUTS, "[]", "[]", "[]")  # no values, shapes, types
+
+# attrs, each with the oneof field its value uses (chakra.accepts.ATTR_TYPES for those it names)
+_KIND, _IS_CPU_OP = _key("kind", "string_val"), _key("is_cpu_op", "bool_val")
+_TID, _DEVICE, _STREAM = _int_attr("tid"), _int_attr("device"), _int_attr("stream")
+_ET_TID, _ET_PARENT, _RF_ID, _SEQ_ID = (_int_attr(n) for n in ("et_tid", "et_parent", "rf_id", "seq_id"))
 _OP_SCHEMA, _PG_CONFIG = _key("op_schema", "string_val"), _key("pg_config", "string_val")
-_EXCLUSIVE, _PART_OF = _key("exclusive_micros", "int64_val"), _key("part_of", "int64_val")
-_ORPHAN_PARENT, _CORRELATION = _key("orphan_parent", "int64_val"), _key("correlation", "int64_val")
-_NUM_OPS, _TENSOR_SIZE = _key("num_ops", "int64_val"), _key("tensor_size", "uint64_val")
-_COLLECTIVE_NAME, _COMM_TYPE = _key("collective_name", "string_val"), _key("comm_type", "int64_val")
-_COMM_SIZE, _PG_NAME, _COMM_SEQ = _key("comm_size", "int64_val"), _key("pg_name", "string_val"), \
-    _key("comm_seq", "int64_val")
-_COMM_SRC, _COMM_DST, _COMM_TAG = (_key(n, "int32_val") for n in ("comm_src", "comm_dst", "comm_tag"))
-_MEASURED = _key("measured_duration_micros", "int64_val")
-_IS_CPU_OP = {flag: _attr(_key("is_cpu_op", "bool_val"), _BYTE[flag]) for flag in (False, True)}
+_EXCLUSIVE, _PART_OF = _int_attr("exclusive_micros"), _int_attr("part_of")
+_ORPHAN_PARENT, _CORRELATION = _int_attr("orphan_parent"), _int_attr("correlation")
+_NUM_OPS, _TENSOR_SIZE = _int_attr("num_ops"), _int_attr("tensor_size", "uint64_val")
+_COLLECTIVE_NAME, _PG_NAME = _key("collective_name", "string_val"), _key("pg_name", "string_val")
+_COMM_TYPE, _COMM_SIZE, _COMM_SEQ = _int_attr("comm_type"), _int_attr("comm_size"), _int_attr("comm_seq")
+_COMM_SRC, _COMM_DST, _COMM_TAG = (_int_attr(n, "int32_val") for n in ("comm_src", "comm_dst", "comm_tag"))
+_MEASURED = _int_attr("measured_duration_micros")
 _LINKED = {flag: _attr(_key("linked", "bool_val"), _BYTE[flag]) for flag in (False, True)}
 _EVIDENCE = _key(DEP_EVIDENCE, "string_list")
-_NO_WORK = _attr(_NUM_OPS, _BYTE[0]) + _attr(_TENSOR_SIZE, _BYTE[0])  # num_ops and tensor_size 0: not known
+_NO_WORK = _NUM_OPS(0) + _TENSOR_SIZE(0)  # num_ops and tensor_size 0: not known
+_TYPES: dict[int, bytes] = {int(t): _N_TYPE + _varint(t) if t else b"" for t in pb.NodeType.values()}
+_COMP = pb.COMP_NODE
+
+
+def _uint64s(values: tuple[int, ...]) -> bytes:
+    """A packed repeated uint64's payload."""
+    if not 0 <= min(values) <= max(values) < _U64:
+        raise ValueError(f"value out of range for uint64: {values}")
+    return b"".join([_varint(v) for v in values])
 
 
 class _Encoder:
-    """Encodes one conversion's nodes; caches the bytes that repeat across nodes (names, kinds, evidence lists)."""
+    """Encodes one conversion's nodes; caches the bytes that repeat across nodes (names, the kind and thread or
+    stream attrs, evidence lists)."""
 
     def __init__(self, deps: Dependencies, roofline: Roofline | None) -> None:
         self.preds = deps.preds
         self.work = roofline.values if roofline is not None else {}
         self.names: dict[str, bytes] = {}
-        self.kinds: dict[str, bytes] = {}
+        self.places: dict[tuple[object, ...], bytes] = {}
         self.evidence: dict[tuple[str, ...], bytes] = {}
 
     def node(self, it: Item) -> tuple[bytes, int, tuple[int, ...]]:
         """(the node's bytes, its type, its data_deps)."""
-        preds = self.preds.get(it.id, ())
-        data_deps = tuple(e.src for e in preds)
-        ntype = node_type(it)
+        iid = it.id
+        preds = self.preds.get(iid, ())
+        data_deps = tuple([e.src for e in preds])
+        comm = it.comm
+        ntype = _COMP if comm is None else comm.node_type
         name = self.names.get(it.name)
         if name is None:
             name = self.names[it.name] = _len_field(_N_NAME, _text(it.name)) if it.name else b""
-        out = [_N_ID + _uint64(it.id) if it.id else b"", name, _N_TYPE + _varint(ntype) if ntype else b""]
+        out = [_N_ID + _varint(iid) if 0 < iid < _U64 else _uint64_field(_N_ID, iid), name, _TYPES[ntype]]
         if data_deps:
-            out.append(_len_field(_N_DATA_DEPS, b"".join([_uint64(d) for d in data_deps])))
-        start = max(0, round(it.start)) if it.measured or it.start > 0 else 0
-        if start:
-            out.append(_N_START + _uint64(start))
+            out.append(_len_field(_N_DATA_DEPS, _uint64s(data_deps)))
+        start = round(it.start) if it.measured or it.start > 0 else 0
+        if start > 0:
+            out.append(_uint64_field(_N_START, start))
         dur = duration(it)
         if dur:
-            out.append(_N_DURATION + _uint64(dur))
+            out.append(_uint64_field(_N_DURATION, dur))
         self._attrs(it, out)
-        if ntype == pb.COMP_NODE:
+        if ntype == _COMP:
             # ASTRA-sim's roofline mode throws on a COMP_NODE without both (docs/FACTS.md §A3); 0 = not known
-            work = self.work.get(it.id)
-            out.append(_NO_WORK if work is None else
-                       _attr(_NUM_OPS, _int64(work[0])) + _attr(_TENSOR_SIZE, _uint64(work[1])))
+            work = self.work.get(iid)
+            out.append(_NO_WORK if work is None else _NUM_OPS(work[0]) + _TENSOR_SIZE(work[1]))
         if preds:  # why each data_dep is there: its evidence source, in data_deps order (docs/OUTPUT.md)
-            out.append(self._evidence(tuple(e.source.value for e in preds)))
+            out.append(self._evidence(tuple([e.source.value for e in preds])))
         return b"".join(out), ntype, data_deps
 
     def _evidence(self, sources: tuple[str, ...]) -> bytes:
@@ -233,47 +252,63 @@ class _Encoder:
             encoded = self.evidence[sources] = _attr(_EVIDENCE, _len_field(b"", values))
         return encoded
 
-    def _kind(self, kind: str) -> bytes:
-        encoded = self.kinds.get(kind)
+    def _place(self, it: Item, kind: str) -> bytes:
+        """The `kind` and `is_cpu_op` attrs, then the thread (`tid`) or the device and stream: few distinct."""
+        gpu = it.kind in GPU_KINDS or it.stream is not None  # on_gpu
+        key = (kind, it.comm is None, gpu, it.device, it.stream) if gpu else (kind, it.comm is None, gpu, it.tid)
+        encoded = self.places.get(key)
         if encoded is None:
-            encoded = self.kinds[kind] = _string_attr(_KIND, kind)
+            parts = [_string_attr(_KIND, kind), _attr(_IS_CPU_OP, _BYTE[it.comm is None and not gpu])]
+            if gpu:
+                parts += [_DEVICE(it.device or 0), _STREAM(it.stream or 0)]
+            elif it.tid is not None:
+                parts.append(_TID(_tid(it.tid)))
+            encoded = self.places[key] = b"".join(parts)
         return encoded
 
     def _attrs(self, it: Item, out: list[bytes]) -> None:
         """The IOInfo fields and the attrs, in the order the node has them."""
-        gpu = on_gpu(it)
-        pg_init = it.kind == HOST_OP and it.name == PG_INIT_NAME
         host = it.host
-        if host is not None:
-            values, shapes, types = _io(host.inputs)
-            # ASTRA-sim parses this node's inputs.values as `substr(2, size-4)` JSON whose group names would
-            # replace comm_group.json's ids (docs/FACTS.md §A1): leave it empty, keep the host ET's list in an attr.
-            out.append(_io_bytes(_N_INPUTS, "" if pg_init else values, shapes, types))
-            out.append(_io_bytes(_N_OUTPUTS, *_io(host.outputs)))
-            host_attrs = _host_attrs(host, it.measured, values if pg_init else None)
-        out.append(self._kind(PG_INIT_KIND if pg_init else it.kind))
-        out.append(_IS_CPU_OP[it.comm is None and not gpu])
-        if gpu:
-            out.append(_attr(_DEVICE, _int64(it.device or 0)) + _attr(_STREAM, _int64(it.stream or 0)))
-        elif it.tid is not None:
-            out.append(_attr(_TID, _int64(_tid(it.tid))))
-        if host is not None:
-            out.append(host_attrs)
+        if host is None:
+            out.append(self._place(it, it.kind))
+        else:
+            pg_init = it.kind == HOST_OP and it.name == PG_INIT_NAME
+            out.append(_host_io(host, pg_init))
+            out.append(self._place(it, PG_INIT_KIND if pg_init else it.kind))
+            out.append(_host_attrs(host, it.measured, _io(host.inputs)[0] if pg_init else None))
         if it.kind == HOST_OP and it.measured:
-            out.append(_attr(_EXCLUSIVE, _int64(round(it.excl))))
+            out.append(_EXCLUSIVE(round(it.excl)))
         if it.part_of is not None:
-            out.append(_attr(_PART_OF, _int64(it.part_of)))
+            out.append(_PART_OF(it.part_of))
         if it.orphan_parent is not None:
-            out.append(_attr(_ORPHAN_PARENT, _int64(it.orphan_parent)))
+            out.append(_ORPHAN_PARENT(it.orphan_parent))
         if it.correlation is not None:  # runtime calls
-            out.append(_attr(_CORRELATION, _int64(it.correlation)))
+            out.append(_CORRELATION(it.correlation))
         if it.comm is not None:
             out.append(_comm_attrs(it.comm, it.dur))
 
 
+def _uint64_field(tag: bytes, value: int) -> bytes:
+    """A uint64 field: left out at 0, as proto3 does."""
+    if not 0 <= value < _U64:
+        raise ValueError(f"value out of range for uint64: {value}")
+    return tag + _varint(value) if value else b""
+
+
+def _host_io(host: OpRecord, pg_init: bool) -> bytes:
+    """The inputs and outputs IOInfo fields of a host op's node."""
+    inputs, outputs = host.inputs, host.outputs
+    if not (pg_init or inputs.values or inputs.shapes or inputs.types or outputs.values or outputs.shapes
+            or outputs.types):
+        return _NO_IO
+    values, shapes, types = _io(inputs)
+    # ASTRA-sim parses this node's inputs.values as `substr(2, size-4)` JSON whose group names would
+    # replace comm_group.json's ids (docs/FACTS.md §A1): leave it empty, keep the host ET's list in an attr.
+    return _io_bytes(_N_INPUTS, "" if pg_init else values, shapes, types) + _io_bytes(_N_OUTPUTS, *_io(outputs))
+
+
 def _host_attrs(h: OpRecord, linked: bool, pg_config: str | None) -> bytes:
-    attrs = [_attr(_ET_TID, _int64(h.et_tid)), _attr(_ET_PARENT, _int64(h.et_parent)),
-             _attr(_RF_ID, _int64(h.rf_id)), _attr(_SEQ_ID, _int64(h.seq_id)), _LINKED[linked]]
+    attrs = [_ET_TID(h.et_tid), _ET_PARENT(h.et_parent), _RF_ID(h.rf_id), _SEQ_ID(h.seq_id), _LINKED[linked]]
     if h.op_schema:
         attrs.append(_string_attr(_OP_SCHEMA, h.op_schema))
     if pg_config is not None:
@@ -282,15 +317,13 @@ def _host_attrs(h: OpRecord, linked: bool, pg_config: str | None) -> bytes:
 
 
 def _comm_attrs(c: Comm, dur: float) -> bytes:
-    attrs = [_string_attr(_COLLECTIVE_NAME, c.collective_name), _attr(_COMM_TYPE, _int64(c.comm_type)),
-             _attr(_COMM_SIZE, _int64(c.size)), _string_attr(_PG_NAME, c.pg_name)]
+    attrs = [_string_attr(_COLLECTIVE_NAME, c.collective_name), _COMM_TYPE(c.comm_type), _COMM_SIZE(c.size),
+             _string_attr(_PG_NAME, c.pg_name)]
     if c.seq is not None:
-        attrs.append(_attr(_COMM_SEQ, _int64(c.seq)))
+        attrs.append(_COMM_SEQ(c.seq))
     if c.src is not None:
-        attrs.append(_attr(_COMM_SRC, _int32(c.src)))
-        attrs.append(_attr(_COMM_DST, _int32(c.dst or 0)))
-        attrs.append(_attr(_COMM_TAG, _int32(c.tag or 0)))
-    attrs.append(_attr(_MEASURED, _int64(max(0, round(dur)))))
+        attrs += [_COMM_SRC(c.src), _COMM_DST(c.dst or 0), _COMM_TAG(c.tag or 0)]
+    attrs.append(_MEASURED(max(0, round(dur))))
     return b"".join(attrs)
 
 
