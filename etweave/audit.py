@@ -148,9 +148,9 @@ def _roofline(g: Graph, rf: Roofline | None) -> RooflineSummary:
 def delays(g: Graph, deps: Dependencies) -> Delays:
     """The delay share of the critical path (fidelity.delay_share), every delay on it of LONG_DELAY µs or more with
     the evidence that nothing was awaited, and the distribution of wake-up latencies."""
-    preds = deps.preds
+    get_preds = deps.preds.get
     nodes = [PathNode(it.id, it.name, it.kind, float(duration(it)),
-                      tuple(e.src for e in preds[it.id]) if it.id in preds else ()) for it in g.items]
+                      tuple([e.src for e in edges]) if (edges := get_preds(it.id)) else ()) for it in g.items]
     ds = delay_share(nodes)
     long = []
     evidence: NoWaitEvidence | None = None
