@@ -49,7 +49,10 @@ def is_marker_node(node_type: int, kind: str) -> bool:
 
 def is_marker(it: Item) -> bool:
     """Roots and `## process_group:init ##`: nodes that stand for no work (Chakra calls them metadata)."""
-    return it.kind in (PROCESS_ROOT, THREAD_ROOT) or (it.kind == HOST_OP and it.name == PG_INIT_NAME)
+    return it.kind in _ROOT_KINDS or (it.kind == HOST_OP and it.name == PG_INIT_NAME)
+
+
+_ROOT_KINDS = (PROCESS_ROOT, THREAD_ROOT)
 
 
 def node_type(it: Item) -> pb.NodeType.ValueType:
@@ -63,7 +66,8 @@ def node_type(it: Item) -> pb.NodeType.ValueType:
 def duration(it: Item) -> int:
     """µs of the node's own period. Rounding both ends (not the length) keeps a thread's chain of periods summing
     to its measured span instead of drifting by half a µs per node."""
-    if is_marker(it):
+    kind = it.kind
+    if kind in _ROOT_KINDS or (kind == HOST_OP and it.name == PG_INIT_NAME):  # is_marker, inline: called per node
         return 0
     d = round(it.seg_end) - round(it.start)
     return d if d > 0 else 0
@@ -83,16 +87,24 @@ _BYTE = [bytes((i,)) for i in range(128)]  # one-byte varints
 _WIRE_VARINT, _WIRE_LEN = 0, 2
 
 
+# 14 bits at a time: the last two bytes of a varint (0x80 <= value < 0x4000), and two bytes with more to come
+_TWO = [bytes((v & 0x7F | 0x80, v >> 7)) for v in range(0x4000)]
+_TWO_MORE = [bytes((v & 0x7F | 0x80, v >> 7 | 0x80)) for v in range(0x4000)]
+
+
 def _varint(value: int) -> bytes:
-    """Base-128 varint of 0 <= value < 2**64 (callers check the field's range)."""
+    """Base-128 varint of 0 <= value < 2**64 (callers check the field's range): seven bits a byte, low first,
+    the high bit set on every byte but the last."""
     if value < 0x80:
         return _BYTE[value]
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+    if value < 0x4000:
+        return _TWO[value]
+    out = _TWO_MORE[value & 0x3FFF]
+    value >>= 14
+    while value >= 0x4000:
+        out += _TWO_MORE[value & 0x3FFF]
+        value >>= 14
+    return out + (_BYTE[value] if value < 0x80 else _TWO[value])
 
 
 def _tag(number: int, wire: int) -> bytes:
@@ -201,6 +213,10 @@ _COMP = pb.COMP_NODE
 
 def _uint64s(values: tuple[int, ...]) -> bytes:
     """A packed repeated uint64's payload."""
+    if len(values) == 1:
+        value = values[0]
+        if 0 <= value < _U64:
+            return _varint(value)
     if not 0 <= min(values) <= max(values) < _U64:
         raise ValueError(f"value out of range for uint64: {values}")
     return b"".join([_varint(v) for v in values])
@@ -220,36 +236,41 @@ class _Encoder:
     def node(self, it: Item) -> tuple[bytes, int, tuple[int, ...]]:
         """(the node's bytes, its type, its data_deps)."""
         iid = it.id
-        preds = self.preds.get(iid, ())
-        data_deps = tuple([e.src for e in preds])
         comm = it.comm
         ntype = _COMP if comm is None else comm.node_type
         name = self.names.get(it.name)
         if name is None:
             name = self.names[it.name] = _len_field(_N_NAME, _text(it.name)) if it.name else b""
         out = [_N_ID + _varint(iid) if 0 < iid < _U64 else _uint64_field(_N_ID, iid), name, _TYPES[ntype]]
-        if data_deps:
+        preds = self.preds.get(iid)
+        data_deps: tuple[int, ...] = ()
+        if preds:
+            data_deps = tuple([e.src for e in preds])
             out.append(_len_field(_N_DATA_DEPS, _uint64s(data_deps)))
-        start = round(it.start) if it.measured or it.start > 0 else 0
-        if start > 0:
-            out.append(_uint64_field(_N_START, start))
+        start = it.start
+        if it.measured or start > 0:
+            rounded = round(start)
+            if rounded > 0:
+                out.append(_N_START + _varint(rounded) if rounded < _U64 else _uint64_field(_N_START, rounded))
         dur = duration(it)
         if dur:
-            out.append(_uint64_field(_N_DURATION, dur))
+            out.append(_N_DURATION + _varint(dur) if dur < _U64 else _uint64_field(_N_DURATION, dur))
         self._attrs(it, out)
         if ntype == _COMP:
             # ASTRA-sim's roofline mode throws on a COMP_NODE without both (docs/FACTS.md §A3); 0 = not known
             work = self.work.get(iid)
             out.append(_NO_WORK if work is None else _NUM_OPS(work[0]) + _TENSOR_SIZE(work[1]))
         if preds:  # why each data_dep is there: its evidence source, in data_deps order (docs/OUTPUT.md)
-            out.append(self._evidence(tuple([e.source.value for e in preds])))
+            # (`_value_`: the member's plain attribute, not the `value` property; strings hash fast, members don't)
+            sources = tuple([e.source._value_ for e in preds])
+            evidence = self.evidence.get(sources)
+            out.append(evidence if evidence is not None else self._evidence(sources))
         return b"".join(out), ntype, data_deps
 
     def _evidence(self, sources: tuple[str, ...]) -> bytes:
-        encoded = self.evidence.get(sources)
-        if encoded is None:  # few distinct combinations occur: encode each once
-            values = b"".join(_len_field(_LIST_VALUES, _text(s)) for s in sources)
-            encoded = self.evidence[sources] = _attr(_EVIDENCE, _len_field(b"", values))
+        """The `dep_evidence` attr: few distinct combinations occur, each encoded once."""
+        values = b"".join(_len_field(_LIST_VALUES, _text(s)) for s in sources)
+        encoded = self.evidence[sources] = _attr(_EVIDENCE, _len_field(b"", values))
         return encoded
 
     def _place(self, it: Item, kind: str) -> bytes:

@@ -102,3 +102,13 @@ def test_out_of_range_values_refused_as_protobuf_does() -> None:
                     comm=Comm(pb.COMM_SEND_NODE, "send", pb.ALL_REDUCE, 8, "", None, 0, 1, 2**31))]
     with pytest.raises(ValueError, match="out of range for int32"):
         list(encode_nodes(g, Dependencies(preds={})))
+
+
+def test_varints_as_protobuf_writes_them() -> None:
+    """Every length of varint, at and around each 7-bit boundary, against protobuf's own encoding."""
+    from etweave.nodes import _varint
+    for bits in range(65):
+        for value in (2**bits - 1, 2**bits, 2**bits + 1):
+            if 0 <= value < 2**64:
+                expected = pb.Node(start_time_micros=value).SerializeToString()[1:] if value else b"\x00"
+                assert _varint(value) == expected, value
