@@ -156,8 +156,10 @@ def delays(g: Graph, deps: Dependencies) -> Delays:
     evidence: NoWaitEvidence | None = None
     for i in ds.on_path:
         it = g.by_id[i]
+        if it.kind not in (DELAY, UNTRACED):
+            continue
         d = duration(it)
-        if it.kind in (DELAY, UNTRACED) and d >= LONG_DELAY:
+        if d >= LONG_DELAY:
             evidence = evidence or NoWaitEvidence(g)
             long.append(LongDelay(i, it.name, it.kind, it.stream, str(it.tid) if it.stream is None else None,
                                   round(it.start), d, evidence.of(it)))
@@ -177,13 +179,18 @@ def collectives_without_dependents(g: Graph, deps: Dependencies) -> list[Collect
     no thread resumed after one and no other thread or stream consumed its output. A collective's own later
     periods (`part_of`) stand for it."""
     gates: set[int] = set()
+    by_id = g.by_id
+    program_order = (Evidence.THREAD_ORDER, Evidence.COLLECTIVE_ORDER)
     for target, edges in deps.preds.items():
-        dst = g.by_id[target]
+        place = None  # the target's thread and stream, once an edge needs it
         for e in edges:
-            if e.source in (Evidence.THREAD_ORDER, Evidence.COLLECTIVE_ORDER):
+            if e.source in program_order:
                 continue
-            src = g.by_id[e.src]
-            if (src.tid, src.device, src.stream) != (dst.tid, dst.device, dst.stream):
+            if place is None:
+                dst = by_id[target]
+                place = (dst.tid, dst.device, dst.stream)
+            src = by_id[e.src]
+            if (src.tid, src.device, src.stream) != place:
                 gates.add(src.part_of if src.part_of is not None and src.comm is None else src.id)
     return [CollectiveWithoutDependents(it.id, it.name, it.comm.collective_name)
             for it in g.items if it.comm is not None and it.id not in gates]
