@@ -104,27 +104,24 @@ class EventTable(Sequence[Event]):
         self.ts, self.correlation, self.ev_idx = array("d"), array("q"), array("q")
         self.tid: list[int | str] = []
 
-    def _add_columns(self, evs: list[Event], tids: dict[int | str, int | str]) -> None:
-        """The columns of these events, the next ones of the table (in batches: a list comprehension per column
-        costs less than a call per event)."""
+    def _add_columns(self, ev: Event, tids: dict[int | str, int | str]) -> None:
         n = len(self.ts)
-        cpu, runtime, gpu, sync = self.cpu.append, self.runtime.append, self.gpu.append, self.sync.append
-        for k, ev in enumerate(evs, n):
-            cat = ev.cat
-            if cat in CPU_OP_CATS:
-                cpu(k)
-            elif cat in RUNTIME_CATS:
-                runtime(k)
-            elif cat in GPU_CATS:
-                gpu(k)
-            elif cat == SYNC_CAT:
-                sync(k)
-        self.ts.extend([ev.ts for ev in evs])
-        corrs = [ev.args.correlation for ev in evs]
-        self.correlation.extend([c if type(c) is int and -_INT64 <= c < _INT64 else _correlation(c) for c in corrs])
-        idxs = [ev.args.ev_idx for ev in evs]  # an int (not a bool) that fits, else none
-        self.ev_idx.extend([i if type(i) is int and -_INT64 < i < _INT64 else NO_INDEX for i in idxs])
-        self.tid.extend([tids.setdefault(ev.tid, ev.tid) for ev in evs])  # one object per thread, not per event
+        cat = ev.cat
+        if cat in CPU_OP_CATS:
+            self.cpu.append(n)
+        elif cat in RUNTIME_CATS:
+            self.runtime.append(n)
+        elif cat in GPU_CATS:
+            self.gpu.append(n)
+        elif cat == SYNC_CAT:
+            self.sync.append(n)
+        self.ts.append(ev.ts)
+        corr = as_int(ev.args.correlation)
+        self.correlation.append(corr if corr is not None else -1)
+        idx = ev.args.ev_idx
+        self.ev_idx.append(idx if isinstance(idx, int) and not isinstance(idx, bool) and -_INT64 < idx < _INT64
+                           else NO_INDEX)
+        self.tid.append(tids.setdefault(ev.tid, ev.tid))  # one object per thread, not per event
 
     def entry_key(self, i: int) -> tuple[float, float, int]:
         """Order of op entry on one thread: start time, then Kineto's event index (outer before inner, and right
@@ -156,14 +153,7 @@ class EventTable(Sequence[Event]):
 
 
 NO_INDEX = -(1 << 63)
-
-
-def _correlation(value: Any) -> int:
-    corr = as_int(value)
-    return corr if corr is not None else -1
-
 _CACHE = 1 << 14
-_BATCH = 4096  # events whose columns are added at once
 _decoder = msgspec.json.Decoder(_File)
 _list_decoder = msgspec.json.Decoder(list[msgspec.Raw])
 _event_decoder = msgspec.json.Decoder(Event)
@@ -258,25 +248,29 @@ def _validated(path: Path, raws: list[msgspec.Raw], eager: bool, warnings: dict[
     seen: set[int] = set()  # hashes of the kept events' JSON: a set of ints is half a dict's memory
     suspects: list[int] = []  # kept positions whose hash was seen before: duplicates, or (rarely) collisions
     flags: dict[int, str] = {}  # kept position -> "missing" / "negative" duration
-    batch: list[Event] = []  # kept events whose columns are not added yet
-    for ev, raw in _duration_events(path, raws):
+    for n, raw in enumerate(raws):
+        raws[n] = None  # type: ignore[call-overload]  # an event not kept frees its view as we go
+        ev = _decode_event(path, n, raw)
+        if ev.ph != "X":
+            continue
+        # widths, inline on the common path (millions of events); _check_event names what is wrong
+        tid, pid, args = ev.tid, ev.pid, ev.args
+        if not -_MAX_TIME < ev.ts < _MAX_TIME or ev.dur >= _MAX_TIME \
+                or (type(tid) is int and not -_INT64 <= tid < _INT64) \
+                or (type(pid) is int and not -_INT64 <= pid < _INT64) \
+                or (args is not _NO_ARGS and (args.in_nelems is not None or args.out_nelems is not None)):
+            _check_event(path, n, ev)
         h = hash(bytes(raw))
         if h in seen:
             suspects.append(len(kept_raws))
         seen.add(h)
-        if not ev.dur >= 0:  # as _normalized
+        if not ev.dur >= 0:
             flags[len(kept_raws)] = "missing" if ev.dur != ev.dur else "negative"
-            ev.dur = 0.0
+        ev = _normalized(ev)
         kept_raws.append(raw)
-        batch.append(ev)
-        if len(batch) == _BATCH:
-            table._add_columns(batch, tids)
-            if eager:
-                kept += batch
-            batch = []
-    table._add_columns(batch, tids)
-    if eager:
-        kept += batch
+        table._add_columns(ev, tids)
+        if eager:
+            kept.append(ev)
     del seen
     duplicates = _duplicates(kept_raws, suspects)
     if duplicates:  # rare: rebuild the columns without them
@@ -292,24 +286,9 @@ def _validated(path: Path, raws: list[msgspec.Raw], eager: bool, warnings: dict[
     return table
 
 
-def _duration_events(path: Path, raws: list[msgspec.Raw]) -> Iterator[tuple[Event, msgspec.Raw]]:
-    """Each duration ("X") event decoded and its numbers checked, with its JSON; `raws` lets go of each view."""
-    decode = _event_decoder.decode
-    n = 0
+def _decode_event(path: Path, n: int, raw: msgspec.Raw) -> Event:
     try:
-        for n, raw in enumerate(raws):
-            raws[n] = None  # type: ignore[call-overload]  # an event not kept frees its view as we go
-            ev = decode(raw)
-            if ev.ph != "X":
-                continue
-            # widths, inline on the common path (millions of events); _check_event names what is wrong
-            tid, pid, args = ev.tid, ev.pid, ev.args
-            if not -_MAX_TIME < ev.ts < _MAX_TIME or ev.dur >= _MAX_TIME \
-                    or (type(tid) is int and not -_INT64 <= tid < _INT64) \
-                    or (type(pid) is int and not -_INT64 <= pid < _INT64) \
-                    or (args is not _NO_ARGS and (args.in_nelems is not None or args.out_nelems is not None)):
-                _check_event(path, n, ev)
-            yield ev, raw
+        return _event_decoder.decode(raw)
     except msgspec.ValidationError as exc:
         raise BadInput(path, f"not a Kineto trace: {exc} (in traceEvents[{n}])") from exc
     except msgspec.DecodeError as exc:  # the outer pass checks the structure only, not every string
@@ -320,8 +299,8 @@ def _duration_events(path: Path, raws: list[msgspec.Raw]) -> Iterator[tuple[Even
 
 def _table_of(raws: list[msgspec.Raw], tids: dict[int | str, int | str]) -> EventTable:
     table = EventTable()
-    for k in range(0, len(raws), _BATCH):
-        table._add_columns([_normalized(_event_decoder.decode(raw)) for raw in raws[k:k + _BATCH]], tids)
+    for raw in raws:
+        table._add_columns(_normalized(_event_decoder.decode(raw)), tids)
     return table
 
 
