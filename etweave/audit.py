@@ -148,16 +148,18 @@ def _roofline(g: Graph, rf: Roofline | None) -> RooflineSummary:
 def delays(g: Graph, deps: Dependencies) -> Delays:
     """The delay share of the critical path (fidelity.delay_share), every delay on it of LONG_DELAY µs or more with
     the evidence that nothing was awaited, and the distribution of wake-up latencies."""
-    preds = deps.preds
+    get_preds = deps.preds.get
     nodes = [PathNode(it.id, it.name, it.kind, float(duration(it)),
-                      tuple(e.src for e in preds[it.id]) if it.id in preds else ()) for it in g.items]
+                      tuple([e.src for e in edges]) if (edges := get_preds(it.id)) else ()) for it in g.items]
     ds = delay_share(nodes)
     long = []
     evidence: NoWaitEvidence | None = None
     for i in ds.on_path:
         it = g.by_id[i]
+        if it.kind not in (DELAY, UNTRACED):
+            continue
         d = duration(it)
-        if it.kind in (DELAY, UNTRACED) and d >= LONG_DELAY:
+        if d >= LONG_DELAY:
             evidence = evidence or NoWaitEvidence(g)
             long.append(LongDelay(i, it.name, it.kind, it.stream, str(it.tid) if it.stream is None else None,
                                   round(it.start), d, evidence.of(it)))
@@ -178,15 +180,20 @@ def collectives_without_dependents(g: Graph, deps: Dependencies) -> list[Collect
     periods (`part_of`) stand for it. Each says why (`WHY_NO_DEPENDENT`)."""
     gates: set[int] = set()
     next_on_stream: dict[int, int] = {}
+    by_id = g.by_id
+    program_order = (Evidence.THREAD_ORDER, Evidence.COLLECTIVE_ORDER)
     for target, edges in deps.preds.items():
-        dst = g.by_id[target]
+        place = None  # the target's thread and stream, once an edge needs it
         for e in edges:
             if e.source is Evidence.STREAM_ORDER:
                 next_on_stream[e.src] = target
-            if e.source in (Evidence.THREAD_ORDER, Evidence.COLLECTIVE_ORDER):
+            if e.source in program_order:
                 continue
-            src = g.by_id[e.src]
-            if (src.tid, src.device, src.stream) != (dst.tid, dst.device, dst.stream):
+            if place is None:
+                dst = by_id[target]
+                place = (dst.tid, dst.device, dst.stream)
+            src = by_id[e.src]
+            if (src.tid, src.device, src.stream) != place:
                 gates.add(src.part_of if src.part_of is not None and src.comm is None else src.id)
     out = []
     memo: dict[int, int | None] = {}
@@ -194,14 +201,12 @@ def collectives_without_dependents(g: Graph, deps: Dependencies) -> list[Collect
         if it.comm is None or it.id in gates:
             continue
         issuer = g.by_id.get(it.parent) if it.parent is not None else None
-        through = _gate_later_on_stream(it.id, next_on_stream, gates, memo)
         if it.stream is None and issuer is not None and issuer.tid == it.tid:
-            why, via = "ran_on_issuing_thread", None
-        elif through is not None:
-            why, via = "waited_for_through_stream", through
-        else:
-            why, via = "not_waited_for", None
-        out.append(CollectiveWithoutDependents(it.id, it.name, it.comm.collective_name, why, via))
+            out.append(CollectiveWithoutDependents(it.id, it.name, it.comm.collective_name, "ran_on_issuing_thread"))
+            continue
+        through = _gate_later_on_stream(it.id, next_on_stream, gates, memo)
+        why = "not_waited_for" if through is None else "waited_for_through_stream"
+        out.append(CollectiveWithoutDependents(it.id, it.name, it.comm.collective_name, why, through))
     return out
 
 

@@ -49,7 +49,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -235,8 +235,7 @@ def _find_cycle(nodes: Sequence[NodeShape], index: dict[int, int], stuck: list[i
     return path[position[current]:]
 
 
-@dataclass(frozen=True, slots=True)
-class NodeShape:
+class NodeShape(NamedTuple):
     """What the graph checks need of a node: far smaller than the protobuf node, so a writer can stream nodes
     out and still check the whole graph before the file appears."""
 
@@ -259,6 +258,16 @@ class NodeChecker:
     def add(self, node: pb.Node) -> None:
         _check_node_semantics(node, self.where, self.out, self.warnings)
         self.shapes.append(NodeShape(node.id, node.name, tuple(node.data_deps), tuple(node.ctrl_deps)))
+
+    def add_encoded(self, data: bytes, node_id: int, name: str, node_type: int, data_deps: tuple[int, ...]) -> None:
+        """A node as `etweave.nodes` encodes it (`data`), with the fields it was encoded from. A COMP_NODE other
+        than `## process_group:init ##` is kept for the graph checks only: the encoder writes its attrs in the
+        oneofs of ATTR_TYPES, always with num_ops and tensor_size, and is_cpu_op false on GPU work, so the
+        per-node rules hold by construction; every other node is decoded and checked in full."""
+        if node_type != pb.COMP_NODE or name == PG_INIT_NAME:
+            self.add(pb.Node.FromString(data))
+        else:
+            self.shapes.append(NodeShape(node_id, name, data_deps, ()))
 
     def violations(self) -> list[Violation]:
         return self.out + _graph_violations(self.shapes, self.where)

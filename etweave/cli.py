@@ -16,7 +16,7 @@ from typing import NoReturn
 
 import etweave
 from etweave import progress
-from etweave.commands import COMMANDS
+from etweave.commands import COMMAND_MODULES, command_module
 from etweave.errors import BadInput, CheckFailed
 from etweave.version import __version__
 
@@ -59,7 +59,9 @@ def _add_common_options(p: argparse.ArgumentParser) -> None:
                        help="after each stage, print its name and time on stderr (also when piped)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command; with `only`, that command's alone is built (and its module imported), the
+    others are bare names: parsing a command line of `only` gives the same result."""
     parser = _Parser(
         prog="etweave", description=etweave.__doc__,
         epilog="Exit codes: 0 ok, 1 internal error (--debug shows the traceback), 2 bad input (one line on stderr), "
@@ -67,8 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"etweave {__version__}")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an internal error")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in COMMANDS:
-        command.register(sub)
+    for name in COMMAND_MODULES:
+        if only is None or name == only:
+            command_module(name).register(sub)
+        else:
+            sub.add_parser(name)
     for p in sub.choices.values():
         _add_common_options(p)
     return parser
@@ -93,9 +98,20 @@ def _glue_dash_values(argv: Sequence[str]) -> list[str]:
     return out
 
 
+def _command_word(words: Sequence[str]) -> str | None:
+    """The command named on the line, when only its parser is needed: not when the top-level help comes first."""
+    for w in words:
+        if w in COMMAND_MODULES:
+            return w
+        if w in ("-h", "--help"):
+            return None
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
     words = _glue_dash_values(sys.argv[1:] if argv is None else argv)
+    only = _command_word(words)
+    parser = build_parser(only)
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
     command = next((w for w in words if w in subparsers), None)
     if command is not None:

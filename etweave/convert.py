@@ -16,7 +16,7 @@ from etweave import progress, roofline
 from etweave.assemble import assemble
 from etweave.audit import build_report
 from etweave.chakra import et_def_pb2 as pb
-from etweave.chakra.io import SCHEMA_VERSION
+from etweave.chakra.io import SCHEMA_VERSION, encoded_et_chunks
 from etweave.check import NodeChecker
 from etweave.collectives import find_collectives
 from etweave.conversion import Conversion, need
@@ -33,13 +33,12 @@ from etweave.link import (
     select_device,
 )
 from etweave.model import Graph
-from etweave.nodes import build_nodes
-from etweave.output import JsonFile, Writer, check_outputs, write_together
+from etweave.nodes import encode_nodes
+from etweave.output import FileBytes, JsonFile, Writer, check_outputs, write_together
 from etweave.process_groups import local_group_ids
 from etweave.progress import counted
 from etweave.read.host_et import HostTrace, read_host_et
 from etweave.read.kineto import KinetoTrace, read_kineto
-from etweave.renderers import EtFile
 from etweave.repair import repair
 from etweave.report import Report
 from etweave.roofline import Roofline
@@ -88,13 +87,20 @@ class Result:
                 f"linked by {a.link.method})")
 
     def checked_nodes(self) -> Iterator[pb.Node]:
-        """The nodes one at a time; after the last, the whole graph is checked. A violation is an etweave bug:
-        raising there leaves no output, since the writer renames its temporary file only once this ends."""
+        """The nodes one at a time as protobuf objects, checked as `encoded_nodes`."""
+        for data in self.encoded_nodes():
+            yield pb.Node.FromString(data)
+
+    def encoded_nodes(self) -> Iterator[bytes]:
+        """Each node's protobuf bytes in turn; after the last, the whole graph is checked. A violation is an
+        etweave bug: raising there leaves no output, since the writer renames its temporary file only once this
+        ends."""
         rank = self.graph.rank
         checker = NodeChecker(f"rank {rank}")
-        for node in build_nodes(self.graph, self.deps, self.roofline):
-            checker.add(node)
-            yield node
+        add = checker.add_encoded
+        for data, it, ntype, data_deps in encode_nodes(self.graph, self.deps, self.roofline):
+            add(data, it.id, it.name, ntype, data_deps)
+            yield data
         violations = checker.violations()
         if violations:
             raise RuntimeError(f"output failed its own check: {violations[0]}")
@@ -210,9 +216,9 @@ def convert(host: Path | None, device: Path | None, out: Path, report_path: Path
     check_outputs(outputs, [host, device])  # before any work: a bad output path costs nothing
     with no_gc():
         result = convert_files(host, device, rank, select, allow_mismatch)
-        nodes = counted(result.checked_nodes(), f"writing {Path(out).name}", result.audit.nodes, "nodes")
+        nodes = counted(result.encoded_nodes(), f"writing {Path(out).name}", result.audit.nodes, "nodes")
         # both written together: a failure anywhere leaves neither new nor changed
-        writers: list[Writer] = [EtFile(Path(out), result.metadata, nodes)]  # streamed
+        writers: list[Writer] = [FileBytes(Path(out), encoded_et_chunks(Path(out), result.metadata, nodes))]
         if report_path is not None:
             writers.append(JsonFile(Path(report_path), result.report))
         write_together(writers)

@@ -146,23 +146,26 @@ def _longest_starts(nodes: Sequence[PathNode], index: dict[int, int],
                     dur: list[float]) -> tuple[list[float], list[int]]:
     """Each node's latest predecessor end (unlimited resources), and the predecessor that decided it (-1: none)."""
     succ: list[list[int]] = [[] for _ in nodes]
-    indeg = [0] * len(nodes)
+    indeg = [len(n.preds) for n in nodes]
     for k, n in enumerate(nodes):
-        indeg[k] = len(n.preds)
         for p in n.preds:
             succ[index[p]].append(k)
     start = [0.0] * len(nodes)
     decided = [-1] * len(nodes)  # the predecessor whose end decided a node's start
     ready = [k for k, d in enumerate(indeg) if d == 0]
+    pop, push = ready.pop, ready.append
     while ready:
-        k = ready.pop()
+        k = pop()
         end = start[k] + dur[k]
         for j in succ[k]:
-            if end > start[j] or (decided[j] < 0 and end == start[j]):
-                start[j], decided[j] = end, k
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                ready.append(j)
+            sj = start[j]
+            if end > sj or (end == sj and decided[j] < 0):
+                start[j] = end
+                decided[j] = k
+            left = indeg[j] - 1
+            indeg[j] = left
+            if not left:
+                push(j)
     return start, decided
 
 

@@ -1,10 +1,16 @@
-"""Build nodes (after the STAGES): items and their incoming edges into Chakra protobuf nodes (docs/FACTS.md §E)."""
+"""Build nodes (after the STAGES): items and their incoming edges into Chakra nodes (docs/FACTS.md §E).
+
+Nodes are encoded straight to protobuf wire bytes (`encode_nodes`), the bytes `Node.SerializeToString(
+deterministic=True)` gives for the same message: building a protobuf object per node and per attr cost most of a
+conversion's time. The encoding is plain proto3: fields in field-number order, scalars at their default left out
+(`id`, `name`, `type`, times; oneof attr values always written), repeated integers packed, submessages as their
+length and bytes. `build_nodes` gives the same nodes as protobuf objects (the Python API, tests).
+"""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Iterator
-from typing import Any, cast
+from collections.abc import Callable, Iterator
+from typing import cast
 
 import orjson
 
@@ -15,16 +21,6 @@ from etweave.read.host_et import IO, PG_INIT_NAME
 from etweave.roofline import Roofline
 
 DEP_EVIDENCE = "dep_evidence"
-
-
-def _attr(name: str, **value: Any) -> pb.AttributeProto:
-    return pb.AttributeProto(name=name, **value)
-
-
-def _io(io: IO) -> pb.IOInfo:
-    dumps = orjson.dumps
-    return pb.IOInfo(values=dumps(io.values).decode(), shapes=dumps(io.shapes).decode(),
-                     types=dumps(io.types).decode())
 
 
 def _tid(tid: int | str | None) -> int:
@@ -53,7 +49,10 @@ def is_marker_node(node_type: int, kind: str) -> bool:
 
 def is_marker(it: Item) -> bool:
     """Roots and `## process_group:init ##`: nodes that stand for no work (Chakra calls them metadata)."""
-    return it.kind in (PROCESS_ROOT, THREAD_ROOT) or (it.kind == HOST_OP and it.name == PG_INIT_NAME)
+    return it.kind in _ROOT_KINDS or (it.kind == HOST_OP and it.name == PG_INIT_NAME)
+
+
+_ROOT_KINDS = (PROCESS_ROOT, THREAD_ROOT)
 
 
 def node_type(it: Item) -> pb.NodeType.ValueType:
@@ -67,47 +66,11 @@ def node_type(it: Item) -> pb.NodeType.ValueType:
 def duration(it: Item) -> int:
     """µs of the node's own period. Rounding both ends (not the length) keeps a thread's chain of periods summing
     to its measured span instead of drifting by half a µs per node."""
-    if is_marker(it):
+    kind = it.kind
+    if kind in _ROOT_KINDS or (kind == HOST_OP and it.name == PG_INIT_NAME):  # is_marker, inline: called per node
         return 0
-    return max(0, round(it.seg_end) - round(it.start))
-
-
-def build_nodes(g: Graph, deps: Dependencies, roofline: Roofline | None = None) -> Iterator[pb.Node]:
-    """Nodes in ascending id, built lazily so the writer can stream them; GPU COMP nodes take num_ops and
-    tensor_size from `roofline` (zeros without)."""
-    work = roofline.values if roofline is not None else {}
-    for it in g.items:
-        preds = deps.preds.get(it.id, ())
-        node = pb.Node(
-            id=it.id,
-            name=it.name,
-            type=node_type(it),
-            data_deps=[e.src for e in preds],
-            start_time_micros=max(0, round(it.start)) if it.measured or it.start > 0 else 0,
-            duration_micros=duration(it),
-        )
-        if it.host is not None:
-            node.inputs.CopyFrom(_io(it.host.inputs))
-            node.outputs.CopyFrom(_io(it.host.outputs))
-            if it.kind == HOST_OP and it.name == PG_INIT_NAME:
-                # ASTRA-sim parses this node's inputs.values as `substr(2, size-4)` JSON whose group names would
-                # replace comm_group.json's ids (docs/FACTS.md §A1): leave it empty, keep the host ET's list in an attr.
-                node.inputs.values = ""
-        node.attr.extend(_attrs(it))
-        if node.type == pb.COMP_NODE:
-            # ASTRA-sim's roofline mode throws on a COMP_NODE without both (docs/FACTS.md §A3); 0 = not known
-            num_ops, tensor_size = work.get(it.id, (0, 0))
-            node.attr.append(_attr("num_ops", int64_val=num_ops))
-            node.attr.append(_attr("tensor_size", uint64_val=tensor_size))
-        if preds:  # why each data_dep is there: its evidence source, in data_deps order (docs/OUTPUT.md)
-            node.attr.append(_evidence_attr(tuple(e.source.value for e in preds)))
-        yield node
-
-
-@functools.lru_cache(maxsize=4096)
-def _evidence_attr(sources: tuple[str, ...]) -> pb.AttributeProto:
-    # few distinct combinations occur: build each once (append copies it into the node)
-    return _attr(DEP_EVIDENCE, string_list=pb.StringList(values=sources))
+    d = round(it.seg_end) - round(it.start)
+    return d if d > 0 else 0
 
 
 def on_gpu(it: Item) -> bool:
@@ -115,48 +78,287 @@ def on_gpu(it: Item) -> bool:
     return it.kind in GPU_KINDS or it.stream is not None
 
 
-def _attrs(it: Item) -> list[pb.AttributeProto]:
-    gpu = on_gpu(it)
-    kind = PG_INIT_KIND if it.kind == HOST_OP and it.name == PG_INIT_NAME else it.kind
-    attrs = [_attr("kind", string_val=kind), _attr("is_cpu_op", bool_val=it.comm is None and not gpu)]
-    if it.tid is not None and not gpu:
-        attrs.append(_attr("tid", int64_val=_tid(it.tid)))
-    if gpu:
-        attrs.append(_attr("device", int64_val=it.device or 0))
-        attrs.append(_attr("stream", int64_val=it.stream or 0))
-    if it.host is not None:
-        attrs.extend(_host_attrs(it.host, it.measured, kind == PG_INIT_KIND))
-    if it.kind == HOST_OP and it.measured:
-        attrs.append(_attr("exclusive_micros", int64_val=round(it.excl)))
-    if it.part_of is not None:
-        attrs.append(_attr("part_of", int64_val=it.part_of))
-    if it.orphan_parent is not None:
-        attrs.append(_attr("orphan_parent", int64_val=it.orphan_parent))
-    if it.correlation is not None:  # runtime calls
-        attrs.append(_attr("correlation", int64_val=it.correlation))
-    if it.comm is not None:
-        attrs.extend(_comm_attrs(it.comm, it.dur))
-    return attrs
+# ---- the wire format (protobuf's encoding, proto3) ----
+
+_U64 = 1 << 64
+_I64_MIN, _I64_END = -(1 << 63), 1 << 63
+_I32_MIN, _I32_END = -(1 << 31), 1 << 31
+_BYTE = [bytes((i,)) for i in range(128)]  # one-byte varints
+_WIRE_VARINT, _WIRE_LEN = 0, 2
 
 
-def _host_attrs(h: OpRecord, linked: bool, pg_init: bool) -> list[pb.AttributeProto]:
-    attrs = [_attr("et_tid", int64_val=h.et_tid), _attr("et_parent", int64_val=h.et_parent),
-             _attr("rf_id", int64_val=h.rf_id), _attr("seq_id", int64_val=h.seq_id), _attr("linked", bool_val=linked)]
+# 14 bits at a time: the last two bytes of a varint (0x80 <= value < 0x4000), and two bytes with more to come
+_TWO = [bytes((v & 0x7F | 0x80, v >> 7)) for v in range(0x4000)]
+_TWO_MORE = [bytes((v & 0x7F | 0x80, v >> 7 | 0x80)) for v in range(0x4000)]
+
+
+def _varint(value: int) -> bytes:
+    """Base-128 varint of 0 <= value < 2**64 (callers check the field's range): seven bits a byte, low first,
+    the high bit set on every byte but the last."""
+    if value < 0x80:
+        return _BYTE[value]
+    if value < 0x4000:
+        return _TWO[value]
+    out = _TWO_MORE[value & 0x3FFF]
+    value >>= 14
+    while value >= 0x4000:
+        out += _TWO_MORE[value & 0x3FFF]
+        value >>= 14
+    return out + (_BYTE[value] if value < 0x80 else _TWO[value])
+
+
+def _tag(number: int, wire: int) -> bytes:
+    return _varint(number << 3 | wire)
+
+
+def _len_field(tag: bytes, payload: bytes) -> bytes:
+    n = len(payload)
+    return tag + (_BYTE[n] if n < 0x80 else _varint(n)) + payload
+
+
+def _text(s: str) -> bytes:
+    return s.encode("utf-8")
+
+
+_NODE = pb.Node.DESCRIPTOR.fields_by_name
+_N_ID, _N_NAME, _N_TYPE = (_tag(_NODE[f].number, _WIRE_VARINT if f != "name" else _WIRE_LEN)
+                           for f in ("id", "name", "type"))
+_N_DATA_DEPS = _tag(_NODE["data_deps"].number, _WIRE_LEN)  # packed
+_N_START, _N_DURATION = (_tag(_NODE[f].number, _WIRE_VARINT) for f in ("start_time_micros", "duration_micros"))
+_N_INPUTS, _N_OUTPUTS, _N_ATTR = (_tag(_NODE[f].number, _WIRE_LEN) for f in ("inputs", "outputs", "attr"))
+_IO_FIELDS = pb.IOInfo.DESCRIPTOR.fields_by_name
+_IO_VALUES, _IO_SHAPES, _IO_TYPES = (_tag(_IO_FIELDS[f].number, _WIRE_LEN) for f in ("values", "shapes", "types"))
+_ATTR_FIELDS = pb.AttributeProto.DESCRIPTOR.fields_by_name
+_A_NAME = _tag(_ATTR_FIELDS["name"].number, _WIRE_LEN)
+_LIST_VALUES = _tag(pb.StringList.DESCRIPTOR.fields_by_name["values"].number, _WIRE_LEN)
+
+
+def _key(name: str, oneof: str) -> bytes:
+    """An attr's bytes before its value: its name, then the tag of its oneof field."""
+    wire = _WIRE_LEN if oneof in ("string_val", "string_list") else _WIRE_VARINT
+    return _len_field(_A_NAME, _text(name)) + _tag(_ATTR_FIELDS[oneof].number, wire)
+
+
+def _attr(key: bytes, value: bytes) -> bytes:
+    """One `attr` entry of a Node: its tag, length and the AttributeProto's bytes."""
+    return _len_field(_N_ATTR, key + value)
+
+
+def _string_attr(key: bytes, value: str) -> bytes:
+    return _attr(key, _len_field(b"", _text(value)))
+
+
+_IntAttr = Callable[[int], bytes]
+_RANGES = {"int64_val": (_I64_MIN, _I64_END), "uint64_val": (0, _U64), "int32_val": (_I32_MIN, _I32_END)}
+
+
+def _int_attr(name: str, oneof: str = "int64_val") -> _IntAttr:
+    """The encoder of one integer attr: value -> the Node's `attr` entry. 0..127 and -1 are encoded once."""
+    key = _key(name, oneof)
+    low, end = _RANGES[oneof]
+    kind = oneof.removesuffix("_val")
+    common = {v: _attr(key, _signed_varint(v)) for v in [*range(0x80), -1] if low <= v}
+    # the entry's length fits one byte: the key and at most ten bytes of varint
+    prefixes = [_N_ATTR + _varint(len(key) + n) + key for n in range(11)]
+
+    def encode(value: int) -> bytes:
+        entry = common.get(value)
+        if entry is not None:
+            return entry
+        if not low <= value < end:
+            raise ValueError(f"value out of range for {kind}: {value}")
+        encoded = _signed_varint(value)
+        return prefixes[len(encoded)] + encoded
+
+    return encode
+
+
+def _signed_varint(value: int) -> bytes:
+    """int64 and int32 alike: a negative value as its 64-bit two's complement (ten bytes)."""
+    return _varint(value if value >= 0 else value + _U64)
+
+
+def _io(io: IO) -> tuple[str, str, str]:
+    dumps = orjson.dumps
+    return dumps(io.values).decode(), dumps(io.shapes).decode(), dumps(io.types).decode()
+
+
+def _io_bytes(tag: bytes, values: str, shapes: str, types: str) -> bytes:
+    """An IOInfo field, present even when its strings are empty (as `CopyFrom` of an empty message sets it)."""
+    payload = b"".join(_len_field(t, _text(s)) for t, s in ((_IO_VALUES, values), (_IO_SHAPES, shapes),
+                                                               (_IO_TYPES, types)) if s)
+    return _len_field(tag, payload)
+
+
+_NO_IO = _io_bytes(_N_INPUTS, "[]", "[]", "[]") + _io_bytes(_N_OUTPUTS, "[]", "[]", "[]")  # no values, shapes, types
+
+# attrs, each with the oneof field its value uses (chakra.accepts.ATTR_TYPES for those it names)
+_KIND, _IS_CPU_OP = _key("kind", "string_val"), _key("is_cpu_op", "bool_val")
+_TID, _DEVICE, _STREAM = _int_attr("tid"), _int_attr("device"), _int_attr("stream")
+_ET_TID, _ET_PARENT, _RF_ID, _SEQ_ID = (_int_attr(n) for n in ("et_tid", "et_parent", "rf_id", "seq_id"))
+_OP_SCHEMA, _PG_CONFIG = _key("op_schema", "string_val"), _key("pg_config", "string_val")
+_EXCLUSIVE, _PART_OF = _int_attr("exclusive_micros"), _int_attr("part_of")
+_ORPHAN_PARENT, _CORRELATION = _int_attr("orphan_parent"), _int_attr("correlation")
+_NUM_OPS, _TENSOR_SIZE = _int_attr("num_ops"), _int_attr("tensor_size", "uint64_val")
+_COLLECTIVE_NAME, _PG_NAME = _key("collective_name", "string_val"), _key("pg_name", "string_val")
+_COMM_TYPE, _COMM_SIZE, _COMM_SEQ = _int_attr("comm_type"), _int_attr("comm_size"), _int_attr("comm_seq")
+_COMM_SRC, _COMM_DST, _COMM_TAG = (_int_attr(n, "int32_val") for n in ("comm_src", "comm_dst", "comm_tag"))
+_MEASURED = _int_attr("measured_duration_micros")
+_LINKED = {flag: _attr(_key("linked", "bool_val"), _BYTE[flag]) for flag in (False, True)}
+_EVIDENCE = _key(DEP_EVIDENCE, "string_list")
+_NO_WORK = _NUM_OPS(0) + _TENSOR_SIZE(0)  # num_ops and tensor_size 0: not known
+_TYPES: dict[int, bytes] = {int(t): _N_TYPE + _varint(t) if t else b"" for t in pb.NodeType.values()}
+_COMP = pb.COMP_NODE
+
+
+def _uint64s(values: tuple[int, ...]) -> bytes:
+    """A packed repeated uint64's payload."""
+    if len(values) == 1:
+        value = values[0]
+        if 0 <= value < _U64:
+            return _varint(value)
+    if not 0 <= min(values) <= max(values) < _U64:
+        raise ValueError(f"value out of range for uint64: {values}")
+    return b"".join([_varint(v) for v in values])
+
+
+class _Encoder:
+    """Encodes one conversion's nodes; caches the bytes that repeat across nodes (names, the kind and thread or
+    stream attrs, evidence lists)."""
+
+    def __init__(self, deps: Dependencies, roofline: Roofline | None) -> None:
+        self.preds = deps.preds
+        self.work = roofline.values if roofline is not None else {}
+        self.names: dict[str, bytes] = {}
+        self.places: dict[tuple[object, ...], bytes] = {}
+        self.evidence: dict[tuple[str, ...], bytes] = {}
+
+    def node(self, it: Item) -> tuple[bytes, int, tuple[int, ...]]:
+        """(the node's bytes, its type, its data_deps)."""
+        iid = it.id
+        comm = it.comm
+        ntype = _COMP if comm is None else comm.node_type
+        name = self.names.get(it.name)
+        if name is None:
+            name = self.names[it.name] = _len_field(_N_NAME, _text(it.name)) if it.name else b""
+        out = [_N_ID + _varint(iid) if 0 < iid < _U64 else _uint64_field(_N_ID, iid), name, _TYPES[ntype]]
+        preds = self.preds.get(iid)
+        data_deps: tuple[int, ...] = ()
+        if preds:
+            data_deps = tuple([e.src for e in preds])
+            out.append(_len_field(_N_DATA_DEPS, _uint64s(data_deps)))
+        start = it.start
+        if it.measured or start > 0:
+            rounded = round(start)
+            if rounded > 0:
+                out.append(_N_START + _varint(rounded) if rounded < _U64 else _uint64_field(_N_START, rounded))
+        dur = duration(it)
+        if dur:
+            out.append(_N_DURATION + _varint(dur) if dur < _U64 else _uint64_field(_N_DURATION, dur))
+        self._attrs(it, out)
+        if ntype == _COMP:
+            # ASTRA-sim's roofline mode throws on a COMP_NODE without both (docs/FACTS.md §A3); 0 = not known
+            work = self.work.get(iid)
+            out.append(_NO_WORK if work is None else _NUM_OPS(work[0]) + _TENSOR_SIZE(work[1]))
+        if preds:  # why each data_dep is there: its evidence source, in data_deps order (docs/OUTPUT.md)
+            # (`_value_`: the member's plain attribute, not the `value` property; strings hash fast, members don't)
+            sources = tuple([e.source._value_ for e in preds])
+            evidence = self.evidence.get(sources)
+            out.append(evidence if evidence is not None else self._evidence(sources))
+        return b"".join(out), ntype, data_deps
+
+    def _evidence(self, sources: tuple[str, ...]) -> bytes:
+        """The `dep_evidence` attr: few distinct combinations occur, each encoded once."""
+        values = b"".join(_len_field(_LIST_VALUES, _text(s)) for s in sources)
+        encoded = self.evidence[sources] = _attr(_EVIDENCE, _len_field(b"", values))
+        return encoded
+
+    def _place(self, it: Item, kind: str) -> bytes:
+        """The `kind` and `is_cpu_op` attrs, then the thread (`tid`) or the device and stream: few distinct."""
+        gpu = it.kind in GPU_KINDS or it.stream is not None  # on_gpu
+        key = (kind, it.comm is None, gpu, it.device, it.stream) if gpu else (kind, it.comm is None, gpu, it.tid)
+        encoded = self.places.get(key)
+        if encoded is None:
+            parts = [_string_attr(_KIND, kind), _attr(_IS_CPU_OP, _BYTE[it.comm is None and not gpu])]
+            if gpu:
+                parts += [_DEVICE(it.device or 0), _STREAM(it.stream or 0)]
+            elif it.tid is not None:
+                parts.append(_TID(_tid(it.tid)))
+            encoded = self.places[key] = b"".join(parts)
+        return encoded
+
+    def _attrs(self, it: Item, out: list[bytes]) -> None:
+        """The IOInfo fields and the attrs, in the order the node has them."""
+        host = it.host
+        if host is None:
+            out.append(self._place(it, it.kind))
+        else:
+            pg_init = it.kind == HOST_OP and it.name == PG_INIT_NAME
+            out.append(_host_io(host, pg_init))
+            out.append(self._place(it, PG_INIT_KIND if pg_init else it.kind))
+            out.append(_host_attrs(host, it.measured, _io(host.inputs)[0] if pg_init else None))
+        if it.kind == HOST_OP and it.measured:
+            out.append(_EXCLUSIVE(round(it.excl)))
+        if it.part_of is not None:
+            out.append(_PART_OF(it.part_of))
+        if it.orphan_parent is not None:
+            out.append(_ORPHAN_PARENT(it.orphan_parent))
+        if it.correlation is not None:  # runtime calls
+            out.append(_CORRELATION(it.correlation))
+        if it.comm is not None:
+            out.append(_comm_attrs(it.comm, it.dur))
+
+
+def _uint64_field(tag: bytes, value: int) -> bytes:
+    """A uint64 field: left out at 0, as proto3 does."""
+    if not 0 <= value < _U64:
+        raise ValueError(f"value out of range for uint64: {value}")
+    return tag + _varint(value) if value else b""
+
+
+def _host_io(host: OpRecord, pg_init: bool) -> bytes:
+    """The inputs and outputs IOInfo fields of a host op's node."""
+    inputs, outputs = host.inputs, host.outputs
+    if not (pg_init or inputs.values or inputs.shapes or inputs.types or outputs.values or outputs.shapes
+            or outputs.types):
+        return _NO_IO
+    values, shapes, types = _io(inputs)
+    # ASTRA-sim parses this node's inputs.values as `substr(2, size-4)` JSON whose group names would
+    # replace comm_group.json's ids (docs/FACTS.md §A1): leave it empty, keep the host ET's list in an attr.
+    return _io_bytes(_N_INPUTS, "" if pg_init else values, shapes, types) + _io_bytes(_N_OUTPUTS, *_io(outputs))
+
+
+def _host_attrs(h: OpRecord, linked: bool, pg_config: str | None) -> bytes:
+    attrs = [_ET_TID(h.et_tid), _ET_PARENT(h.et_parent), _RF_ID(h.rf_id), _SEQ_ID(h.seq_id), _LINKED[linked]]
     if h.op_schema:
-        attrs.append(_attr("op_schema", string_val=h.op_schema))
-    if pg_init:
-        attrs.append(_attr("pg_config", string_val=_io(h.inputs).values))
-    return attrs
+        attrs.append(_string_attr(_OP_SCHEMA, h.op_schema))
+    if pg_config is not None:
+        attrs.append(_string_attr(_PG_CONFIG, pg_config))
+    return b"".join(attrs)
 
 
-def _comm_attrs(c: Comm, dur: float) -> list[pb.AttributeProto]:
-    attrs = [_attr("collective_name", string_val=c.collective_name), _attr("comm_type", int64_val=c.comm_type),
-             _attr("comm_size", int64_val=c.size), _attr("pg_name", string_val=c.pg_name)]
+def _comm_attrs(c: Comm, dur: float) -> bytes:
+    attrs = [_string_attr(_COLLECTIVE_NAME, c.collective_name), _COMM_TYPE(c.comm_type), _COMM_SIZE(c.size),
+             _string_attr(_PG_NAME, c.pg_name)]
     if c.seq is not None:
-        attrs.append(_attr("comm_seq", int64_val=c.seq))
+        attrs.append(_COMM_SEQ(c.seq))
     if c.src is not None:
-        attrs.append(_attr("comm_src", int32_val=c.src))
-        attrs.append(_attr("comm_dst", int32_val=c.dst or 0))
-        attrs.append(_attr("comm_tag", int32_val=c.tag or 0))
-    attrs.append(_attr("measured_duration_micros", int64_val=max(0, round(dur))))
-    return attrs
+        attrs += [_COMM_SRC(c.src), _COMM_DST(c.dst or 0), _COMM_TAG(c.tag or 0)]
+    attrs.append(_MEASURED(max(0, round(dur))))
+    return b"".join(attrs)
+
+
+def encode_nodes(g: Graph, deps: Dependencies, roofline: Roofline | None = None
+                 ) -> Iterator[tuple[bytes, Item, int, tuple[int, ...]]]:
+    """Each node in ascending id as (its protobuf bytes, its item, its type, its data_deps), encoded lazily so
+    the writer can stream them; GPU COMP nodes take num_ops and tensor_size from `roofline` (zeros without)."""
+    encoder = _Encoder(deps, roofline)
+    for it in g.items:
+        data, ntype, data_deps = encoder.node(it)
+        yield data, it, ntype, data_deps
+
+
+def build_nodes(g: Graph, deps: Dependencies, roofline: Roofline | None = None) -> Iterator[pb.Node]:
+    """The nodes of `encode_nodes` as protobuf objects."""
+    for data, _, _, _ in encode_nodes(g, deps, roofline):
+        yield pb.Node.FromString(data)

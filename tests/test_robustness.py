@@ -583,7 +583,7 @@ def test_internal_error_still_exits_1(traces: Path, tmp_path: Path) -> None:
     """No catch-all: an etweave bug (injected here) is exit 1, and leaves no output."""
     code = ("import sys, etweave.nodes as n\n"
             "def boom(*a, **k):\n    raise ZeroDivisionError('injected')\n"
-            "n.build_nodes = boom\nimport etweave.convert as c\nc.build_nodes = boom\n"
+            "n.encode_nodes = boom\nimport etweave.convert as c\nc.encode_nodes = boom\n"
             "from etweave.cli import main\nsys.exit(main(sys.argv[1:]))\n")
     proc = subprocess.run([sys.executable, "-c", code, "convert", *_pair_args(traces), "-o", str(tmp_path / "t.et"),
                            "--report", str(tmp_path / "r.json")], capture_output=True, text=True)

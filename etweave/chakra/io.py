@@ -28,6 +28,9 @@ _MAX_VARINT = 10  # bytes of a 64-bit varint
 _ByteStream = BinaryIO | gzip.GzipFile  # what the .et reader reads from: a file, a pipe's bytes, or a gunzip view
 
 
+_BYTE_VARINTS = [bytes((i,)) for i in range(0x80)]
+
+
 def varint_bytes(value: int) -> bytes:
     """Protobuf's base-128 varint (a few lines of our own: protobuf's helper is internal)."""
     out = bytearray()
@@ -50,18 +53,30 @@ def decode_varint(buf: bytes, pos: int) -> tuple[int, int]:
     raise ValueError(f"length prefix at byte {pos} is longer than {_MAX_VARINT} bytes")
 
 
-def _delimited(msg: pb.GlobalMetadata | pb.Node) -> Iterator[bytes]:
-    data = msg.SerializeToString(deterministic=True)  # deterministic: the same input gives the same bytes
-    yield varint_bytes(len(data))
-    yield data
+def _encoded(msg: pb.GlobalMetadata | pb.Node) -> bytes:
+    return msg.SerializeToString(deterministic=True)  # deterministic: the same input gives the same bytes
 
 
 def _stream(metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node]) -> Iterator[bytes]:
+    return stream_encoded(metadata, (_encoded(node) for node in nodes))
+
+
+def stream_encoded(metadata: pb.GlobalMetadata, nodes: Iterable[bytes]) -> Iterator[bytes]:
+    """The .et stream of the metadata and nodes already encoded (`etweave.nodes.encode_nodes`), in chunks of
+    about `_CHUNK` bytes (a write per node would cost more than the encoding)."""
     if not metadata.version:
         raise ValueError("GlobalMetadata.version must be set: an empty message reads as end of file")
-    yield from _delimited(metadata)
-    for node in nodes:
-        yield from _delimited(node)
+    data = _encoded(metadata)
+    parts, size = [varint_bytes(len(data)), data], 0
+    for data in nodes:
+        n = len(data)
+        parts.append(_BYTE_VARINTS[n] if n < 0x80 else varint_bytes(n))
+        parts.append(data)
+        size += n
+        if size >= _CHUNK:
+            yield b"".join(parts)
+            parts, size = [], 0
+    yield b"".join(parts)
 
 
 def gzipped(chunks: Iterable[bytes]) -> Iterator[bytes]:
@@ -79,6 +94,11 @@ def serialize(metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node]) -> bytes:
     return b"".join(_stream(metadata, nodes))
 
 
+def serialize_encoded(metadata: pb.GlobalMetadata, nodes: Iterable[bytes]) -> bytes:
+    """`serialize` of nodes already encoded."""
+    return b"".join(stream_encoded(metadata, nodes))
+
+
 def is_gz_name(path: Path | str) -> bool:
     return str(path).endswith(".gz")
 
@@ -90,7 +110,12 @@ def write_et(path: Path, metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node]) 
 
 def et_chunks(path: Path, metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node]) -> Iterator[bytes]:
     """The bytes of a .et file named `path`, streamed: gzip when the name ends in `.gz`."""
-    chunks = _stream(metadata, nodes)
+    return encoded_et_chunks(path, metadata, (_encoded(node) for node in nodes))
+
+
+def encoded_et_chunks(path: Path, metadata: pb.GlobalMetadata, nodes: Iterable[bytes]) -> Iterator[bytes]:
+    """`et_chunks` of nodes already encoded."""
+    chunks = stream_encoded(metadata, nodes)
     return gzipped(chunks) if is_gz_name(path) else chunks
 
 

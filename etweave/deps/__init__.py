@@ -53,17 +53,26 @@ def infer(g: Graph, applied: Iterable[Source] | None = None) -> Dependencies:
             g.by_id[i].pos = pos
     deps = Dependencies(preds={})
     seen: set[tuple[int, int]] = set()
+    # an edge's source must start no later than its target (the order keys make the union acyclic); each
+    # item's key computed once, not twice per edge
+    keys = {i: order_key(it) for i, it in g.by_id.items()}
+    preds = deps.preds
     for source in SOURCES.values() if applied is None else applied:
         for e in source(g):
-            if e.src == e.dst or (e.src, e.dst) in seen:
+            pair = (e.src, e.dst)
+            if e.src == e.dst or pair in seen:
                 continue
-            if not _forward(g, e):
+            if not keys[e.src] < keys[e.dst]:
                 deps.rejected[e.source] += 1
                 continue
-            seen.add((e.src, e.dst))
+            seen.add(pair)
             if e.source.waits and _ends_late(g, e):
                 deps.late[e.source] += 1
-            deps.preds.setdefault(e.dst, []).append(e)
+            edges = preds.get(e.dst)
+            if edges is None:
+                preds[e.dst] = [e]
+            else:
+                edges.append(e)
             deps.per_source[e.source] += 1
             if e.inferred:
                 deps.inferred[e.source] += 1
@@ -73,12 +82,6 @@ def infer(g: Graph, applied: Iterable[Source] | None = None) -> Dependencies:
 def _ends_late(g: Graph, e: Edge) -> bool:
     a, b = g.by_id[e.src], g.by_id[e.dst]
     return a.start + a.dur > b.start + WAIT_TOLERANCE
-
-
-def _forward(g: Graph, e: Edge) -> bool:
-    """An edge's source must start no later than its target (the order keys make the union acyclic)."""
-    a, b = g.by_id[e.src], g.by_id[e.dst]
-    return order_key(a) < order_key(b)
 
 
 def order_key(it: Item) -> tuple[float, int, int, int]:

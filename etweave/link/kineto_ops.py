@@ -109,23 +109,23 @@ def _parents(events: EventTable, threads: dict[int | str, list[int]], id_of: dic
     parent_of: dict[int, int] = {}
     partial = 0
     for t, idx in threads.items():
-        stack: list[int] = []
+        stack: list[tuple[int, float]] = []  # (position, end) of the ops open at this op's start
         for i in sorted(idx, key=events.entry_key):
             ev = events[i]
             end = ev.ts + ev.dur
             # Epoch-µs floats near 1.7e15 hold only quarter µs: allow a couple of units in the last place.
             tol = max(NESTING_EPS, 2 * math.ulp(end))
-            while stack and events[stack[-1]].ts + events[stack[-1]].dur <= ev.ts + NESTING_EPS:
+            while stack and stack[-1][1] <= ev.ts + NESTING_EPS:
                 stack.pop()
             # An op that starts inside another but ends after it (unbalanced annotations) is not contained: its
             # parent is the innermost op that does contain it.
             k = len(stack) - 1
-            while k >= 0 and events[stack[k]].ts + events[stack[k]].dur < end - tol:
+            while k >= 0 and stack[k][1] < end - tol:
                 k -= 1
             if k != len(stack) - 1:
                 partial += 1
-            parent_of[i] = id_of[stack[k]] if k >= 0 else thread_root[t]
-            stack.append(i)
+            parent_of[i] = id_of[stack[k][0]] if k >= 0 else thread_root[t]
+            stack.append((i, end))
     return parent_of, partial
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from etweave.chakra.io import serialize
+from etweave.chakra.io import serialize_encoded
 from etweave.convert import no_gc, run_pipeline
 from etweave.errors import BadInput, CheckFailed
 from etweave.process_groups import GroupDescription, describe_groups
@@ -74,7 +74,7 @@ def _convert_rank(rank: int | None, host: str | None, kineto: str | None, allow_
     except CheckFailed as exc:
         return RankFailure(rank, "", str(exc), mismatch=True)
     groups = tuple(describe_groups(host_trace, kineto_trace))
-    return ConvertedRank(rank=result.graph.rank, et=serialize(result.metadata, result.checked_nodes()),
+    return ConvertedRank(rank=result.graph.rank, et=serialize_encoded(result.metadata, result.encoded_nodes()),
                          report=result.report, local_groups=result.group_ids, groups=groups,
                          world_size=_world_size(kineto_trace, groups),
                          trace_rank=kineto_trace.rank if kineto_trace is not None else None)

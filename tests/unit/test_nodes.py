@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import node_attrs
 from etweave.deps import Dependencies
 from etweave.deps.evidence import Evidence
 from etweave.model import HOST_OP, KERNEL, PROCESS_ROOT, RUNTIME, Comm, Edge, Graph, Ids, Item, OpRecord
-from etweave.nodes import build_nodes, duration
+from etweave.nodes import build_nodes, duration, encode_nodes
 from etweave.read.host_et import IO, PG_INIT_NAME
 from etweave.roofline import Roofline
 
@@ -77,3 +79,36 @@ def test_markers_take_no_time() -> None:
     # ASTRA-sim would read the inputs as group names: left empty, the host ET's list kept in an attr
     assert pg_init.inputs.values == "" and node_attrs(pg_init)["pg_config"] == '["[{\\"pg_name\\": \\"0\\"}]"]'
     assert node_attrs(pg_init)["kind"] == "process_group_init" and duration(_graph().by_id[6]) == 0
+
+
+def test_encoding_is_protobufs() -> None:
+    """The hand encoder writes what protobuf writes for the same message, negative and ten-byte varints
+    included (a send with a negative tag, an id past 2**32, a thread id below 0, an empty name)."""
+    g = _graph()
+    g.items += [
+        Item(id=2**40, kind=HOST_OP, name="", start=2**35 + 0.4, seg_end=2**35 + 9, measured=True, tid=-5,
+             host=_record(IO([], [], []))),
+        Item(id=8, kind=KERNEL, name="ncclSend", start=1, dur=3, seg_end=4, measured=True, device=1, stream=2,
+             comm=Comm(pb.COMM_SEND_NODE, "send", pb.ALL_REDUCE, 8, "", None, 0, 1, -(2**31))),
+    ]
+    deps = Dependencies(preds={8: [Edge(2**40, 8, Evidence.LAUNCH), Edge(4, 8, Evidence.THREAD_ORDER)]})
+    for data, _, _, _ in encode_nodes(g, deps, ROOFLINE):
+        assert pb.Node.FromString(data).SerializeToString(deterministic=True) == data
+
+
+def test_out_of_range_values_refused_as_protobuf_does() -> None:
+    g = _graph()
+    g.items = [Item(id=9, kind=KERNEL, name="ncclSend", device=1, stream=2,
+                    comm=Comm(pb.COMM_SEND_NODE, "send", pb.ALL_REDUCE, 8, "", None, 0, 1, 2**31))]
+    with pytest.raises(ValueError, match="out of range for int32"):
+        list(encode_nodes(g, Dependencies(preds={})))
+
+
+def test_varints_as_protobuf_writes_them() -> None:
+    """Every length of varint, at and around each 7-bit boundary, against protobuf's own encoding."""
+    from etweave.nodes import _varint
+    for bits in range(65):
+        for value in (2**bits - 1, 2**bits, 2**bits + 1):
+            if 0 <= value < 2**64:
+                expected = pb.Node(start_time_micros=value).SerializeToString()[1:] if value else b"\x00"
+                assert _varint(value) == expected, value
