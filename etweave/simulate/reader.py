@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import Message
@@ -54,7 +54,11 @@ def _reduced_node_class() -> type[Message]:
         if kind == fd.TYPE_MESSAGE:
             field.type_name = ".ChakraProtoMsg.IOInfo"  # parsed (and its strings checked) as Chakra's
     pool.Add(f)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("etweave_reduced.Node"))
+    descriptor = pool.FindMessageTypeByName("etweave_reduced.Node")
+    get_class = getattr(message_factory, "GetMessageClass", None)  # protobuf >= 4.22; the floor (4.21) lacks it
+    if get_class is not None:
+        return cast(type[Message], get_class(descriptor))
+    return cast(type[Message], message_factory.MessageFactory(pool).GetPrototype(descriptor))
 
 
 _ReducedNode = _reduced_node_class()
