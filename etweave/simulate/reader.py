@@ -58,7 +58,8 @@ def _reduced_node_class() -> type[Message]:
     get_class = getattr(message_factory, "GetMessageClass", None)  # protobuf >= 4.22; the floor (4.21) lacks it
     if get_class is not None:
         return cast(type[Message], get_class(descriptor))
-    return cast(type[Message], message_factory.MessageFactory(pool).GetPrototype(descriptor))
+    factory: Any = message_factory.MessageFactory(pool)  # GetPrototype: in 4.21, gone from the newer stubs
+    return cast(type[Message], factory.GetPrototype(descriptor))
 
 
 _ReducedNode = _reduced_node_class()
