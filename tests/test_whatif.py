@@ -102,9 +102,8 @@ def test_metadata_nodes_are_never_edited(ddp: Path) -> None:
 
 
 def test_comm_bandwidth_times_the_ranks_given_from_the_fit(ddp: Path) -> None:
-    """`--comm-bandwidth rank=1:4` edits rank 1's communication nodes only, each timed from its (process group,
-    kind) fit over both ranks: transfers of one group, kind and size get one duration, a quarter of the fit's
-    bandwidth term."""
+    """`--comm-bandwidth rank=1:4` edits rank 1's communication nodes only, each losing three quarters of the
+    bandwidth time its (process group, kind) fit over both ranks gives its size; unsized ones are divided by 4."""
     ranks = load(ddp)
     before = durations(ranks)
     transfers = [read_transfers(rg) for rg in ranks]
@@ -119,10 +118,12 @@ def test_comm_bandwidth_times_the_ranks_given_from_the_fit(ddp: Path) -> None:
             t = transfers[ri][nd.id]
             if t.size > 0:
                 sized += 1
-                assert nd.duration == fits[(nd.pg or "", t.kind)].duration(t.size, 4)
+                fit = fits[(nd.pg or "", t.kind)]
+                assert nd.duration == max(0, round(before[ri][i] - t.size * fit.us_per_byte * 3 / 4))
             else:
                 assert nd.duration == round(before[ri][i] / 4)
     assert sized > 0 and res.nodes == sum(nd.type in COMM for nd in ranks[1].nodes)
+    assert res.unfitted == res.nodes - sized
 
 
 def test_plain_comm_scale_divides_each_node(ddp: Path) -> None:

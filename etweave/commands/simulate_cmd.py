@@ -50,10 +50,12 @@ An edit that selects no node is bad input (exit 2). Examples:
   --scale 'kind=gpu,rank=3:0.5'                        rank 3's GPU work twice as fast
   --set-duration 'name=straggle,rank=0,step=2:25000'   that op lasts 25 ms in all
   --comm-bandwidth 2                                   communication twice as fast (also '[SELECTOR:]FACTOR')
---comm-bandwidth times each selected comm node from a fit, per (process group, collective kind), of the
-graph's transfer times as latency + bytes x time per byte (robust: the median time of each size, the median
-slope and intercept): latency + bytes x time per byte / FACTOR; with one size, all of it is bandwidth. The
-per-node form, each node's own time / FACTOR (its noise included), is --scale 'kind=comm:1/FACTOR'.
+--comm-bandwidth fits, per (process group, collective kind), the graph's transfer times as latency + bytes x
+time per byte (robust: the median time of each size, the median slope and intercept), and takes from each
+selected comm node the bandwidth time a FACTOR times faster network saves: duration - bytes x time per byte x
+(1 - 1/FACTOR); its latency and its own deviation from the fit stay (FACTOR 1 changes nothing); with one size,
+or times that do not grow with size, all of it is bandwidth; a node without comm_size is divided by FACTOR and
+counted. The per-node form, each node's own time / FACTOR, is --scale 'kind=comm:X' with X = 1/FACTOR.
 Printed beside the measured ones: each ProfilerStep's simulated time (else the whole span's), and per edit
 the ops and nodes it changed and the us it added."""
 

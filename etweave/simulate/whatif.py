@@ -22,10 +22,13 @@ Actions, applied in the order given, each to the durations left by the previous 
   (process group, collective kind) — ALL_REDUCE, ..., SEND, RECV; point-to-point nodes have no group — the
   graph's transfer times (each comm node's duration: the transfer time where `convert-run` measured one) are fitted
   as `latency + bytes × time per byte` (`fit_transfers`: robust, Theil-Sen over the median time of each size, so
-  one slow transfer sets nothing), and each selected node gets `latency + bytes × time per byte / FACTOR`. Where
-  a group has one size only, latency and bandwidth cannot be told apart and all of its time counts as bandwidth
-  (its median time per byte). A node whose size is unknown (attr `comm_size` 0 or absent) is divided by FACTOR.
-  The per-node form, each node's own measured time (noise included) divided by F, is `scale kind=comm:1/F`.
+  one slow transfer sets nothing), and each selected node loses the part of its fitted bandwidth time that a
+  network FACTOR times as fast saves: `duration − bytes × time per byte × (1 − 1/FACTOR)`. Its latency and its own
+  deviation from the fit stay as measured (noise is neither multiplied nor divided), and FACTOR 1 changes nothing.
+  Where a group has one size only, or its times do not grow with size, latency and bandwidth cannot be told apart
+  and all of its time counts as bandwidth (its median time per byte). A node whose size is unknown (attr
+  `comm_size` 0 or absent) is divided by FACTOR and counted (`unfitted_nodes`). The per-node form, each node's own
+  measured time divided by F, is `scale kind=comm:X` with X = 1/F (e.g. `0.25` for F = 4).
 
 Only the simulated `duration` changes: each node's measured start and duration stay as loaded, so the replay is
 still compared with the measured (unedited) run. Metadata nodes (process and thread roots) are never selected. An
@@ -85,6 +88,7 @@ class EditResult:
     ops: int  # ops (a node with its parts) among them
     before_us: int  # their durations before the edit, summed
     after_us: int
+    unfitted: int = 0  # comm-bandwidth: selected nodes with no size, so no fit (divided by the factor)
 
     @property
     def added_us(self) -> int:
@@ -218,9 +222,10 @@ class TransferFit:
     samples: int  # transfers with a size
     sizes: int  # distinct sizes among them; 1: latency and bandwidth cannot be told apart (latency taken as 0)
 
-    def duration(self, size: int, bandwidth: float) -> int:
-        """µs of a transfer of `size` bytes on a network `bandwidth` times as fast."""
-        return round(self.latency_us + size * self.us_per_byte / bandwidth)
+    def duration(self, measured_us: int, size: int, bandwidth: float) -> int:
+        """µs of a transfer of `size` bytes that took `measured_us`, on a network `bandwidth` times as fast: only
+        its fitted bandwidth part changes."""
+        return max(0, round(measured_us - size * self.us_per_byte * (1.0 - 1.0 / bandwidth)))
 
 
 MAX_FIT_SIZES = 256  # Theil-Sen is quadratic in the distinct sizes: more are thinned to this many, evenly
@@ -238,11 +243,18 @@ def read_transfers(rank: RankGraph) -> dict[int, Transfer]:
         attrs = {a.name: getattr(a, a.WhichOneof("value") or "int64_val") for a in node.attr
                  if a.name in ("comm_type", "comm_size")}
         if node.type == pb.COMM_COLL_NODE:
-            kind = comm_type_name(int(attrs.get("comm_type", -1)))
+            kind = comm_type_name(_int_attr(attrs, "comm_type", -1, rank, node.id))
         else:
             kind = "SEND" if node.type == pb.COMM_SEND_NODE else "RECV"
-        out[node.id] = Transfer(kind, max(0, int(attrs.get("comm_size", 0))))
+        out[node.id] = Transfer(kind, max(0, _int_attr(attrs, "comm_size", 0, rank, node.id)))
     return out
+
+
+def _int_attr(attrs: Mapping[str, object], name: str, default: int, rank: RankGraph, node_id: int) -> int:
+    value = attrs.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadInput(rank.source or "--comm-bandwidth", f"node {node_id}: attr {name} is {value!r}, not an integer")
+    return value
 
 
 def fit_transfers(points: Sequence[tuple[int, int]]) -> TransferFit:
@@ -261,10 +273,10 @@ def fit_transfers(points: Sequence[tuple[int, int]]) -> TransferFit:
     if len(medians) == 1:
         b, m = medians[0]
         return TransferFit(0.0, m / b, len(points), 1)
-    slope = max(0.0, statistics.median((m2 - m1) / (b2 - b1) for i, (b1, m1) in enumerate(medians)
-                                       for b2, m2 in medians[i + 1:]))
+    slope = statistics.median((m2 - m1) / (b2 - b1) for i, (b1, m1) in enumerate(medians)
+                              for b2, m2 in medians[i + 1:])
     latency = statistics.median(m - slope * b for b, m in medians)
-    if latency < 0:  # a line through the origin instead: all of the time is bandwidth
+    if latency < 0 or slope <= 0:  # a line through the origin instead: all of the time is bandwidth
         latency, slope = 0.0, statistics.median(m / b for b, m in medians)
     return TransferFit(latency, slope, len(points), len(medians))
 
@@ -282,15 +294,20 @@ def fit_groups(ranks: Sequence[RankGraph], transfers: Sequence[Mapping[int, Tran
 
 
 def _bandwidth(rg: RankGraph, group: list[int], factor: float, shapes: Mapping[int, Transfer],
-               fits: Mapping[tuple[str, str], TransferFit]) -> list[int]:
-    """New durations of one selected op's nodes under `comm-bandwidth FACTOR` (see the module docstring)."""
-    out = []
+               fits: Mapping[tuple[str, str], TransferFit]) -> tuple[list[int], int]:
+    """New durations of one selected op's nodes under `comm-bandwidth FACTOR` (see the module docstring), and how
+    many of them had no fit (no size: divided by FACTOR)."""
+    out, unfitted = [], 0
     for i in group:
         nd = rg.nodes[i]
         t = shapes.get(nd.id)
         fit = fits.get((nd.pg or "", t.kind)) if t is not None and t.size > 0 else None
-        out.append(fit.duration(t.size, factor) if fit is not None and t is not None else round(nd.duration / factor))
-    return out
+        if fit is None or t is None:
+            unfitted += 1
+            out.append(round(nd.duration / factor))
+        else:
+            out.append(fit.duration(nd.duration, t.size, factor))
+    return out, unfitted
 
 
 def _spread(total: int, weights: list[int]) -> list[int]:
@@ -314,7 +331,7 @@ def apply(ranks: Sequence[RankGraph], edits: Sequence[Edit],
     edit needs them and none are given."""
     results = []
     for edit in edits:
-        nodes = ops = before = after = 0
+        nodes = ops = before = after = unfitted = 0
         fits: dict[tuple[str, str], TransferFit] = {}
         if edit.action == "comm-bandwidth":
             if transfers is None:
@@ -329,7 +346,8 @@ def apply(ranks: Sequence[RankGraph], edits: Sequence[Edit],
                     news = [round(d * edit.value) for d in olds]
                 else:  # comm-bandwidth
                     assert transfers is not None
-                    news = _bandwidth(rg, group, edit.value, transfers[ri], fits)
+                    news, missed = _bandwidth(rg, group, edit.value, transfers[ri], fits)
+                    unfitted += missed
                 for i, d in zip(group, news, strict=True):
                     rg.nodes[i].duration = d
                 nodes += len(group)
@@ -338,11 +356,12 @@ def apply(ranks: Sequence[RankGraph], edits: Sequence[Edit],
                 after += sum(news)
         if nodes == 0:
             raise BadInput(edit.label, f"selects no node in {len(ranks)} rank(s)")
-        results.append(EditResult(edit, nodes, ops, before, after))
+        results.append(EditResult(edit, nodes, ops, before, after, unfitted))
     return results
 
 
 def describe(results: Sequence[EditResult]) -> list[dict[str, object]]:
     """JSON-able summary of applied edits."""
     return [{"edit": r.edit.label, "nodes": r.nodes, "ops": r.ops, "before_us": r.before_us, "after_us": r.after_us,
-             "added_us": r.added_us} for r in results]
+             "added_us": r.added_us, **({"unfitted_nodes": r.unfitted} if r.edit.action == "comm-bandwidth" else {})}
+            for r in results]
