@@ -26,7 +26,7 @@ traces, is bad input (exit 2).
 Outputs (written only once every rank converted and every check ran; nothing on failure):
   OUT_DIR/<prefix>.<rank>.et, OUT_DIR/comm_group.json ({"<id>": [global ranks]}; the world group is pg_name ""),
   OUT_DIR/report.json (every rank's audit, process groups, cross-rank checks, duration adjustments).
-  Meanwhile each rank's stream waits on disk in OUT_DIR (a .etweave-run-<pid>/ spool folder, then a staged
+  Meanwhile each rank's stream waits on disk in OUT_DIR (a .etweave-run-*/ spool folder, then a staged
   .<prefix>.<rank>.et.tmp-<pid>), never all ranks in memory; a killed run's are removed by the next run into OUT_DIR.
 Cross-rank: in each process group every member rank must issue the same collectives (kind, order, comm_seq,
 and size for all_reduce/all_gather/reduce_scatter/broadcast), sends and receives must pair. A mismatch exits 3

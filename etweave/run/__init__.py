@@ -46,6 +46,7 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -141,10 +142,9 @@ def _convert_locked(run_dir: Path, found: Discovery, out_dir: Path, prefix: str,
     # Each converted rank's stream goes to a spool folder as it arrives, each final one is staged beside its
     # target as it is final: the parent holds one rank at a time. A killed run's spool folder and staged files
     # are removed by the next run into OUT_DIR (etweave.output.folder_lock).
-    spool = Path(out_dir) / f"{SPOOL_PREFIX}{os.getpid()}"
+    spool = Path(tempfile.mkdtemp(prefix=SPOOL_PREFIX, dir=out_dir))  # a fresh name: a stale one is never reused
     ranks = RankStreams(Path(out_dir), prefix)
     try:
-        spool.mkdir()
         spilled = convert_ranks(found.ranks, jobs, scheduler, progress, allow_mismatch, keep=_spiller(spool))
         outputs = [replace(out, host=_relative(rf.host, run_dir), kineto=_relative(rf.kineto, run_dir))
                    for out, rf in zip(spilled, found.ranks, strict=True)]
