@@ -118,10 +118,12 @@ def _value(entry: bytes, at: int) -> object:
 
 
 def _picker(wanted: Collection[str]) -> re.Pattern[bytes]:
-    """Matches an entry that starts with one of the wanted names (tag, length, name), or any entry that does not
-    start with a name at all (handed to _Unusual); an entry of any other name does not match."""
+    """Matches an entry that starts with one of the wanted names (tag, length, name); and, for _decode to hand to
+    the full message, any entry that does not start with a name in its usual form (no name tag first, a length of
+    more than one byte) or that holds a wanted name's tag later (the name field repeated: the last one counts). An
+    entry of any other name, in the usual form, does not match."""
     names = b"|".join(re.escape(bytes([len(n.encode())]) + n.encode()) for n in sorted(wanted))
-    return re.compile(rb"\n(?:" + names + rb")|[^\n]", re.S)
+    return re.compile(rb"\n(?:" + names + rb")|[^\n]|\n[\x80-\xff]|.+?\n(?:" + names + rb")", re.S)
 
 
 def _full(raw: bytes, path: Path, wanted: Collection[str]) -> NodeFields:
@@ -165,7 +167,8 @@ def _nodes(raws: Iterator[bytes], path: Path, wanted: frozenset[str]) -> Iterato
                     if len(decoded) >= _CACHE_LIMIT:
                         decoded.clear()
                     hit = decoded[entry] = _decode(entry)
-                attrs[hit[0]] = hit[1]
+                if hit[0] in wanted:  # the picker also hands over entries that only hold a wanted name's bytes
+                    attrs[hit[0]] = hit[1]
         except _Unusual:
             yield _full(raw, path, wanted)
             continue
@@ -175,7 +178,7 @@ def _nodes(raws: Iterator[bytes], path: Path, wanted: frozenset[str]) -> Iterato
 
 def _decode(entry: bytes) -> tuple[str, object]:
     """(name, value) of an entry the picker matched."""
-    if entry[0] != 0x0A:
+    if entry[0] != 0x0A or entry[1] >= 0x80:
         raise _Unusual
     at = 2 + entry[1]
     return entry[2:at].decode(), _value(entry, at)

@@ -96,6 +96,9 @@ def _entry(content: bytes) -> bytes:
     b"\x0a\x04kind\xea\x01\x02\xc3\xa9",  # a two-byte UTF-8 string
     b"\x0a\x03tid\x48\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01",  # a ten-byte varint
     b"",  # an attr with nothing set
+    b"\x0a\x84\x00kind\xea\x01\x03gpu",  # a name length padded to two bytes
+    b"\x0a\x03foo\x0a\x04kind\xea\x01\x03gpu",  # the name field twice: the last counts
+    b"\x0a\x03foo\xea\x01\x06\x0a\x04kind",  # a wanted name's bytes inside another attr's string
 ])
 def test_uncommon_encodings_read_as_protobuf_reads_them(tmp_path: Path, content: bytes) -> None:
     node = pb.Node(id=1, name="a", type=pb.COMP_NODE).SerializeToString() + _entry(content)
