@@ -186,7 +186,9 @@ class TextSummary:
         if "whatif" in summary:
             text += "\nwhat-if (simulated: the edited graph; measured: the run the files came from):"
             text += "".join(f"\n  {e['edit']}: {e['ops']} op(s), {e['nodes']} node(s), {e['before_us']} -> "
-                            f"{e['after_us']} us ({e['added_us']:+d} us)" for e in summary["whatif"])
+                            f"{e['after_us']} us ({e['added_us']:+d} us)"
+                            + (f", {e['unfitted_nodes']} without comm_size (divided by the factor)"
+                               if e.get("unfitted_nodes") else "") for e in summary["whatif"])
         text += "\n" + "\n".join(format_steps(summary["step_times"]))
         text += "".join(f"\nwrote {key} {summary[key]}" for key in WRITTEN_KEYS if key in summary)
         return text.encode() + b"\n"
