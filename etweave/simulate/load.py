@@ -29,7 +29,8 @@ def resource_of(attrs: dict[str, object]) -> str | None:
     return None
 
 
-def _int(value: object, path: Path, node_id: int, name: str) -> int:
+def attr_int(value: object, path: Path, node_id: int, name: str) -> int:
+    """An attr read as an integer (a finite number): anything else is bad input naming the node and attr."""
     if isinstance(value, bool) or not isinstance(value, int | float) or value != value or value in (_INF, -_INF):
         raise BadInput(path, f"node {node_id}: attr {name} is {value!r}, not a finite number")
     return int(value)
@@ -59,7 +60,7 @@ def to_sim_node(fields: NodeFields, path: Path) -> SimNode:
                   start, duration, None, None, None, None, kind)
     if "part_of" in attrs:
         part_of = attrs["part_of"]
-        sim.part_of = part_of if type(part_of) is int else _int(part_of, path, node_id, "part_of")
+        sim.part_of = part_of if type(part_of) is int else attr_int(part_of, path, node_id, "part_of")
     return sim
 
 
@@ -69,23 +70,23 @@ def _special_node(node_id: int, name: str, ntype: int, deps: tuple[int, ...], st
     measured_duration = duration
     if ntype in COMM_NODE_TYPES and "transfer_duration_micros" in attrs:
         # the measured duration of a comm node includes waiting for peers; the replay models that wait itself
-        duration = _int(attrs["transfer_duration_micros"], path, node_id, "transfer_duration_micros")
+        duration = attr_int(attrs["transfer_duration_micros"], path, node_id, "transfer_duration_micros")
     elif ntype == pb.METADATA_NODE:
         duration = 0  # metadata nodes take no time (docs/OUTPUT.md)
     measured = attrs.get("measured_duration_micros")
     if measured is not None:
         # whole-run conversion shortens a comm node to its transfer time; the measured one is kept as an attr
-        measured_duration = _int(measured, path, node_id, "measured_duration_micros")
+        measured_duration = attr_int(measured, path, node_id, "measured_duration_micros")
     sim = SimNode(node_id, intern(name), ntype, deps, duration, None, start, measured_duration)
     if "part_of" in attrs:
-        sim.part_of = _int(attrs["part_of"], path, node_id, "part_of")
+        sim.part_of = attr_int(attrs["part_of"], path, node_id, "part_of")
     if ntype == pb.COMM_COLL_NODE:
         pg = attrs.get("pg_name", "")
         sim.pg = intern(pg if isinstance(pg, str) else str(pg))
     elif ntype in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):
         for attr in ("comm_src", "comm_dst", "comm_tag"):
             if attr in attrs:
-                setattr(sim, attr, _int(attrs[attr], path, node_id, attr))
+                setattr(sim, attr, attr_int(attrs[attr], path, node_id, attr))
     return sim
 
 

@@ -51,6 +51,7 @@ from etweave.chakra.io import iter_et
 from etweave.errors import BadInput
 from etweave.nodes import is_marker_node
 from etweave.simulate.engine import RankGraph, SimNode
+from etweave.simulate.load import attr_int
 from etweave.simulate.steps import PART_KINDS, step_bounds
 
 ACTIONS = ("scale", "set-duration", "comm-bandwidth")
@@ -251,10 +252,7 @@ def read_transfers(rank: RankGraph) -> dict[int, Transfer]:
 
 
 def _int_attr(attrs: Mapping[str, object], name: str, default: int, rank: RankGraph, node_id: int) -> int:
-    value = attrs.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise BadInput(rank.source or "--comm-bandwidth", f"node {node_id}: attr {name} is {value!r}, not an integer")
-    return value
+    return attr_int(attrs.get(name, default), Path(rank.source or "--comm-bandwidth"), node_id, name)
 
 
 def fit_transfers(points: Sequence[tuple[int, int]]) -> TransferFit:

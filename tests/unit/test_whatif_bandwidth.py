@@ -4,10 +4,15 @@ saves, and keeps its latency and its own deviation from the fit (noise neither m
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from etweave.chakra import et_def_pb2 as pb
+from etweave.chakra.io import write_et
+from etweave.errors import BadInput
 from etweave.simulate.engine import COLL, SEND, RankGraph, SimNode
+from etweave.simulate.load import load_rank
 from etweave.simulate.whatif import Transfer, apply, fit_transfers, parse_edit
 
 MB = 1 << 20
@@ -90,3 +95,16 @@ def test_plain_per_node_scale_is_scale_kind_comm() -> None:
     rank = graph([5000, 10000])
     apply([rank], [parse_edit("scale", "kind=comm:0.5")], [all_reduce([MB, MB])])
     assert [nd.duration for nd in rank.nodes] == [2500, 5000]
+
+
+def test_a_size_that_is_no_number_is_bad_input(tmp_path: Path) -> None:
+    """The sizes are read from the rank's file: a comm_size that is a string is the user's bad input, named."""
+    node = pb.Node(id=1, name="all_reduce", type=pb.COMM_COLL_NODE, duration_micros=100)
+    node.attr.add(name="comm_type", int64_val=pb.ALL_REDUCE)
+    node.attr.add(name="comm_size", string_val="abc")
+    node.attr.add(name="is_cpu_op", bool_val=False)
+    path = tmp_path / "trace.0.et"
+    write_et(path, pb.GlobalMetadata(version="0.0.4"), [node])
+    rank = load_rank(path)
+    with pytest.raises(BadInput, match="attr comm_size is 'abc'"):
+        apply([rank], [parse_edit("comm-bandwidth", "2")])
