@@ -47,11 +47,11 @@ from pathlib import Path
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.accepts import COMM_NODE_TYPES, comm_type_name
-from etweave.chakra.io import iter_et
 from etweave.errors import BadInput
 from etweave.nodes import is_marker_node
 from etweave.simulate.engine import RankGraph, SimNode
 from etweave.simulate.load import attr_int
+from etweave.simulate.reader import read_nodes
 from etweave.simulate.steps import PART_KINDS, step_bounds
 
 ACTIONS = ("scale", "set-duration", "comm-bandwidth")
@@ -237,22 +237,24 @@ def read_transfers(rank: RankGraph) -> dict[int, Transfer]:
     if not rank.source:
         raise BadInput("--comm-bandwidth", f"rank {rank.rank}: no file to read the transfers' sizes from")
     out: dict[int, Transfer] = {}
-    _, nodes = iter_et(Path(rank.source))
-    for node in nodes:
-        if node.type not in COMM_NODE_TYPES:
+    _, nodes = read_nodes(Path(rank.source), _TRANSFER_ATTRS)  # simulate's one reader of node attrs
+    for node_id, _, node_type, _, _, _, attrs in nodes:
+        if node_type not in COMM_NODE_TYPES:
             continue
-        attrs = {a.name: getattr(a, a.WhichOneof("value") or "int64_val") for a in node.attr
-                 if a.name in ("comm_type", "comm_size")}
-        if node.type == pb.COMM_COLL_NODE:
-            kind = comm_type_name(_int_attr(attrs, "comm_type", -1, rank, node.id))
+        if node_type == pb.COMM_COLL_NODE:
+            kind = comm_type_name(_int_attr(attrs, "comm_type", -1, rank, node_id))
         else:
-            kind = "SEND" if node.type == pb.COMM_SEND_NODE else "RECV"
-        out[node.id] = Transfer(kind, max(0, _int_attr(attrs, "comm_size", 0, rank, node.id)))
+            kind = "SEND" if node_type == pb.COMM_SEND_NODE else "RECV"
+        out[node_id] = Transfer(kind, max(0, _int_attr(attrs, "comm_size", 0, rank, node_id)))
     return out
 
 
+_TRANSFER_ATTRS = frozenset({"comm_type", "comm_size"})
+
+
 def _int_attr(attrs: Mapping[str, object], name: str, default: int, rank: RankGraph, node_id: int) -> int:
-    return attr_int(attrs.get(name, default), Path(rank.source or "--comm-bandwidth"), node_id, name)
+    value = attrs.get(name)  # absent, or an attr with no value set: the default
+    return default if value is None else attr_int(value, Path(rank.source or "--comm-bandwidth"), node_id, name)
 
 
 def fit_transfers(points: Sequence[tuple[int, int]]) -> TransferFit:
