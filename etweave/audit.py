@@ -7,7 +7,7 @@ from etweave.collectives import CollectiveStats
 from etweave.conversion import Conversion, need
 from etweave.deps import Dependencies, by_name
 from etweave.deps.evidence import Evidence
-from etweave.fidelity import PathNode, delay_share
+from etweave.fidelity import DelayShare, PathNode, longest_path, share_of_path
 from etweave.link import DeviceSelection, HostLink, LeftOut
 from etweave.model import DELAY, GPU_KINDS, HOST_OP, RUNTIME, THREAD_ROOT, UNTRACED, WAKEUP, Graph
 from etweave.nodes import duration
@@ -148,10 +148,7 @@ def _roofline(g: Graph, rf: Roofline | None) -> RooflineSummary:
 def delays(g: Graph, deps: Dependencies) -> Delays:
     """The delay share of the critical path (fidelity.delay_share), every delay on it of LONG_DELAY µs or more with
     the evidence that nothing was awaited, and the distribution of wake-up latencies."""
-    get_preds = deps.preds.get
-    nodes = [PathNode(it.id, it.name, it.kind, float(duration(it)),
-                      tuple([e.src for e in edges]) if (edges := get_preds(it.id)) else ()) for it in g.items]
-    ds = delay_share(nodes)
+    ds = _delay_share(g, deps)
     long = []
     evidence: NoWaitEvidence | None = None
     for i in ds.on_path:
@@ -172,6 +169,24 @@ def delays(g: Graph, deps: Dependencies) -> Delays:
         long_delays_on_critical_path=long,
         wakeup_micros=Distribution.of(wakeups),
     )
+
+
+def _delay_share(g: Graph, deps: Dependencies) -> DelayShare:
+    """`fidelity.delay_share` of the nodes the items become, read from the items and edges (no node per item)."""
+    items = g.items
+    index = {it.id: k for k, it in enumerate(items)}
+    succ: list[list[int]] = [[] for _ in items]
+    indeg = [0] * len(items)
+    get_preds = deps.preds.get
+    for k, it in enumerate(items):
+        edges = get_preds(it.id)
+        if edges:
+            indeg[k] = len(edges)
+            for e in edges:
+                succ[index[e.src]].append(k)
+    cp, path = longest_path([it.id for it in items], [float(duration(it)) for it in items], succ, indeg)
+    on_path = [items[k] for k in path]
+    return share_of_path(cp, [PathNode(it.id, it.name, it.kind, float(duration(it)), ()) for it in on_path])
 
 
 def collectives_without_dependents(g: Graph, deps: Dependencies) -> list[CollectiveWithoutDependents]:

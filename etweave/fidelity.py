@@ -4,6 +4,7 @@ as its predecessors are done) against its measured start."""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -126,32 +127,42 @@ def path_nodes(nodes: Sequence[pb.Node]) -> list[PathNode]:
 
 def critical_path(nodes: Sequence[PathNode], durations: dict[int, float] | None = None) -> tuple[float, list[int]]:
     """Length of the longest path with unlimited resources, and its node ids (first to last)."""
-    if not nodes:
-        return 0.0, []
     index = {n.id: k for k, n in enumerate(nodes)}
     dur = [n.duration for n in nodes]
     if durations:
         for i, d in durations.items():
             dur[index[i]] = d
-    start, decided = _longest_starts(nodes, index, dur)
-    last = max(range(len(nodes)), key=lambda k: (start[k] + dur[k], -nodes[k].id))
+    succ: list[list[int]] = [[] for _ in nodes]
+    for k, n in enumerate(nodes):
+        for p in n.preds:
+            succ[index[p]].append(k)
+    ids = [n.id for n in nodes]
+    length, path = longest_path(ids, dur, succ, [len(n.preds) for n in nodes])
+    return length, [ids[k] for k in path]
+
+
+def longest_path(ids: Sequence[int], dur: Sequence[float], succ: list[list[int]],
+                 indeg: list[int]) -> tuple[float, list[int]]:
+    """The critical path over nodes given by index: each node's id, duration, successors (indices, in the order of
+    the nodes' predecessors) and number of predecessors (`indeg` is used up). Its length and its nodes' indices,
+    first to last; of paths ending at once, the one ending at the smallest id."""
+    if not ids:
+        return 0.0, []
+    start, decided = _longest_starts(dur, succ, indeg)
+    ends = list(map(operator.add, start, dur))
+    latest = max(ends)
+    last = min((ids[k], k) for k, e in enumerate(ends) if e == latest)[1]
     path = [last]
     while decided[path[-1]] >= 0:
         path.append(decided[path[-1]])
     path.reverse()
-    return start[last] + dur[last], [nodes[k].id for k in path]
+    return ends[last], path
 
 
-def _longest_starts(nodes: Sequence[PathNode], index: dict[int, int],
-                    dur: list[float]) -> tuple[list[float], list[int]]:
+def _longest_starts(dur: Sequence[float], succ: list[list[int]], indeg: list[int]) -> tuple[list[float], list[int]]:
     """Each node's latest predecessor end (unlimited resources), and the predecessor that decided it (-1: none)."""
-    succ: list[list[int]] = [[] for _ in nodes]
-    indeg = [len(n.preds) for n in nodes]
-    for k, n in enumerate(nodes):
-        for p in n.preds:
-            succ[index[p]].append(k)
-    start = [0.0] * len(nodes)
-    decided = [-1] * len(nodes)  # the predecessor whose end decided a node's start
+    start = [0.0] * len(dur)
+    decided = [-1] * len(dur)  # the predecessor whose end decided a node's start
     ready = [k for k, d in enumerate(indeg) if d == 0]
     pop, push = ready.pop, ready.append
     while ready:
@@ -175,17 +186,22 @@ def delay_share(nodes: Sequence[PathNode]) -> DelayShare:
     The report (etweave.report) and bench/replay.py both use this one function."""
     cp, path = critical_path(nodes)
     by_id = {n.id: n for n in nodes}
+    return share_of_path(cp, [by_id[i] for i in path])
+
+
+def share_of_path(cp: float, path: Sequence[PathNode]) -> DelayShare:
+    """`delay_share` of a critical path already found (`cp` µs long; only its nodes' name, kind and duration are
+    read)."""
     by_kind: dict[str, float] = {}
     offset = 0.0
-    for i in path:
-        n = by_id[i]
+    for n in path:
         if n.name == RANK_START_OFFSET:
             offset += n.duration
         elif n.kind in NO_OP_KINDS:
             by_kind[n.kind] = by_kind.get(n.kind, 0.0) + n.duration
     base = cp - offset
     share = 100.0 * sum(by_kind.values()) / base if base > 0 else 0.0
-    return DelayShare(cp, share, offset, dict(sorted(by_kind.items())), path)
+    return DelayShare(cp, share, offset, dict(sorted(by_kind.items())), [n.id for n in path])
 
 
 class SyncBlocking(NamedTuple):
