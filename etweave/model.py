@@ -136,7 +136,7 @@ class Await:
     inferred: bool  # True when the evidence is indirect (timing, partial records)
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, unsafe_hash=True)  # not frozen: built at a third of the cost, and there is one per edge
 class Edge:
     src: int
     dst: int

@@ -53,35 +53,32 @@ def infer(g: Graph, applied: Iterable[Source] | None = None) -> Dependencies:
             g.by_id[i].pos = pos
     deps = Dependencies(preds={})
     seen: set[tuple[int, int]] = set()
-    # an edge's source must start no later than its target (the order keys make the union acyclic); each
-    # item's key computed once, not twice per edge
-    keys = {i: order_key(it) for i, it in g.by_id.items()}
+    # an edge's source must start no later than its target (the order keys make the union acyclic); the whole
+    # key is built only on equal starts
+    by_id = g.by_id
     preds = deps.preds
     for source in SOURCES.values() if applied is None else applied:
         for e in source(g):
-            pair = (e.src, e.dst)
-            if e.src == e.dst or pair in seen:
+            src, dst = e.src, e.dst
+            pair = (src, dst)
+            if src == dst or pair in seen:
                 continue
-            if not keys[e.src] < keys[e.dst]:
+            a, b = by_id[src], by_id[dst]
+            if not (a.start < b.start or (a.start == b.start and order_key(a) < order_key(b))):
                 deps.rejected[e.source] += 1
                 continue
             seen.add(pair)
-            if e.source.waits and _ends_late(g, e):
+            if e.source.waits and a.start + a.dur > b.start + WAIT_TOLERANCE:  # it ended after its target began
                 deps.late[e.source] += 1
-            edges = preds.get(e.dst)
+            edges = preds.get(dst)
             if edges is None:
-                preds[e.dst] = [e]
+                preds[dst] = [e]
             else:
                 edges.append(e)
             deps.per_source[e.source] += 1
             if e.inferred:
                 deps.inferred[e.source] += 1
     return deps
-
-
-def _ends_late(g: Graph, e: Edge) -> bool:
-    a, b = g.by_id[e.src], g.by_id[e.dst]
-    return a.start + a.dur > b.start + WAIT_TOLERANCE
 
 
 def order_key(it: Item) -> tuple[float, int, int, int]:
