@@ -216,6 +216,7 @@ class _Sweep:
         self.owner: Item | None = None  # innermost open op: the one the current period belongs to
         self.pending: Item | None = None  # an op whose own node period is still open
         self.cursor = t0
+        self.self_names: dict[str, str] = {}  # op name -> its self parts' name: one string per name, not per part
 
     def run(self) -> list[int]:
         for key, it in self.seq:
@@ -259,7 +260,10 @@ class _Sweep:
             return
         owner = self.owner
         if owner is not None:
-            part = Item(id=0, kind=SELF_PART, name=f"{owner.name} [self]", part_of=owner.id)
+            name = self.self_names.get(owner.name)
+            if name is None:
+                name = self.self_names[owner.name] = f"{owner.name} [self]"
+            part = Item(id=0, kind=SELF_PART, name=name, part_of=owner.id)
         else:
             part = Item(id=0, kind=DELAY, name="[idle]")
         part.start, part.seg_end, part.measured, part.tid = self.cursor, t, True, self.tid
