@@ -211,7 +211,7 @@ def check_metadata(metadata: pb.GlobalMetadata, where: str) -> list[Violation]:
     return []
 
 
-def _find_cycle(nodes: Sequence[NodeShape], index: dict[int, int], stuck: list[int]) -> list[int]:
+def _find_cycle(nodes: _Shapes, index: dict[int, int], stuck: list[int]) -> list[int]:
     """Indices of one cycle among the nodes Kahn's algorithm could not schedule.
 
     Every stuck node has a stuck dependency (else its in-degree would have reached 0), so walking from
@@ -245,6 +245,32 @@ class NodeShape(NamedTuple):
     ctrl_deps: tuple[int, ...]
 
 
+class _Shapes:
+    """The `NodeShape`s of a graph's nodes as parallel lists, in node order (no object per node; ctrl_deps, which
+    etweave never writes, kept only where present)."""
+
+    __slots__ = ("ctrl_deps", "data_deps", "ids", "names")
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.names: list[str] = []
+        self.data_deps: list[tuple[int, ...]] = []
+        self.ctrl_deps: dict[int, tuple[int, ...]] = {}  # position -> the node's ctrl_deps, where it has any
+
+    def add(self, node_id: int, name: str, data_deps: tuple[int, ...], ctrl_deps: tuple[int, ...] = ()) -> None:
+        if ctrl_deps:
+            self.ctrl_deps[len(self.ids)] = ctrl_deps
+        self.ids.append(node_id)
+        self.names.append(name)
+        self.data_deps.append(data_deps)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> NodeShape:
+        return NodeShape(self.ids[i], self.names[i], self.data_deps[i], self.ctrl_deps.get(i, ()))
+
+
 class NodeChecker:
     """check_nodes, one node at a time: `add` each node (its own attrs and type are checked then), then
     `violations()` adds the checks that need them all (ids, edges, cycles)."""
@@ -253,11 +279,11 @@ class NodeChecker:
         self.where = where
         self.out: list[Violation] = []
         self.warnings: list[Violation] = []  # what runs, but not as measured (module docstring)
-        self.shapes: list[NodeShape] = []
+        self.shapes = _Shapes()
 
     def add(self, node: pb.Node) -> None:
         _check_node_semantics(node, self.where, self.out, self.warnings)
-        self.shapes.append(NodeShape(node.id, node.name, tuple(node.data_deps), tuple(node.ctrl_deps)))
+        self.shapes.add(node.id, node.name, tuple(node.data_deps), tuple(node.ctrl_deps))
 
     def add_encoded(self, data: bytes, node_id: int, name: str, node_type: int, data_deps: tuple[int, ...]) -> None:
         """A node as `etweave.nodes` encodes it (`data`), with the fields it was encoded from. A COMP_NODE other
@@ -267,7 +293,7 @@ class NodeChecker:
         if node_type != pb.COMP_NODE or name == PG_INIT_NAME:
             self.add(pb.Node.FromString(data))
         else:
-            self.shapes.append(NodeShape(node_id, name, data_deps, ()))
+            self.shapes.add(node_id, name, data_deps)
 
     def violations(self) -> list[Violation]:
         return self.out + _graph_violations(self.shapes, self.where)
@@ -284,15 +310,17 @@ def check_nodes(nodes: Sequence[pb.Node], where: str, warnings: list[Violation] 
     return checker.violations()
 
 
-def _graph_violations(nodes: Sequence[NodeShape], where: str) -> list[Violation]:
+def _graph_violations(nodes: _Shapes, where: str) -> list[Violation]:
     out: list[Violation] = []
-    index: dict[int, int] = {}  # id -> position of the first node with it
-    for i, node in enumerate(nodes):
-        first = index.setdefault(node.id, i)
-        if first != i:
-            out.append(Violation("duplicate-id", where,
-                                 f"id also used by an earlier node ({nodes[first].name!r}, now {node.name!r})",
-                                 node.id))
+    ids = nodes.ids
+    # id -> position of the first node with it (of equal keys, the last one zip gives stays: the first node's)
+    index = dict(zip(reversed(ids), range(len(ids) - 1, -1, -1), strict=True))
+    if len(index) < len(ids):
+        for i, nid in enumerate(ids):
+            first = index[nid]
+            if first != i:
+                out.append(Violation("duplicate-id", where, f"id also used by an earlier node "
+                                     f"({nodes.names[first]!r}, now {nodes.names[i]!r})", nid))
     dependents, indegree = _edges(nodes, index, where, out)
     stuck = _unschedulable(dependents, indegree)
     if stuck:
@@ -300,7 +328,7 @@ def _graph_violations(nodes: Sequence[NodeShape], where: str) -> list[Violation]
     return out
 
 
-def _edges(nodes: Sequence[NodeShape], index: dict[int, int], where: str, out: list[Violation]
+def _edges(nodes: _Shapes, index: dict[int, int], where: str, out: list[Violation]
            ) -> tuple[list[list[int]], list[int]]:
     """The graph over positions, not ids, so duplicate ids cannot merge nodes: each node's dependents and
     in-degree. Self-edges and dangling ones are reported and left out, so the cycle check reports only real
@@ -308,21 +336,33 @@ def _edges(nodes: Sequence[NodeShape], index: dict[int, int], where: str, out: l
     n = len(nodes)
     indegree = [0] * n
     dependents: list[list[int]] = [[] for _ in range(n)]
-    for i, node in enumerate(nodes):
-        nid = node.id
-        for deps, rule, label in ((node.data_deps, "dangling-data-dep", "data_dep"),
-                                  (node.ctrl_deps, "dangling-ctrl-dep", "ctrl_dep")):
-            for dep in deps:
-                if dep == nid:
-                    out.append(Violation("self-edge", where, f"the node lists itself in its {label}s", nid))
-                    continue
-                j = index.get(dep)
-                if j is None:
-                    out.append(Violation(rule, where, f"{label} {dep} is not a node in this trace", nid))
-                    continue
-                dependents[j].append(i)
-                indegree[i] += 1
+    get = index.get
+    ctrl = nodes.ctrl_deps
+    for i, (nid, data_deps) in enumerate(zip(nodes.ids, nodes.data_deps, strict=True)):
+        for dep in data_deps:
+            j = get(dep)
+            if j is None or dep == nid:
+                _bad_edge(dep, nid, "data_dep", where, out)
+                continue
+            dependents[j].append(i)
+            indegree[i] += 1
+        for dep in ctrl.get(i, ()) if ctrl else ():
+            j = get(dep)
+            if j is None or dep == nid:
+                _bad_edge(dep, nid, "ctrl_dep", where, out)
+                continue
+            dependents[j].append(i)
+            indegree[i] += 1
     return dependents, indegree
+
+
+def _bad_edge(dep: int, nid: int, label: str, where: str, out: list[Violation]) -> None:
+    """A self-edge, or a dependency on no node of the trace."""
+    if dep == nid:
+        out.append(Violation("self-edge", where, f"the node lists itself in its {label}s", nid))
+    else:
+        out.append(Violation(f"dangling-{label.replace('_', '-')}", where,
+                             f"{label} {dep} is not a node in this trace", nid))
 
 
 def _unschedulable(dependents: list[list[int]], indegree: list[int]) -> list[int]:
@@ -337,7 +377,7 @@ def _unschedulable(dependents: list[list[int]], indegree: list[int]) -> list[int
     return [i for i in range(len(indegree)) if indegree[i] > 0]
 
 
-def _cycle_violation(nodes: Sequence[NodeShape], index: dict[int, int], stuck: list[int], where: str) -> Violation:
+def _cycle_violation(nodes: _Shapes, index: dict[int, int], stuck: list[int], where: str) -> Violation:
     cycle = _find_cycle(nodes, index, stuck)
     # The walk goes node -> dependency; reverse it so the arrows read in execution order, and start at the
     # smallest id so the report is the same whichever node the walk began from.
