@@ -3,11 +3,13 @@ came out, what was left out and why, edges per evidence, delays on the critical 
 
 from __future__ import annotations
 
+from array import array
+
 from etweave.collectives import CollectiveStats
 from etweave.conversion import Conversion, need
 from etweave.deps import Dependencies, by_name
 from etweave.deps.evidence import Evidence
-from etweave.fidelity import DelayShare, PathNode, longest_path, share_of_path
+from etweave.fidelity import DelayShare, PathNode, Successors, longest_path, share_of_path
 from etweave.link import DeviceSelection, HostLink, LeftOut
 from etweave.model import DELAY, GPU_KINDS, HOST_OP, RUNTIME, THREAD_ROOT, UNTRACED, WAKEUP, Graph
 from etweave.nodes import duration
@@ -175,16 +177,17 @@ def _delay_share(g: Graph, deps: Dependencies) -> DelayShare:
     """`fidelity.delay_share` of the nodes the items become, read from the items and edges (no node per item)."""
     items = g.items
     index = {it.id: k for k, it in enumerate(items)}
-    succ: list[list[int]] = [[] for _ in items]
-    indeg = [0] * len(items)
+    src, dst = array("q"), array("q")
     get_preds = deps.preds.get
     for k, it in enumerate(items):
         edges = get_preds(it.id)
         if edges:
-            indeg[k] = len(edges)
             for e in edges:
-                succ[index[e.src]].append(k)
-    cp, path = longest_path([it.id for it in items], [float(duration(it)) for it in items], succ, indeg)
+                src.append(index[e.src])
+                dst.append(k)
+    del index
+    cp, path = longest_path([it.id for it in items], [float(duration(it)) for it in items],
+                            Successors.of(len(items), src, dst))
     on_path = [items[k] for k in path]
     return share_of_path(cp, [PathNode(it.id, it.name, it.kind, float(duration(it)), ()) for it in on_path])
 

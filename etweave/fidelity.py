@@ -4,7 +4,9 @@ as its predecessors are done) against its measured start."""
 
 from __future__ import annotations
 
+import itertools
 import operator
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -132,23 +134,51 @@ def critical_path(nodes: Sequence[PathNode], durations: dict[int, float] | None 
     if durations:
         for i, d in durations.items():
             dur[index[i]] = d
-    succ: list[list[int]] = [[] for _ in nodes]
+    src, dst = array("q"), array("q")
     for k, n in enumerate(nodes):
         for p in n.preds:
-            succ[index[p]].append(k)
+            src.append(index[p])
+            dst.append(k)
     ids = [n.id for n in nodes]
-    length, path = longest_path(ids, dur, succ, [len(n.preds) for n in nodes])
+    length, path = longest_path(ids, dur, Successors.of(len(nodes), src, dst))
     return length, [ids[k] for k in path]
 
 
-def longest_path(ids: Sequence[int], dur: Sequence[float], succ: list[list[int]],
-                 indeg: list[int]) -> tuple[float, list[int]]:
-    """The critical path over nodes given by index: each node's id, duration, successors (indices, in the order of
-    the nodes' predecessors) and number of predecessors (`indeg` is used up). Its length and its nodes' indices,
-    first to last; of paths ending at once, the one ending at the smallest id."""
+@dataclass(slots=True)
+class Successors:
+    """Each node's successors (positions), all in one array: node k's are `targets[offsets[k]:offsets[k + 1]]`, in
+    the order their edges were given; `indeg`: each node's number of predecessors."""
+
+    offsets: array[int]
+    targets: array[int]
+    indeg: list[int]
+
+    @classmethod
+    def of(cls, n: int, src: array[int], dst: array[int]) -> Successors:
+        """The successors of n nodes from their edges as two parallel arrays of positions."""
+        outdeg = [0] * (n + 1)
+        indeg = [0] * n
+        for s in src:
+            outdeg[s + 1] += 1
+        for d in dst:
+            indeg[d] += 1
+        offsets = array("q", itertools.accumulate(outdeg))
+        fill = array("q", offsets)
+        targets = array("q", bytes(8 * len(src)))
+        for s, d in zip(src, dst, strict=True):
+            at = fill[s]
+            targets[at] = d
+            fill[s] = at + 1
+        return cls(offsets, targets, indeg)
+
+
+def longest_path(ids: Sequence[int], dur: Sequence[float], succ: Successors) -> tuple[float, list[int]]:
+    """The critical path over nodes given by position: each node's id and duration, and the successors
+    (`succ.indeg` is used up). Its length and its nodes' positions, first to last; of paths ending at once, the
+    one ending at the smallest id."""
     if not ids:
         return 0.0, []
-    start, decided = _longest_starts(dur, succ, indeg)
+    start, decided = _longest_starts(dur, succ)
     ends = list(map(operator.add, start, dur))
     latest = max(ends)
     last = min((ids[k], k) for k, e in enumerate(ends) if e == latest)[1]
@@ -159,16 +189,17 @@ def longest_path(ids: Sequence[int], dur: Sequence[float], succ: list[list[int]]
     return ends[last], path
 
 
-def _longest_starts(dur: Sequence[float], succ: list[list[int]], indeg: list[int]) -> tuple[list[float], list[int]]:
+def _longest_starts(dur: Sequence[float], succ: Successors) -> tuple[list[float], list[int]]:
     """Each node's latest predecessor end (unlimited resources), and the predecessor that decided it (-1: none)."""
     start = [0.0] * len(dur)
     decided = [-1] * len(dur)  # the predecessor whose end decided a node's start
+    indeg, offsets, targets = succ.indeg, succ.offsets, succ.targets
     ready = [k for k, d in enumerate(indeg) if d == 0]
     pop, push = ready.pop, ready.append
     while ready:
         k = pop()
         end = start[k] + dur[k]
-        for j in succ[k]:
+        for j in targets[offsets[k]:offsets[k + 1]]:
             sj = start[j]
             if end > sj or (end == sj and decided[j] < 0):
                 start[j] = end
