@@ -123,7 +123,16 @@ class Item:
     comm: Comm | None = None
     pos: int = 0  # place in its thread's or stream's chain: breaks ties between equal start times
     part_of: int | None = None  # SELF_PART / RESUME / WAKEUP / DELAY: the op (or thread) this period belongs to
-    awaits: list[Await] = field(default_factory=list)  # what the waits stage found this item waited for
+    # what the waits stage found this item waited for (`wait_for`); () while nothing: most items wait for none, and
+    # an empty list per item held about 16 MB on a trace of 224k items
+    awaits: list[Await] | tuple[()] = ()
+
+    def wait_for(self, *waits: Await) -> None:
+        """Record waits the waits stage found, after those already recorded."""
+        if isinstance(self.awaits, list):
+            self.awaits.extend(waits)
+        elif waits:
+            self.awaits = list(waits)
 
 
 @dataclass(slots=True, frozen=True)

@@ -69,7 +69,7 @@ def _blocking_calls(g: Graph, chains: Chains, records: SyncRecords) -> None:
     for call, op in find_blocking_calls(g, records):
         resume = chains.split(call, call.start, RESUME)  # the call's own node keeps its entry; the rest waited
         resume.start = min(max(resume.start, op.start + op.dur), resume.seg_end)
-        resume.awaits.append(Await(op.id, Evidence.SYNC, False))
+        resume.wait_for(Await(op.id, Evidence.SYNC, False))
 
 
 def _cross_thread_waits(g: Graph, chains: Chains, served: Handed, moments: dict[int | str, list[float]],
@@ -85,8 +85,8 @@ def _cross_thread_waits(g: Graph, chains: Chains, served: Handed, moments: dict[
         wake = chains.split(it, w.wait_from, WAKEUP)
         wake.start = min(x_end, wake.seg_end)
         wake.dur = wake.excl = wake.seg_end - wake.start
-        wake.awaits.append(Await(w.op.id, Evidence.THREAD_WAIT, True))
-        wake.awaits.extend(Await(o.id, Evidence.THREAD_WAIT, True) for o in w.also)
+        wake.wait_for(Await(w.op.id, Evidence.THREAD_WAIT, True))
+        wake.wait_for(*(Await(o.id, Evidence.THREAD_WAIT, True) for o in w.also))
         if it.kind == DELAY and w.wait_from == it.start:  # the idle period was all waiting: only its wake-up is left
             chains.removed.add(it.id)
     chains.reset_starts()
@@ -98,13 +98,16 @@ def _await_last_periods(g: Graph, chains: Chains) -> None:
     (the op may have been cut into periods after the wait was found)."""
     chains.reset_starts()
     for it in g.items:
-        for n, a in enumerate(it.awaits):
+        awaits = it.awaits
+        if not isinstance(awaits, list):  # none
+            continue
+        for n, a in enumerate(awaits):
             x = g.by_id[a.item]
             if a.evidence is not Evidence.THREAD_WAIT or x.tid is None:
                 continue
             last = chains.last_period(x)
             if last.id != a.item:
-                it.awaits[n] = Await(last.id, a.evidence, a.inferred)
+                awaits[n] = Await(last.id, a.evidence, a.inferred)
 
 
 def _name_untraced(g: Graph, chains: Chains) -> None:
@@ -197,7 +200,7 @@ def _worker_handoffs(g: Graph, chains: Chains, evidence: HandOverEvidence, worke
                 worker.credit(gap, queued.tid, moment, apply)
                 given.append((queued.tid, nxt.start, None, gap.id))
             if apply:
-                nxt.awaits.append(Await(queued.id, Evidence.HANDOFF, True))
+                nxt.wait_for(Await(queued.id, Evidence.HANDOFF, True))
             continue
         if found is None:
             continue
@@ -219,7 +222,7 @@ def _apply_handoff(chains: Chains, gap: Item, nxt: Item, src: Item, running: boo
     if running:
         if src.seg_end - nxt.start >= 0.5 and nxt.start - src.start >= 0.5:
             chains.split(src, nxt.start, SELF_PART if src.kind != RESUME else RESUME)
-        nxt.awaits.append(Await(src.id, Evidence.HANDOFF, True))
+        nxt.wait_for(Await(src.id, Evidence.HANDOFF, True))
         chains.removed.add(gap.id)
         return
     # the worker woke up after the handing thread began to wait: that latency is a wake-up
@@ -227,7 +230,7 @@ def _apply_handoff(chains: Chains, gap: Item, nxt: Item, src: Item, running: boo
     chains.move_start(gap, pos, max(gap.start, src.seg_end if src.seg_end > src.start
                                     else math.nextafter(src.start, math.inf)))
     gap.dur = gap.excl = gap.seg_end - gap.start
-    gap.awaits.append(Await(src.id, Evidence.HANDOFF, True))
+    gap.wait_for(Await(src.id, Evidence.HANDOFF, True))
 
 
 def _stream_waits(g: Graph) -> None:
@@ -265,7 +268,7 @@ def _late_start(g: Graph, it: Item, key: tuple[int, int], stream_free: float,
     if late is None:
         return None
     if late.waited and late.other is not None:
-        it.awaits.append(Await(late.other.id, Evidence.STREAM_WAIT, True))
+        it.wait_for(Await(late.other.id, Evidence.STREAM_WAIT, True))
     if it.start - late.idle_from <= TOLERANCE:
         return None
     d = g.add(Item(id=0, kind=DELAY, name="[gpu idle]", start=late.idle_from, seg_end=it.start, measured=True,
@@ -274,10 +277,10 @@ def _late_start(g: Graph, it: Item, key: tuple[int, int], stream_free: float,
     # the idle time starts once whatever made the op ready is done: its launch, an event waited on, or the op on
     # another stream it waited for
     if late.launch is not None:
-        d.awaits.append(Await(late.launch.id, Evidence.LAUNCH, False))
-    d.awaits.extend(a for a in it.awaits if a.evidence is Evidence.EVENT_WAIT)
+        d.wait_for(Await(late.launch.id, Evidence.LAUNCH, False))
+    d.wait_for(*(a for a in it.awaits if a.evidence is Evidence.EVENT_WAIT))
     if late.other is not None and late.idle_from > late.ready:
-        d.awaits.append(Await(late.other.id, Evidence.STREAM_WAIT, True))
+        d.wait_for(Await(late.other.id, Evidence.STREAM_WAIT, True))
     return d
 
 

@@ -32,7 +32,7 @@ def recorded_event_waits(g: Graph, records: SyncRecords) -> None:
             continue
         waiter = records.first_launched_after(ev.device, stream, call.start)
         if waiter is not None and waiter is not awaited and awaited.start <= waiter.start:
-            waiter.awaits.append(Await(awaited.id, Evidence.EVENT_WAIT, False))
+            waiter.wait_for(Await(awaited.id, Evidence.EVENT_WAIT, False))
 
 
 def unrecorded_event_waits(g: Graph, records: SyncRecords) -> None:
@@ -60,7 +60,7 @@ def unrecorded_event_waits(g: Graph, records: SyncRecords) -> None:
         if awaited is None or (awaited.id, waiter.id) in done:
             continue
         if awaited.start + awaited.dur <= waiter.start + TOLERANCE and awaited.start < waiter.start:
-            waiter.awaits.append(Await(awaited.id, Evidence.EVENT_WAIT, True))
+            waiter.wait_for(Await(awaited.id, Evidence.EVENT_WAIT, True))
             done.add((awaited.id, waiter.id))
 
 
