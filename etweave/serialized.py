@@ -31,9 +31,43 @@ def slot_class(it: Item) -> str | None:
 
 def overlap_us(intervals: Iterable[tuple[float, float]]) -> float:
     """Time during which two or more of the intervals were open at once."""
-    edges = sorted([(s, 1) for s, e in intervals if e > s] + [(e, -1) for s, e in intervals if e > s])
+    starts, ends = _nonempty(intervals)
+    return _overlap(starts, ends)
+
+
+def overlapping_count(intervals: Iterable[tuple[float, float]]) -> int:
+    """How many of the intervals share time with another one."""
+    starts, ends = _nonempty(intervals)
+    return _overlapping(starts, ends)
+
+
+def _nonempty(intervals: Iterable[tuple[float, float]]) -> tuple[list[float], list[float]]:
+    """The intervals that hold time, as their starts and their ends (two lists, not a tuple each)."""
+    starts: list[float] = []
+    ends: list[float] = []
+    for s, e in intervals:
+        if e > s:
+            starts.append(s)
+            ends.append(e)
+    return starts, ends
+
+
+def _overlap(starts: list[float], ends: list[float]) -> float:
+    """`overlap_us` of nonempty intervals: a sweep over the starts and the ends, each sorted (at one instant, ends
+    before starts)."""
+    starts, ends = sorted(starts), sorted(ends)
+    n = len(starts)
     open_now, last, total = 0, 0.0, 0.0
-    for t, step in edges:
+    i = j = 0
+    while j < n:  # every start comes before the last end
+        if i < n and starts[i] < ends[j]:
+            t = starts[i]
+            i += 1
+            step = 1
+        else:
+            t = ends[j]
+            j += 1
+            step = -1
         if open_now >= 2:
             total += t - last
         open_now += step
@@ -41,14 +75,15 @@ def overlap_us(intervals: Iterable[tuple[float, float]]) -> float:
     return total
 
 
-def overlapping_count(intervals: Iterable[tuple[float, float]]) -> int:
-    """How many of the intervals share time with another one."""
-    spans = sorted((s, e) for s, e in intervals if e > s)
+def _overlapping(starts: list[float], ends: list[float]) -> int:
+    """`overlapping_count` of nonempty intervals."""
+    order = sorted(range(len(starts)), key=starts.__getitem__)
     count, reach = 0, float("-inf")  # reach: the latest end among the spans before this one
-    for k, (s, e) in enumerate(spans):
+    for k, x in enumerate(order):
+        s, e = starts[x], ends[x]
         # sorted by start: a span meets an earlier one iff the earlier ends reach past its start, and a later one
         # iff the next span starts before it ends
-        if reach > s or (k + 1 < len(spans) and spans[k + 1][0] < e):
+        if reach > s or (k + 1 < len(order) and starts[order[k + 1]] < e):
             count += 1
         reach = max(reach, e)
     return count
@@ -63,10 +98,14 @@ def _measured_span(it: Item) -> tuple[float, float]:
 def serialized(g: Graph) -> dict[str, dict[str, int]]:
     """Per slot class: `overlap_micros` (time two or more of its nodes really ran at once) and `nodes` (how many
     of its nodes ran while another one of the class did). Measured nodes only."""
-    spans: dict[str, list[tuple[float, float]]] = {c: [] for c in SLOT_CLASSES}
+    starts: dict[str, list[float]] = {c: [] for c in SLOT_CLASSES}
+    ends: dict[str, list[float]] = {c: [] for c in SLOT_CLASSES}
     for it in g.items:
         c = slot_class(it)
         if c is not None and it.start > 0:
-            spans[c].append(_measured_span(it))
-    return {c: {"overlap_micros": round(overlap_us(spans[c])), "nodes": overlapping_count(spans[c])}
+            s, e = _measured_span(it)
+            if e > s:
+                starts[c].append(s)
+                ends[c].append(e)
+    return {c: {"overlap_micros": round(_overlap(starts[c], ends[c])), "nodes": _overlapping(starts[c], ends[c])}
             for c in SLOT_CLASSES}

@@ -29,6 +29,8 @@ _ByteStream = BinaryIO | gzip.GzipFile  # what the .et reader reads from: a file
 
 
 _BYTE_VARINTS = [bytes((i,)) for i in range(0x80)]
+# two-byte varints, by value (0x80 <= value < 0x4000): most nodes' length prefixes
+_TWO_BYTE_VARINTS = [bytes((v & 0x7F | 0x80, v >> 7)) for v in range(0x4000)]
 
 
 def varint_bytes(value: int) -> bytes:
@@ -70,7 +72,7 @@ def stream_encoded(metadata: pb.GlobalMetadata, nodes: Iterable[bytes]) -> Itera
     parts, size = [varint_bytes(len(data)), data], 0
     for data in nodes:
         n = len(data)
-        parts.append(_BYTE_VARINTS[n] if n < 0x80 else varint_bytes(n))
+        parts.append(_BYTE_VARINTS[n] if n < 0x80 else _TWO_BYTE_VARINTS[n] if n < 0x4000 else varint_bytes(n))
         parts.append(data)
         size += n
         if size >= _CHUNK:
