@@ -219,41 +219,46 @@ class _Sweep:
         self.self_names: dict[str, str] = {}  # op name -> its self parts' name: one string per name, not per part
 
     def run(self) -> list[int]:
+        stack, chain = self.stack, self.chain  # (the hot loop reads them as locals)
         for key, it in self.seq:
             if it.kind == THREAD_ROOT:
                 it.start = it.seg_end = self.cursor
-                self.chain.append(it.id)
+                chain.append(it.id)
                 continue
-            if self.pending is None and self.owner is None and not self.stack and it.measured:
+            measured = it.measured
+            if self.pending is None and self.owner is None and not stack and measured:
                 self._flush(it.start)  # idle before this op
-            t = max(key[0], self.cursor) if not it.measured else it.start
+            t = it.start if measured else max(key[0], self.cursor)
             self._close_until(t)
             self._flush(t)
-            if self.stack:
-                it.enclosing = self.stack[-1].id
-                if it.measured:
-                    parent = self.stack[-1]
+            if stack:
+                parent = stack[-1]
+                it.enclosing = parent.id
+                if measured:
                     parent.excl -= max(0.0, min(it.start + it.dur, parent.start + parent.dur) - it.start)
-            self.chain.append(it.id)
-            if it.measured and it.dur > 0:
-                self.stack.append(it)
+            chain.append(it.id)
+            if measured and it.dur > 0:
+                stack.append(it)
                 self.owner = self.pending = it
             else:
                 it.start = it.seg_end = t
         self._close_until(float("inf"))
-        return self.chain
+        return chain
 
     def _close_until(self, t: float) -> None:
-        while self.stack and self.stack[-1].start + self.stack[-1].dur <= t + NESTING_EPS:
-            top = self.stack.pop()
+        stack = self.stack
+        limit = t + NESTING_EPS
+        while stack and stack[-1].start + stack[-1].dur <= limit:
+            top = stack.pop()
             self._flush(top.start + top.dur)
-            self.owner = self.stack[-1] if self.stack else None
+            self.owner = stack[-1] if stack else None
 
     def _flush(self, t: float) -> None:
         """The period [cursor, t] ends: it was the pending op's own node, a later part of the owner, or idle."""
-        if self.pending is not None:
-            self.pending.seg_end = max(t, self.pending.start)
-            self.cursor = max(self.cursor, self.pending.seg_end)
+        pending = self.pending
+        if pending is not None:
+            pending.seg_end = end = max(t, pending.start)
+            self.cursor = max(self.cursor, end)
             self.pending = None
             return
         if round(t) - round(self.cursor) < 1:  # shorter than the output's resolution: joins the next period
