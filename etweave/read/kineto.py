@@ -6,6 +6,8 @@ import os
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import compress, count
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -90,44 +92,56 @@ class EventTable(Sequence[Event]):
     decoded on access (a small cache serves the repeated reads of one event in a row).
 
     Columns filled when the trace is read let the stages that scan every event pick theirs without decoding:
-    per-category positions (`cpu`, `runtime`, `gpu`, `sync`), start times `ts`, the thread `tid`, Kineto's
-    `correlation` (-1: none) and event index `ev_idx` (NO_INDEX: none)."""
+    per-category positions (`cpu`, `runtime`, `gpu`, `sync`), start times `ts`, durations `dur` (missing or
+    negative: 0), the thread `tid`, the `name`, Kineto's `correlation` (-1: none), event index `ev_idx`
+    (NO_INDEX: none), `Sequence number` `seq` (-1: none) and `Record function id` `rf_id` (0: none); an id
+    beyond 64 bits (a string can spell one) is held as the nearest 64-bit bound: present, matching nothing real."""
 
-    __slots__ = ("_cache", "_events", "_raws", "correlation", "cpu", "ev_idx", "gpu", "runtime", "sync", "tid",
-                 "ts")
+    __slots__ = ("_cache", "_events", "_raws", "correlation", "cpu", "dur", "ev_idx", "gpu", "name", "rf_id",
+                 "runtime", "seq", "sync", "tid", "ts")
 
     def __init__(self, events: list[Event] | None = None, raws: list[msgspec.Raw] | None = None) -> None:
         self._events = events
         self._raws = raws
         self._cache: dict[int, Event] = {}
         self.cpu, self.runtime, self.gpu, self.sync = array("q"), array("q"), array("q"), array("q")
-        self.ts, self.correlation, self.ev_idx = array("d"), array("q"), array("q")
+        self.ts, self.dur = array("d"), array("d")
+        self.correlation, self.ev_idx, self.seq, self.rf_id = array("q"), array("q"), array("q"), array("q")
         self.tid: list[int | str] = []
+        self.name: list[str] = []
 
-    def _add_columns(self, ev: Event, tids: dict[int | str, int | str]) -> None:
-        n = len(self.ts)
-        cat = ev.cat
-        if cat in CPU_OP_CATS:
-            self.cpu.append(n)
-        elif cat in RUNTIME_CATS:
-            self.runtime.append(n)
-        elif cat in GPU_CATS:
-            self.gpu.append(n)
-        elif cat == SYNC_CAT:
-            self.sync.append(n)
-        self.ts.append(ev.ts)
-        corr = as_int(ev.args.correlation)
-        self.correlation.append(corr if corr is not None else -1)
-        idx = ev.args.ev_idx
-        self.ev_idx.append(idx if isinstance(idx, int) and not isinstance(idx, bool) and -_INT64 < idx < _INT64
-                           else NO_INDEX)
-        self.tid.append(tids.setdefault(ev.tid, ev.tid))  # one object per thread, not per event
+    def _add_columns(self, evs: list[Event], interned: dict[Any, Any]) -> None:
+        """Append the columns of these (normalized) events: whole-list passes, no method call per event.
+        `interned`: one object per distinct thread id and name, shared by every chunk of one trace."""
+        base = len(self.ts)
+        self.ts.fromlist([e.ts for e in evs])
+        self.dur.fromlist([e.dur for e in evs])
+        cats = [e.cat for e in evs]
+        for column, wanted in ((self.cpu, CPU_OP_CATS), (self.runtime, RUNTIME_CATS), (self.gpu, GPU_CATS),
+                               (self.sync, _SYNC_CATS)):
+            column.fromlist(list(compress(count(base), map(wanted.__contains__, cats))))
+        del cats
+        args = [e.args for e in evs]
+        # most events have no such id, and most that have one have a plain int: _id_column reads the rest
+        self.correlation.fromlist([-1 if c is None else c if type(c) is int and -_INT64 <= c < _INT64
+                                   else _id_column(c, -1) for c in [a.correlation for a in args]])
+        self.ev_idx.fromlist([i if type(i) is int and -_INT64 < i < _INT64 else NO_INDEX
+                              for i in [a.ev_idx for a in args]])
+        self.seq.fromlist([-1 if s is None else s if type(s) is int and -_INT64 <= s < _INT64
+                           else _id_column(s, -1) for s in [a.seq_number for a in args]])
+        self.rf_id.fromlist([0 if r is None else r if type(r) is int and -_INT64 <= r < _INT64
+                             else _id_column(r, 0) for r in [a.rf_id for a in args]])
+        del args
+        tids = [e.tid for e in evs]
+        self.tid += map(interned.setdefault, tids, tids)  # one object per thread, not per event
+        names = [e.name for e in evs]
+        self.name += map(interned.setdefault, names, names)
 
     def entry_key(self, i: int) -> tuple[float, float, int]:
         """Order of op entry on one thread: start time, then Kineto's event index (outer before inner, and right
-        at equal µs-rounded starts), else outer (longer) first. From the columns; decodes only without an index."""
+        at equal µs-rounded starts), else outer (longer) first. From the columns."""
         idx = self.ev_idx[i]
-        return (self.ts[i], idx if idx != NO_INDEX else -self[i].dur, i)
+        return (self.ts[i], idx if idx != NO_INDEX else -self.dur[i], i)
 
     def __len__(self) -> int:
         return len(self._events) if self._events is not None else len(self._raws or ())
@@ -150,6 +164,17 @@ class EventTable(Sequence[Event]):
         else:
             for raw in self._raws or ():  # a pass over everything: decode without filling the cache
                 yield _normalized(_event_decoder.decode(raw))
+
+
+def _id_column(value: Any, default: int) -> int:
+    """An id that is not a plain 64-bit int, as a column holds it: `as_int`'s reading, else `default`; one beyond
+    64 bits (a string can spell it) at the nearest 64-bit bound."""
+    number = as_int(value, default)
+    return default if number is None else max(-_INT64, min(number, _INT64 - 1))
+
+
+_PH, _DUR = attrgetter("ph"), attrgetter("dur")
+_SYNC_CATS = frozenset({SYNC_CAT})
 
 
 NO_INDEX = -(1 << 63)
@@ -238,52 +263,111 @@ def _check_event(path: Path, n: int, ev: Event) -> None:
                 raise BadInput(path, f"traceEvents[{n}].args.'{label}' {count} is not an element count")
 
 
+# Events decoded at a time above the eager limit: a chunk's decoded events are dropped once its columns are built.
+_CHUNK = 1 << 16
+
+
+class _Irregular(Exception):
+    """A whole-list check found something out of range or undecodable: the per-event check finds and names it."""
+
+
 def _validated(path: Path, raws: list[msgspec.Raw], eager: bool, warnings: dict[str, int]) -> EventTable:
     """Decode every event once: a malformed one is bad input now, not deep in a later stage. Keep the duration
-    events (and their columns), drop exact duplicates, count negative or missing durations (set to 0 when read)."""
+    events (and their columns), drop exact duplicates, count negative or missing durations (set to 0)."""
+    try:
+        table = _read_events(raws, eager, warnings)
+    except _Irregular:
+        _raise_first_problem(path, raws)
+        raise AssertionError("a whole-list check refused what the per-event check accepts") from None
+    raws.clear()  # the kept raw views live on in the table (lazy) or are let go (eager)
+    return table
+
+
+def _read_events(raws: list[msgspec.Raw], eager: bool, warnings: dict[str, int]) -> EventTable:
+    """The common path, in whole-list passes per chunk (everything at once when eager); _Irregular when a check
+    fails. Leaves `raws` as it was."""
     table = EventTable()
-    tids: dict[int | str, int | str] = {}
+    interned: dict[Any, Any] = {}
     kept_raws: list[msgspec.Raw] = []
     kept: list[Event] = []
     seen: set[int] = set()  # hashes of the kept events' JSON: a set of ints is half a dict's memory
     suspects: list[int] = []  # kept positions whose hash was seen before: duplicates, or (rarely) collisions
     flags: dict[int, str] = {}  # kept position -> "missing" / "negative" duration
-    for n, raw in enumerate(raws):
-        raws[n] = None  # type: ignore[call-overload]  # an event not kept frees its view as we go
-        ev = _decode_event(path, n, raw)
-        if ev.ph != "X":
-            continue
-        # widths, inline on the common path (millions of events); _check_event names what is wrong
-        tid, pid, args = ev.tid, ev.pid, ev.args
-        if not -_MAX_TIME < ev.ts < _MAX_TIME or ev.dur >= _MAX_TIME \
-                or (type(tid) is int and not -_INT64 <= tid < _INT64) \
-                or (type(pid) is int and not -_INT64 <= pid < _INT64) \
-                or (args is not _NO_ARGS and (args.in_nelems is not None or args.out_nelems is not None)):
-            _check_event(path, n, ev)
-        h = hash(bytes(raw))
-        if h in seen:
-            suspects.append(len(kept_raws))
-        seen.add(h)
-        if not ev.dur >= 0:
-            flags[len(kept_raws)] = "missing" if ev.dur != ev.dur else "negative"
-        ev = _normalized(ev)
-        kept_raws.append(raw)
-        table._add_columns(ev, tids)
+    step = max(1, len(raws) if eager else _CHUNK)
+    for start in range(0, len(raws), step):
+        chunk = raws[start:start + step]
+        try:
+            evs = list(map(_event_decoder.decode, chunk))
+        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+            raise _Irregular from None
+        durations = list(map("X".__eq__, map(_PH, evs)))
+        xs, x_raws = list(compress(evs, durations)), list(compress(chunk, durations))
+        del evs, chunk, durations
+        base = len(kept_raws)
+        _note_durations(xs, base, flags)
+        table._add_columns(xs, interned)
+        _check_widths(table, base, xs)
+        _note_hashes(list(map(hash, map(bytes, x_raws))), base, seen, suspects)
+        kept_raws += x_raws
         if eager:
-            kept.append(ev)
+            kept += xs
     del seen
     duplicates = _duplicates(kept_raws, suspects)
     if duplicates:  # rare: rebuild the columns without them
         kept_raws = [r for j, r in enumerate(kept_raws) if j not in duplicates]
         kept = [e for j, e in enumerate(kept) if j not in duplicates]
         warnings["duplicate_kineto_events"] = len(duplicates)
-        table = _table_of(kept_raws, tids)
+        table = _table_of(kept if eager else None, kept_raws)
     if eager:
         table._events = kept
     else:
         table._raws = kept_raws
     _count_durations(flags, duplicates, warnings)
     return table
+
+
+def _check_widths(table: EventTable, base: int, evs: list[Event]) -> None:
+    """_Irregular when a number of these events (the table's from `base`) that reaches the output does not fit it
+    (see `_check_event`). The durations are normalized already: a missing or negative one is never too large."""
+    ts, dur = table.ts[base:], table.dur[base:]
+    if ts and (min(ts) <= -_MAX_TIME or max(ts) >= _MAX_TIME or max(dur) >= _MAX_TIME):  # no NaN: JSON has none
+        raise _Irregular
+    ids = {e.tid for e in evs} | {e.pid for e in evs}  # a handful of distinct threads and processes
+    if [t for t in ids if type(t) is int and not -_INT64 <= t < _INT64]:
+        raise _Irregular
+    for args in [e.args for e in evs if e.args.in_nelems is not None or e.args.out_nelems is not None]:
+        for value in (args.in_nelems, args.out_nelems):
+            number = as_int(value) if value is not None else None
+            if number is not None and not 0 <= number < 1 << 48:
+                raise _Irregular
+
+
+def _note_hashes(hashes: list[int], base: int, seen: set[int], suspects: list[int]) -> None:
+    """Add the kept events' hashes to `seen`; the positions of those seen before are suspects."""
+    new = set(hashes)
+    if len(new) == len(hashes) and seen.isdisjoint(new):  # the common case: no repeated text
+        seen |= new
+        return
+    for j, h in enumerate(hashes):
+        if h in seen:
+            suspects.append(base + j)
+        seen.add(h)
+
+
+def _note_durations(evs: list[Event], base: int, flags: dict[int, str]) -> None:
+    """Flag and zero the negative and missing (NaN) durations."""
+    for j in [j for j, d in enumerate(map(_DUR, evs)) if not d >= 0]:
+        ev = evs[j]
+        flags[base + j] = "missing" if ev.dur != ev.dur else "negative"
+        ev.dur = 0.0
+
+
+def _raise_first_problem(path: Path, raws: list[msgspec.Raw]) -> None:
+    """Event by event in file order, as bad input naming the first event and field that is wrong."""
+    for n, raw in enumerate(raws):
+        ev = _decode_event(path, n, raw)
+        if ev.ph == "X":
+            _check_event(path, n, ev)
 
 
 def _decode_event(path: Path, n: int, raw: msgspec.Raw) -> Event:
@@ -297,10 +381,15 @@ def _decode_event(path: Path, n: int, raw: msgspec.Raw) -> Event:
         raise BadInput(path, "JSON nested too deeply") from exc
 
 
-def _table_of(raws: list[msgspec.Raw], tids: dict[int | str, int | str]) -> EventTable:
+def _table_of(events: list[Event] | None, raws: list[msgspec.Raw]) -> EventTable:
+    """The columns of these kept events (decoded again from `raws`, a chunk at a time, when not given)."""
     table = EventTable()
-    for raw in raws:
-        table._add_columns(_normalized(_event_decoder.decode(raw)), tids)
+    interned: dict[Any, Any] = {}
+    if events is not None:
+        table._add_columns(events, interned)
+        return table
+    for start in range(0, len(raws), _CHUNK):
+        table._add_columns([_normalized(_event_decoder.decode(r)) for r in raws[start:start + _CHUNK]], interned)
     return table
 
 
