@@ -76,6 +76,11 @@ class _File(msgspec.Struct):
     distributedInfo: dict[str, Any] | None = None
 
 
+class _TypedFile(msgspec.Struct):
+    traceEvents: list[Event] = msgspec.field(default_factory=list)
+    distributedInfo: dict[str, Any] | None = None
+
+
 # Inputs up to this size are decoded once and kept as objects (fastest); larger ones keep each event's raw JSON
 # and decode it again when a stage reads it: decoded events take ~3x their JSON, raw views ~60 bytes.
 # ETWEAVE_EAGER_BYTES overrides it (the tests force both ways).
@@ -182,6 +187,8 @@ _CACHE = 1 << 14
 _decoder = msgspec.json.Decoder(_File)
 _list_decoder = msgspec.json.Decoder(list[msgspec.Raw])
 _event_decoder = msgspec.json.Decoder(Event)
+_typed_decoder = msgspec.json.Decoder(_TypedFile)
+_typed_list_decoder = msgspec.json.Decoder(list[Event])
 
 
 def _normalized(ev: Event) -> Event:
@@ -206,11 +213,43 @@ class KinetoTrace:
 def read_kineto(path: Path) -> KinetoTrace:
     data = read_bytes(path)
     stripped = bytes(data[:4096]).lstrip()[:1]  # not data.lstrip(): that copies the whole trace
+    eager = len(data) <= _eager_limit()
+    # Eager: the whole file decoded typed in one call, no raw view per event; when that fails, the raw views tell
+    # which event is wrong and how.
+    typed = _decoded(data, stripped) if eager else None
+    if typed is None:
+        doc = _outer(path, data, stripped)
+        info, raws, evs = doc.distributedInfo, doc.traceEvents, None
+    else:
+        info, raws, evs = typed.distributedInfo, None, typed.traceEvents
+        del typed
+    if stripped == b"{" and b'"traceEvents"' not in data:
+        if b'"nodes"' in data:
+            raise BadInput(path, "this looks like a host execution trace (has nodes/schema), not a Kineto trace")
+        raise BadInput(path, "not a Kineto trace: no traceEvents")
+    warnings: dict[str, int] = {}
+    distributed = _distributed(path, info or {})
+    events = _validated(path, data, raws, evs, eager, warnings)
+    # lazily read events keep views into `data`; eagerly read ones let it go
+    return KinetoTrace(path=str(path), events=events, distributed=distributed, warnings=warnings)
+
+
+def _decoded(data: bytes | memoryview, stripped: bytes) -> _TypedFile | None:
+    """The whole trace decoded typed, or None when anything in it does not decode."""
+    try:
+        if stripped == b"[":
+            return _TypedFile(traceEvents=_typed_list_decoder.decode(data))
+        return _typed_decoder.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+        return None
+
+
+def _outer(path: Path, data: bytes | memoryview, stripped: bytes) -> _File:
+    """The trace with each event as its raw JSON view: bad input when its structure is not a Kineto trace's."""
     try:
         if stripped == b"[":  # the bare-array Chrome trace form
-            doc = _File(traceEvents=_list_decoder.decode(data))
-        else:
-            doc = _decoder.decode(data)
+            return _File(traceEvents=_list_decoder.decode(data))
+        return _decoder.decode(data)
     except msgspec.ValidationError as exc:
         if b'"nodes"' in data[:4096] or b'"schema"' in data[:4096]:
             raise BadInput(path, "this looks like a host execution trace (has nodes/schema), not a Kineto trace") \
@@ -220,16 +259,12 @@ def read_kineto(path: Path) -> KinetoTrace:
         raise BadInput(path, f"not valid JSON ({exc})") from exc
     except RecursionError as exc:
         raise BadInput(path, "JSON nested too deeply") from exc
-    if stripped == b"{" and b'"traceEvents"' not in data:
-        if b'"nodes"' in data:
-            raise BadInput(path, "this looks like a host execution trace (has nodes/schema), not a Kineto trace")
-        raise BadInput(path, "not a Kineto trace: no traceEvents")
-    eager = len(data) <= _eager_limit()
-    del data  # lazily read events keep views into it; eagerly read ones let it go
-    warnings: dict[str, int] = {}
-    distributed = _distributed(path, doc.distributedInfo or {})
-    events = _validated(path, doc.traceEvents, eager, warnings)
-    return KinetoTrace(path=str(path), events=events, distributed=distributed, warnings=warnings)
+
+
+def _raw_events(data: bytes | memoryview) -> list[msgspec.Raw]:
+    """Each event's raw JSON view, of a trace whose structure decoded before."""
+    stripped = bytes(data[:4096]).lstrip()[:1]
+    return _list_decoder.decode(data) if stripped == b"[" else _decoder.decode(data).traceEvents
 
 
 def _distributed(path: Path, info: dict[str, Any]) -> dict[str, Any]:
@@ -264,28 +299,64 @@ def _check_event(path: Path, n: int, ev: Event) -> None:
 
 
 # Events decoded at a time above the eager limit: a chunk's decoded events are dropped once its columns are built.
-_CHUNK = 1 << 16
+_CHUNK = 1 << 13
 
 
 class _Irregular(Exception):
     """A whole-list check found something out of range or undecodable: the per-event check finds and names it."""
 
 
-def _validated(path: Path, raws: list[msgspec.Raw], eager: bool, warnings: dict[str, int]) -> EventTable:
-    """Decode every event once: a malformed one is bad input now, not deep in a later stage. Keep the duration
-    events (and their columns), drop exact duplicates, count negative or missing durations (set to 0)."""
+def _validated(path: Path, data: bytes | memoryview, raws: list[msgspec.Raw] | None, evs: list[Event] | None,
+               eager: bool, warnings: dict[str, int]) -> EventTable:
+    """Check every event once: a malformed one is bad input now, not deep in a later stage. Keep the duration
+    events (and their columns), drop exact duplicates, count negative or missing durations (set to 0). `evs`: the
+    events decoded already (eager), else `raws`: their JSON views."""
     try:
-        table = _read_events(raws, eager, warnings)
+        if evs is not None:
+            return _from_decoded(evs, data, warnings)
+        assert raws is not None
+        return _read_events(raws, eager, warnings)
     except _Irregular:
-        _raise_first_problem(path, raws)
+        _raise_first_problem(path, _raw_events(data))
         raise AssertionError("a whole-list check refused what the per-event check accepts") from None
-    raws.clear()  # the kept raw views live on in the table (lazy) or are let go (eager)
-    return table
+
+
+def _from_decoded(evs: list[Event], data: bytes | memoryview, warnings: dict[str, int]) -> EventTable:
+    """The eager path over the decoded events; _Irregular when a check fails."""
+    is_x = list(map("X".__eq__, map(_PH, evs)))
+    xs = list(compress(evs, is_x))
+    del evs
+    flags: dict[int, str] = {}
+    _note_durations(xs, 0, flags)
+    table = EventTable()
+    table._add_columns(xs, {})
+    _check_widths(table, 0, xs)
+    duplicates: set[int] = set()
+    # Byte-identical events decode alike: only when some decoded alike do their JSON texts decide (exact rule).
+    if _decoded_alike(table):
+        x_raws = list(compress(_raw_events(data), is_x))
+        suspects: list[int] = []
+        _note_hashes(list(map(hash, map(bytes, x_raws))), 0, set(), suspects)
+        duplicates = _duplicates(x_raws, suspects)
+    return _without_duplicates(table, xs, None, duplicates, flags, warnings)
+
+
+def _decoded_alike(table: EventTable) -> bool:
+    """Whether two events have the same start, duration, thread, name, correlation and event index: set passes
+    over the starts first (few events share one), then the full key of those that share one."""
+    ts = table.ts.tolist()
+    last = dict(zip(ts, range(len(ts))))
+    if len(last) == len(ts):
+        return False
+    repeated = set(range(len(ts))) - set(last.values())  # every occurrence of a start but its last
+    sharing = repeated | {last[ts[j]] for j in repeated}
+    keys = {(ts[j], table.dur[j], table.tid[j], table.name[j], table.correlation[j], table.ev_idx[j]) for j in sharing}
+    return len(keys) < len(sharing)
 
 
 def _read_events(raws: list[msgspec.Raw], eager: bool, warnings: dict[str, int]) -> EventTable:
-    """The common path, in whole-list passes per chunk (everything at once when eager); _Irregular when a check
-    fails. Leaves `raws` as it was."""
+    """The path over raw views, in whole-list passes per chunk (everything at once when eager), each chunk's views
+    let go once read (the kept ones live on in the table); _Irregular when a check fails."""
     table = EventTable()
     interned: dict[Any, Any] = {}
     kept_raws: list[msgspec.Raw] = []
@@ -296,13 +367,14 @@ def _read_events(raws: list[msgspec.Raw], eager: bool, warnings: dict[str, int])
     step = max(1, len(raws) if eager else _CHUNK)
     for start in range(0, len(raws), step):
         chunk = raws[start:start + step]
+        raws[start:start + step] = [None] * len(chunk)  # type: ignore[list-item]  # only `chunk` holds them now
         try:
             evs = list(map(_event_decoder.decode, chunk))
         except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
             raise _Irregular from None
-        durations = list(map("X".__eq__, map(_PH, evs)))
-        xs, x_raws = list(compress(evs, durations)), list(compress(chunk, durations))
-        del evs, chunk, durations
+        is_x = list(map("X".__eq__, map(_PH, evs)))
+        xs, x_raws = list(compress(evs, is_x)), list(compress(chunk, is_x))
+        del evs, chunk, is_x
         base = len(kept_raws)
         _note_durations(xs, base, flags)
         table._add_columns(xs, interned)
@@ -312,13 +384,22 @@ def _read_events(raws: list[msgspec.Raw], eager: bool, warnings: dict[str, int])
         if eager:
             kept += xs
     del seen
-    duplicates = _duplicates(kept_raws, suspects)
+    raws.clear()
+    return _without_duplicates(table, kept if eager else None, kept_raws, _duplicates(kept_raws, suspects), flags,
+                               warnings)
+
+
+def _without_duplicates(table: EventTable, kept: list[Event] | None, kept_raws: list[msgspec.Raw] | None,
+                        duplicates: set[int], flags: dict[int, str], warnings: dict[str, int]) -> EventTable:
+    """The table holding the kept events (decoded, or their raw views), the duplicates dropped and counted."""
     if duplicates:  # rare: rebuild the columns without them
-        kept_raws = [r for j, r in enumerate(kept_raws) if j not in duplicates]
-        kept = [e for j, e in enumerate(kept) if j not in duplicates]
+        if kept is not None:
+            kept = [e for j, e in enumerate(kept) if j not in duplicates]
+        if kept_raws is not None:
+            kept_raws = [r for j, r in enumerate(kept_raws) if j not in duplicates]
         warnings["duplicate_kineto_events"] = len(duplicates)
-        table = _table_of(kept if eager else None, kept_raws)
-    if eager:
+        table = _table_of(kept, kept_raws or [])
+    if kept is not None:
         table._events = kept
     else:
         table._raws = kept_raws
