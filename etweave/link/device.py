@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from etweave.read.kineto import EventTable, KinetoTrace
@@ -42,7 +42,7 @@ class DeviceSelection:
     def leave_out(self, kind: str, reason: str, events: EventTable, i: int) -> None:
         self.leave_out_all(kind, reason, events, (i,))
 
-    def leave_out_all(self, kind: str, reason: str, events: EventTable, indices: list[int]) -> None:
+    def leave_out_all(self, kind: str, reason: str, events: EventTable, indices: Sequence[int]) -> None:
         if indices:
             self.left_out.setdefault((kind, reason), LeftOut()).add_all(events, indices)
 

@@ -115,9 +115,10 @@ class EventTable(Sequence[Event]):
         self.tid: list[int | str] = []
         self.name: list[str] = []
 
-    def _add_columns(self, evs: list[Event], interned: dict[Any, Any]) -> None:
+    def _add_columns(self, evs: list[Event], interned: dict[Any, Any] | None) -> None:
         """Append the columns of these (normalized) events: whole-list passes, no method call per event.
-        `interned`: one object per distinct thread id and name, shared by every chunk of one trace."""
+        `interned`: one object per distinct thread id and name, shared by every chunk of one trace (None: the
+        events are kept, and hold them anyway)."""
         base = len(self.ts)
         self.ts.fromlist([e.ts for e in evs])
         self.dur.fromlist([e.dur for e in evs])
@@ -128,19 +129,21 @@ class EventTable(Sequence[Event]):
         del cats
         args = [e.args for e in evs]
         # most events have no such id, and most that have one have a plain int: _id_column reads the rest
-        self.correlation.fromlist([-1 if c is None else c if type(c) is int and -_INT64 <= c < _INT64
-                                   else _id_column(c, -1) for c in [a.correlation for a in args]])
-        self.ev_idx.fromlist([i if type(i) is int and -_INT64 < i < _INT64 else NO_INDEX
-                              for i in [a.ev_idx for a in args]])
-        self.seq.fromlist([-1 if s is None else s if type(s) is int and -_INT64 <= s < _INT64
-                           else _id_column(s, -1) for s in [a.seq_number for a in args]])
-        self.rf_id.fromlist([0 if r is None else r if type(r) is int and -_INT64 <= r < _INT64
-                             else _id_column(r, 0) for r in [a.rf_id for a in args]])
+        self.correlation.fromlist([-1 if (c := a.correlation) is None else c if type(c) is int and -_INT64 <= c < _INT64
+                                   else _id_column(c, -1) for a in args])
+        self.ev_idx.fromlist([i if type(i := a.ev_idx) is int and -_INT64 < i < _INT64 else NO_INDEX for a in args])
+        self.seq.fromlist([-1 if (s := a.seq_number) is None else s if type(s) is int and -_INT64 <= s < _INT64
+                           else _id_column(s, -1) for a in args])
+        self.rf_id.fromlist([0 if (r := a.rf_id) is None else r if type(r) is int and -_INT64 <= r < _INT64
+                             else _id_column(r, 0) for a in args])
         del args
-        tids = [e.tid for e in evs]
-        self.tid += map(interned.setdefault, tids, tids)  # one object per thread, not per event
-        names = [e.name for e in evs]
-        self.name += map(interned.setdefault, names, names)
+        tids, names = [e.tid for e in evs], [e.name for e in evs]
+        if interned is None:
+            self.tid += tids
+            self.name += names
+        else:  # one object per thread and per name, not per event
+            self.tid += map(interned.setdefault, tids, tids)
+            self.name += map(interned.setdefault, names, names)
 
     def entry_key(self, i: int) -> tuple[float, float, int]:
         """Order of op entry on one thread: start time, then Kineto's event index (outer before inner, and right
@@ -234,7 +237,7 @@ def read_kineto(path: Path) -> KinetoTrace:
     return KinetoTrace(path=str(path), events=events, distributed=distributed, warnings=warnings)
 
 
-def _decoded(data: bytes | memoryview, stripped: bytes) -> _TypedFile | None:
+def _decoded(data: bytes | bytearray, stripped: bytes) -> _TypedFile | None:
     """The whole trace decoded typed, or None when anything in it does not decode."""
     try:
         if stripped == b"[":
@@ -244,7 +247,7 @@ def _decoded(data: bytes | memoryview, stripped: bytes) -> _TypedFile | None:
         return None
 
 
-def _outer(path: Path, data: bytes | memoryview, stripped: bytes) -> _File:
+def _outer(path: Path, data: bytes | bytearray, stripped: bytes) -> _File:
     """The trace with each event as its raw JSON view: bad input when its structure is not a Kineto trace's."""
     try:
         if stripped == b"[":  # the bare-array Chrome trace form
@@ -261,7 +264,7 @@ def _outer(path: Path, data: bytes | memoryview, stripped: bytes) -> _File:
         raise BadInput(path, "JSON nested too deeply") from exc
 
 
-def _raw_events(data: bytes | memoryview) -> list[msgspec.Raw]:
+def _raw_events(data: bytes | bytearray) -> list[msgspec.Raw]:
     """Each event's raw JSON view, of a trace whose structure decoded before."""
     stripped = bytes(data[:4096]).lstrip()[:1]
     return _list_decoder.decode(data) if stripped == b"[" else _decoder.decode(data).traceEvents
@@ -306,7 +309,7 @@ class _Irregular(Exception):
     """A whole-list check found something out of range or undecodable: the per-event check finds and names it."""
 
 
-def _validated(path: Path, data: bytes | memoryview, raws: list[msgspec.Raw] | None, evs: list[Event] | None,
+def _validated(path: Path, data: bytes | bytearray, raws: list[msgspec.Raw] | None, evs: list[Event] | None,
                eager: bool, warnings: dict[str, int]) -> EventTable:
     """Check every event once: a malformed one is bad input now, not deep in a later stage. Keep the duration
     events (and their columns), drop exact duplicates, count negative or missing durations (set to 0). `evs`: the
@@ -321,7 +324,7 @@ def _validated(path: Path, data: bytes | memoryview, raws: list[msgspec.Raw] | N
         raise AssertionError("a whole-list check refused what the per-event check accepts") from None
 
 
-def _from_decoded(evs: list[Event], data: bytes | memoryview, warnings: dict[str, int]) -> EventTable:
+def _from_decoded(evs: list[Event], data: bytes | bytearray, warnings: dict[str, int]) -> EventTable:
     """The eager path over the decoded events; _Irregular when a check fails."""
     is_x = list(map("X".__eq__, map(_PH, evs)))
     xs = list(compress(evs, is_x))
@@ -329,7 +332,7 @@ def _from_decoded(evs: list[Event], data: bytes | memoryview, warnings: dict[str
     flags: dict[int, str] = {}
     _note_durations(xs, 0, flags)
     table = EventTable()
-    table._add_columns(xs, {})
+    table._add_columns(xs, None)
     _check_widths(table, 0, xs)
     duplicates: set[int] = set()
     # Byte-identical events decode alike: only when some decoded alike do their JSON texts decide (exact rule).
@@ -345,7 +348,7 @@ def _decoded_alike(table: EventTable) -> bool:
     """Whether two events have the same start, duration, thread, name, correlation and event index: set passes
     over the starts first (few events share one), then the full key of those that share one."""
     ts = table.ts.tolist()
-    last = dict(zip(ts, range(len(ts))))
+    last = dict(zip(ts, range(len(ts)), strict=True))
     if len(last) == len(ts):
         return False
     repeated = set(range(len(ts))) - set(last.values())  # every occurrence of a start but its last
@@ -413,7 +416,7 @@ def _check_widths(table: EventTable, base: int, evs: list[Event]) -> None:
     ts, dur = table.ts[base:], table.dur[base:]
     if ts and (min(ts) <= -_MAX_TIME or max(ts) >= _MAX_TIME or max(dur) >= _MAX_TIME):  # no NaN: JSON has none
         raise _Irregular
-    ids = {e.tid for e in evs} | {e.pid for e in evs}  # a handful of distinct threads and processes
+    ids = set(table.tid[base:]) | {e.pid for e in evs}  # a handful of distinct threads and processes
     if [t for t in ids if type(t) is int and not -_INT64 <= t < _INT64]:
         raise _Irregular
     for args in [e.args for e in evs if e.args.in_nelems is not None or e.args.out_nelems is not None]:
@@ -437,7 +440,11 @@ def _note_hashes(hashes: list[int], base: int, seen: set[int], suspects: list[in
 
 def _note_durations(evs: list[Event], base: int, flags: dict[int, str]) -> None:
     """Flag and zero the negative and missing (NaN) durations."""
-    for j in [j for j, d in enumerate(map(_DUR, evs)) if not d >= 0]:
+    durations = list(map(_DUR, evs))
+    total = sum(durations)
+    if total == total and (not durations or min(durations) >= 0):  # no NaN (it would make the sum NaN), none < 0
+        return
+    for j in [j for j, d in enumerate(durations) if not d >= 0]:
         ev = evs[j]
         flags[base + j] = "missing" if ev.dur != ev.dur else "negative"
         ev.dur = 0.0
@@ -467,7 +474,7 @@ def _table_of(events: list[Event] | None, raws: list[msgspec.Raw]) -> EventTable
     table = EventTable()
     interned: dict[Any, Any] = {}
     if events is not None:
-        table._add_columns(events, interned)
+        table._add_columns(events, None)
         return table
     for start in range(0, len(raws), _CHUNK):
         table._add_columns([_normalized(_event_decoder.decode(r)) for r in raws[start:start + _CHUNK]], interned)
