@@ -338,9 +338,7 @@ def _from_decoded(evs: list[Event], data: bytes | bytearray, warnings: dict[str,
     # Byte-identical events decode alike: only when some decoded alike do their JSON texts decide (exact rule).
     if _decoded_alike(table):
         x_raws = list(compress(_raw_events(data), is_x))
-        suspects: list[int] = []
-        _note_hashes(list(map(hash, map(bytes, x_raws))), 0, set(), suspects)
-        duplicates = _duplicates(x_raws, suspects)
+        duplicates = _duplicates(x_raws, _repeated_hashes(x_raws))
     return _without_duplicates(table, xs, None, duplicates, flags, warnings)
 
 
@@ -364,8 +362,6 @@ def _read_events(raws: list[msgspec.Raw], eager: bool, warnings: dict[str, int])
     interned: dict[Any, Any] = {}
     kept_raws: list[msgspec.Raw] = []
     kept: list[Event] = []
-    seen: set[int] = set()  # hashes of the kept events' JSON: a set of ints is half a dict's memory
-    suspects: list[int] = []  # kept positions whose hash was seen before: duplicates, or (rarely) collisions
     flags: dict[int, str] = {}  # kept position -> "missing" / "negative" duration
     step = max(1, len(raws) if eager else _CHUNK)
     for start in range(0, len(raws), step):
@@ -382,14 +378,12 @@ def _read_events(raws: list[msgspec.Raw], eager: bool, warnings: dict[str, int])
         _note_durations(xs, base, flags)
         table._add_columns(xs, interned)
         _check_widths(table, base, xs)
-        _note_hashes(list(map(hash, map(bytes, x_raws))), base, seen, suspects)
         kept_raws += x_raws
         if eager:
             kept += xs
-    del seen
     raws.clear()
-    return _without_duplicates(table, kept if eager else None, kept_raws, _duplicates(kept_raws, suspects), flags,
-                               warnings)
+    return _without_duplicates(table, kept if eager else None, kept_raws,
+                               _duplicates(kept_raws, _repeated_hashes(kept_raws)), flags, warnings)
 
 
 def _without_duplicates(table: EventTable, kept: list[Event] | None, kept_raws: list[msgspec.Raw] | None,
@@ -426,16 +420,28 @@ def _check_widths(table: EventTable, base: int, evs: list[Event]) -> None:
                 raise _Irregular
 
 
-def _note_hashes(hashes: list[int], base: int, seen: set[int], suspects: list[int]) -> None:
-    """Add the kept events' hashes to `seen`; the positions of those seen before are suspects."""
-    new = set(hashes)
-    if len(new) == len(hashes) and seen.isdisjoint(new):  # the common case: no repeated text
-        seen |= new
-        return
-    for j, h in enumerate(hashes):
-        if h in seen:
-            suspects.append(base + j)
-        seen.add(h)
+# The hashes of the kept events' JSON are checked for repeats a quarter at a time (by their low bits): a set of
+# them all would be the largest object of reading a large trace.
+_HASH_PARTS = 4
+
+
+def _repeated_hashes(raws: list[msgspec.Raw]) -> list[int]:
+    """The positions whose JSON hashes as an earlier one's does: duplicates, or (rarely) collisions."""
+    hashes = array("q")
+    for start in range(0, len(raws), _CHUNK):
+        hashes.fromlist(list(map(hash, map(bytes, raws[start:start + _CHUNK]))))
+    suspects: list[int] = []
+    for part in range(_HASH_PARTS):
+        in_part = list(map(part.__eq__, map((_HASH_PARTS - 1).__and__, hashes)))
+        values = list(compress(hashes, in_part))
+        if len(set(values)) == len(values):  # the common case: no repeat in this part
+            continue
+        seen: set[int] = set()
+        for j, h in zip(compress(count(), in_part), values, strict=False):
+            if h in seen:
+                suspects.append(j)
+            seen.add(h)
+    return sorted(suspects)
 
 
 def _note_durations(evs: list[Event], base: int, flags: dict[int, str]) -> None:
