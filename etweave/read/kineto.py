@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -423,6 +424,8 @@ def _check_widths(table: EventTable, base: int, evs: list[Event]) -> None:
 # The hashes of the kept events' JSON are checked for repeats a quarter at a time (by their low bits): a set of
 # them all would be the largest object of reading a large trace.
 _HASH_PARTS = 4
+_PART_MASKS = [bytes(int(v % _HASH_PARTS == part) for v in range(256)) for part in range(_HASH_PARTS)]
+_LOW_BYTE = 0 if sys.byteorder == "little" else 7  # of an array("q") item
 
 
 def _repeated_hashes(raws: list[msgspec.Raw]) -> list[int]:
@@ -430,14 +433,14 @@ def _repeated_hashes(raws: list[msgspec.Raw]) -> list[int]:
     hashes = array("q")
     for start in range(0, len(raws), _CHUNK):
         hashes.fromlist(list(map(hash, map(bytes, raws[start:start + _CHUNK]))))
+    low_bytes = hashes.tobytes()[_LOW_BYTE::8]
     suspects: list[int] = []
-    for part in range(_HASH_PARTS):
-        in_part = list(map(part.__eq__, map((_HASH_PARTS - 1).__and__, hashes)))
-        values = list(compress(hashes, in_part))
-        if len(set(values)) == len(values):  # the common case: no repeat in this part
+    for mask in _PART_MASKS:
+        in_part = low_bytes.translate(mask)  # 1 where the hash is in this part: compress reads it in C
+        if len(set(compress(hashes, in_part))) == in_part.count(1):  # the common case: no repeat in this part
             continue
         seen: set[int] = set()
-        for j, h in zip(compress(count(), in_part), values, strict=False):
+        for j, h in zip(compress(count(), in_part), compress(hashes, in_part), strict=False):
             if h in seen:
                 suspects.append(j)
             seen.add(h)
