@@ -35,7 +35,7 @@ def cpu_threads(events: EventTable) -> dict[int | str, list[int]]:
     for idx in threads.values():
         # = idx.sort(key=events.entry_key), in stable passes of one number per event (no tuple per event: at a
         # few million events those were the largest objects of the stage): the tie-breaker, then the start.
-        if all(ev_idx[i] != NO_INDEX for i in idx):
+        if NO_INDEX not in [ev_idx[i] for i in idx]:
             idx.sort(key=ev_idx.__getitem__)
         else:
             idx.sort(key=lambda i: x if (x := ev_idx[i]) != NO_INDEX else -dur[i])
@@ -101,13 +101,11 @@ def _seq_offset(ops: list[HostOp], events: EventTable, threads: dict[int | str, 
     structurally identical. None when neither side has sequence numbers.
     """
     seq, names = events.seq, events.name
-    numbered = [(names[i], seq[i]) for idx in threads.values() for i in idx if seq[i] >= 0]
-    kineto_pairs = set(numbered)
-    by_name: dict[str, list[int]] = defaultdict(list)
-    for name, s in numbered:
-        by_name[name].append(s)
+    by_name: dict[str, list[int]] = defaultdict(list)  # Kineto sequence numbers per op name
+    for i in [i for idx in threads.values() for i in idx if seq[i] >= 0]:
+        by_name[names[i]].append(seq[i])
     host_pairs = [(op.name, op.seq_id) for op in ops if op.seq_id >= 0]
-    if not host_pairs or not kineto_pairs:
+    if not host_pairs or not by_name:
         return None
     candidates: Counter[int] = Counter()
     for name, s in host_pairs[:64]:
@@ -117,13 +115,15 @@ def _seq_offset(ops: list[HostOp], events: EventTable, threads: dict[int | str, 
         return None
     # The first 64 pairs bound each candidate's score (at most its count among them plus one per other pair):
     # candidates in decreasing count, until none can reach the best score; the same choice as scoring them all.
-    matches = kineto_pairs.__contains__
+    numbers_of = {name: set(numbers) for name, numbers in by_name.items()}
+    nothing: set[int] = set()
+    host_numbers = [(numbers_of.get(name, nothing), s) for name, s in host_pairs]
     others = len(host_pairs) - min(64, len(host_pairs))
     best: tuple[int, int, int] | None = None
     for d in sorted(candidates, key=candidates.__getitem__, reverse=True):
         if best is not None and candidates[d] + others < best[0]:
             break
-        key = (sum(map(matches, [(n, s + d) for n, s in host_pairs])), -abs(d), -d)
+        key = (sum([s + d in numbers for numbers, s in host_numbers]), -abs(d), -d)
         if best is None or key > best:
             best = key
     assert best is not None  # candidates is not empty
@@ -174,9 +174,9 @@ def _anchors(host_ops: list[HostOp], idx: list[int], events: EventTable, offset:
             if op.seq_id < 0:
                 continue
             want = op.seq_id + offset
-            hits = [k for k, i in enumerate(idx) if seq[i] == want and names[i] == op.name]
-            if hits:
-                return [(h, hits[0])]
+            hit = next((k for k, i in enumerate(idx) if seq[i] == want and names[i] == op.name), None)
+            if hit is not None:
+                return [(h, hit)]
             break
     if span is not None:  # a thread without sequence numbers: start where the anchored threads' step starts
         lo = span[0]
