@@ -124,7 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 @contextlib.contextmanager
-def _no_gc() -> Iterator[None]:
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off inside (imports build many objects and no cycles to collect)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -145,7 +146,7 @@ def _exit_now(code: int) -> NoReturn:
 def _main(argv: Sequence[str] | None) -> int:
     words = _glue_dash_values(sys.argv[1:] if argv is None else argv)
     only = _command_word(words)
-    with _no_gc():  # importing the command's modules builds thousands of objects and no garbage
+    with gc_paused():  # importing the command's modules builds thousands of objects and no garbage
         parser = build_parser(only)
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
     command = next((w for w in words if w in subparsers), None)
