@@ -66,7 +66,9 @@ def select_device(kineto: KinetoTrace, window: tuple[float, float] | None) -> De
         elif lo <= ts[r] <= hi:
             sel.gpu.append(i)
             launcher_of[i] = r
-            gpu_end = max(gpu_end, ts[i] + dur[i])
+            end = ts[i] + dur[i]
+            if end > gpu_end:
+                gpu_end = end
         else:
             outside.append(i)
     # A GPU event with no launch record belongs to the window when it ran in it (its GPU tail included).
