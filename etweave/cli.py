@@ -6,12 +6,12 @@ Exit codes, for every command: 0 ok, 1 internal error, 2 bad input, 3 a check or
 from __future__ import annotations
 
 import argparse
-import difflib
+import contextlib
+import gc
 import os
 import re
 import sys
-import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
 import etweave
@@ -33,6 +33,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _suggestion(message: str, options: list[str]) -> str:
+    import difflib  # only for a command line argparse refused
+
     choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
     if choice:
         close = difflib.get_close_matches(choice[1], re.findall(r"'([^']*)'", choice[2]), n=1)
@@ -108,10 +110,44 @@ def _command_word(words: Sequence[str]) -> str | None:
     return None
 
 
+# Commands that, run as a process (the command line, not `main(argv)`), exit without the interpreter's teardown:
+# their outputs are written, closed and renamed into place when they return, and freeing every object of a large
+# trace one by one on the way out costs more than some of their stages.
+_QUICK_EXIT = frozenset({"convert"})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    code = _main(argv)
+    if argv is None and _command_word(sys.argv[1:]) in _QUICK_EXIT:
+        _exit_now(code)
+    return code
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off inside (imports build many objects and no cycles to collect)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _exit_now(code: int) -> NoReturn:
+    """Flush what was printed and end the process here."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing more can be said
+            stream.flush()
+    os._exit(code)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     words = _glue_dash_values(sys.argv[1:] if argv is None else argv)
     only = _command_word(words)
-    parser = build_parser(only)
+    with gc_paused():  # importing the command's modules builds thousands of objects and no garbage
+        parser = build_parser(only)
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
     command = next((w for w in words if w in subparsers), None)
     if command is not None:
@@ -138,6 +174,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as exc:  # an etweave bug, not the user's input
         if args.debug:
+            import traceback  # only for an internal error
+
             traceback.print_exc()
         print(f"etweave: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
               file=sys.stderr)

@@ -10,10 +10,12 @@ from __future__ import annotations
 import contextlib
 import shutil
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import threading
 
 _on = False
 _verbose = False
@@ -46,10 +48,12 @@ class Stage:
 
     def __init__(self, name: str, total: int | None = None, unit: str = "") -> None:
         self._bar: Any = None
-        self._stop = threading.Event()
+        self._stop: threading.Event | None = None
         self._name, self._unit, self._started, self._done = name, unit or 'items', time.perf_counter(), 0
         if not shown():
             return
+        import threading  # only with a terminal to draw on
+
         from tqdm import tqdm
 
         # tqdm sizes the line from the terminal and draws nothing when it reports 0 columns or rows; shutil falls
@@ -59,10 +63,11 @@ class Stage:
         self._bar = tqdm(total=total, desc=f"etweave: {name}", unit=f" {unit}" if unit else "it", file=sys.stderr,
                          leave=False, ncols=columns, nrows=rows, mininterval=0.5, bar_format=fmt, unit_scale=bool(unit))
         self._bar.refresh()
-        threading.Thread(target=self._tick, daemon=True).start()
+        self._stop = stop = threading.Event()
+        threading.Thread(target=self._tick, args=(stop,), daemon=True).start()
 
-    def _tick(self) -> None:
-        while not self._stop.wait(1.0):
+    def _tick(self, stop: threading.Event) -> None:
+        while not stop.wait(1.0):
             self._bar.refresh()
 
     def advance(self, n: int = 1) -> None:
@@ -72,7 +77,8 @@ class Stage:
 
     def close(self) -> None:
         if self._bar is not None:
-            self._stop.set()
+            if self._stop is not None:
+                self._stop.set()
             self._bar.close()
             self._bar = None
         if _verbose and _on:

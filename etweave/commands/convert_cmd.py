@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from etweave.convert import Result, convert
 from etweave.errors import BadInput
-from etweave.link import Selection
-from etweave.report import summary
+
+if TYPE_CHECKING:
+    from etweave.convert import Result
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -40,9 +41,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.host is None and args.device is None:
         raise BadInput("convert", "give --host, --device, or both")
-    select = Selection.parse(args.steps, args.window)
-    result = convert(args.host, args.device, args.output, args.report, args.rank, select, args.allow_mismatch)
+    from etweave.cli import gc_paused
+    from etweave.read.source import reading_ahead
+
+    # The traces are read (and gunzipped) on threads while the pipeline's modules import.
+    with reading_ahead([p for p in (args.host, args.device) if p is not None]):
+        with gc_paused():
+            from etweave.convert import convert
+            from etweave.link import Selection
+        select = Selection.parse(args.steps, args.window)
+        result = convert(args.host, args.device, args.output, args.report, args.rank, select, args.allow_mismatch)
     if not args.quiet:
+        from etweave.report import summary
+
         print(summary(result.report))
     absent = [i for i in args.explain if i not in result.graph.by_id]
     if absent:  # the output is written and complete; the question was about a node it does not have

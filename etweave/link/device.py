@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from etweave.read.kineto import EventTable, KinetoTrace
+
+_EXAMPLES = 5
 
 
 @dataclass(slots=True)
@@ -14,9 +17,15 @@ class LeftOut:
 
     def add_at(self, events: EventTable, i: int) -> None:
         self.count += 1
-        if len(self.examples) < 5:  # decode and format only the examples kept: there can be millions left out
-            ev = events[i]
-            self.examples.append(f"{ev.name[:80]} @ {ev.ts}")
+        if len(self.examples) < _EXAMPLES:
+            self.examples.append(f"{events.name[i][:80]} @ {events.ts[i]}")
+
+    def add_all(self, events: EventTable, indices: Iterable[int]) -> None:
+        """Count these events; the first few are kept as examples (from the columns: nothing is decoded)."""
+        indices = list(indices)
+        for i in indices[:_EXAMPLES]:
+            self.add_at(events, i)
+        self.count += max(0, len(indices) - _EXAMPLES)
 
 
 @dataclass(slots=True)
@@ -31,41 +40,44 @@ class DeviceSelection:
     left_out: dict[tuple[str, str], LeftOut] = field(default_factory=dict)  # (kind, reason) -> what
 
     def leave_out(self, kind: str, reason: str, events: EventTable, i: int) -> None:
-        self.left_out.setdefault((kind, reason), LeftOut()).add_at(events, i)
+        self.leave_out_all(kind, reason, events, (i,))
+
+    def leave_out_all(self, kind: str, reason: str, events: EventTable, indices: Sequence[int]) -> None:
+        if indices:
+            self.left_out.setdefault((kind, reason), LeftOut()).add_all(events, indices)
 
 
 def select_device(kineto: KinetoTrace, window: tuple[float, float] | None) -> DeviceSelection:
     # Columns only: at a few GB of trace, decoding every event here again would cost more than the rest.
     events = kineto.events
-    ts, correlation = events.ts, events.correlation
+    ts, dur, correlation = events.ts, events.dur, events.correlation
     runtime_by_corr = {correlation[r]: r for r in events.runtime if correlation[r] >= 0}
     sel = DeviceSelection([], [], {}, gpu_input=len(events.gpu), runtime_input=len(events.runtime))
     lo, hi = window if window is not None else (float("-inf"), float("inf"))
-    kept_runtime: set[int] = set()
+    launcher_of, launcher = sel.launcher_of, runtime_by_corr.get
     launcherless: list[int] = []
+    outside: list[int] = []
     gpu_end = hi
     for i in events.gpu:
         corr = correlation[i]
-        r = runtime_by_corr.get(corr) if corr >= 0 else None
+        r = launcher(corr) if corr >= 0 else None
         if r is None:
             launcherless.append(i)
         elif lo <= ts[r] <= hi:
             sel.gpu.append(i)
-            sel.launcher_of[i] = r
-            kept_runtime.add(r)
-            gpu_end = max(gpu_end, ts[i] + events[i].dur)
+            launcher_of[i] = r
+            end = ts[i] + dur[i]
+            if end > gpu_end:
+                gpu_end = end
         else:
-            sel.leave_out("device_ops", "outside_window", events, i)
+            outside.append(i)
     # A GPU event with no launch record belongs to the window when it ran in it (its GPU tail included).
-    for i in launcherless:
-        if lo <= ts[i] <= gpu_end:
-            sel.gpu.append(i)
-        else:
-            sel.leave_out("device_ops", "outside_window", events, i)
+    sel.gpu += [i for i in launcherless if lo <= ts[i] <= gpu_end]
+    outside += [i for i in launcherless if not lo <= ts[i] <= gpu_end]
     sel.gpu.sort()
-    for r in events.runtime:
-        if r in kept_runtime or lo <= ts[r] <= hi:
-            sel.runtime.append(r)
-        else:
-            sel.leave_out("runtime_calls", "outside_window", events, r)
+    kept_runtime = set(launcher_of.values())
+    sel.runtime = [r for r in events.runtime if r in kept_runtime or lo <= ts[r] <= hi]
+    sel.leave_out_all("device_ops", "outside_window", events, outside)
+    sel.leave_out_all("runtime_calls", "outside_window", events, [r for r in events.runtime
+                                                                  if r not in kept_runtime and not lo <= ts[r] <= hi])
     return sel

@@ -7,12 +7,10 @@ op sequence with a Kineto thread (names, order, nesting by start order, and `seq
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from etweave.read.host_et import HostOp, HostTrace
-from etweave.read.kineto import Event, EventTable, KinetoTrace
-from etweave.values import as_int
+from etweave.read.kineto import NO_INDEX, EventTable, KinetoTrace
 
 # How far the aligner looks ahead for a resynchronisation point when names disagree.
 LOOKAHEAD = 48
@@ -31,11 +29,17 @@ class HostLink:
 def cpu_threads(events: EventTable) -> dict[int | str, list[int]]:
     """Kineto cpu events per thread in entry order: start time, then outer before inner."""
     threads: dict[int | str, list[int]] = defaultdict(list)
-    tid = events.tid
+    tid, ts, ev_idx, dur = events.tid, events.ts, events.ev_idx, events.dur
     for i in events.cpu:
         threads[tid[i]].append(i)
     for idx in threads.values():
-        idx.sort(key=events.entry_key)
+        # = idx.sort(key=events.entry_key), in stable passes of one number per event (no tuple per event: at a
+        # few million events those were the largest objects of the stage): the tie-breaker, then the start.
+        if NO_INDEX not in [ev_idx[i] for i in idx]:
+            idx.sort(key=ev_idx.__getitem__)
+        else:
+            idx.sort(key=lambda i: x if (x := ev_idx[i]) != NO_INDEX else -dur[i])
+        idx.sort(key=ts.__getitem__)
     return dict(threads)
 
 
@@ -44,27 +48,31 @@ def link_host(host: HostTrace, kineto: KinetoTrace | None) -> HostLink:
         return HostLink("none", {}, {})
     threads = cpu_threads(kineto.events)
     ops = [op for op in host.ops if not op.is_process_root and not op.is_thread_root]
-    has_rf = any(as_int(kineto.events[i].args.rf_id, 0) for idx in threads.values() for i in idx[:1000])
-    link = _link_by_rf_id(ops, kineto.events) if has_rf else _link_by_alignment(ops, kineto.events, threads)
+    events = kineto.events
+    rf_id = events.rf_id
+    has_rf = any(rf_id[i] for idx in threads.values() for i in idx[:1000])
+    link = _link_by_rf_id(ops, events) if has_rf else _link_by_alignment(ops, events, threads)
     if link.event_of:
-        evs = [kineto.events[i] for i in link.event_of.values()]
-        link.window = (min(e.ts for e in evs), max(e.ts + e.dur for e in evs))
+        link.window = _span(events, list(link.event_of.values()))
     return link
 
 
+def _span(events: EventTable, linked: list[int]) -> tuple[float, float]:
+    """First start and last end (µs) of these events."""
+    ts, dur = events.ts, events.dur
+    return (min([ts[i] for i in linked]), max([ts[i] + dur[i] for i in linked]))
+
+
 def _link_by_rf_id(ops: list[HostOp], events: EventTable) -> HostLink:
-    by_rf: dict[int, int] = {}
-    for i in events.cpu:
-        rf = as_int(events[i].args.rf_id, 0)
-        if rf:  # 0 = recorded while the observer was off
-            by_rf[rf] = i
+    rf_id, names = events.rf_id, events.name
+    by_rf = {rf_id[i]: i for i in events.cpu if rf_id[i]}  # 0 = recorded while the observer was off
     event_of: dict[int, int] = {}
     mismatched = 0
     for op in ops:
         at = by_rf.get(op.rf_id) if op.rf_id else None
         if at is None:
             continue
-        if events[at].name != op.name:
+        if names[at] != op.name:
             mismatched += 1
             continue
         event_of[op.id] = at
@@ -74,33 +82,30 @@ def _link_by_rf_id(ops: list[HostOp], events: EventTable) -> HostLink:
     return link
 
 
-def _thread_map(ops: list[HostOp], event_of: dict[int, int], events: Sequence[Event]) -> dict[int, int | str]:
+def _thread_map(ops: list[HostOp], event_of: dict[int, int], events: EventTable) -> dict[int, int | str]:
     """Each host thread's Kineto thread: where most of its linked ops ran (gloo work is on worker threads)."""
     votes: dict[int, Counter[int | str]] = defaultdict(Counter)
+    tid = events.tid
     for op in ops:
         i = event_of.get(op.id)
         if i is not None:
-            votes[op.et_tid][events[i].tid] += 1
+            votes[op.et_tid][tid[i]] += 1
     return {tid: c.most_common(1)[0][0] for tid, c in sorted(votes.items())}
 
 
-def _seq_offset(ops: list[HostOp], events: Sequence[Event], threads: dict[int | str, list[int]]) -> int | None:
+def _seq_offset(ops: list[HostOp], events: EventTable, threads: dict[int | str, list[int]]) -> int | None:
     """The offset between host seq ids and Kineto sequence numbers that matches the most (name, seq) pairs.
 
     0 when the host ET is one of the Kineto iterations; nonzero when it was recorded in another step
     (docs/FACTS.md §M1: dlrm's host ET is the step before its Kineto trace), and then we link to the step that is
     structurally identical. None when neither side has sequence numbers.
     """
-    kineto_pairs: set[tuple[str, int]] = set()
-    by_name: dict[str, list[int]] = defaultdict(list)
-    for idx in threads.values():
-        for i in idx:
-            s = as_int(events[i].args.seq_number, -1)
-            if s is not None and s >= 0:
-                kineto_pairs.add((events[i].name, s))
-                by_name[events[i].name].append(s)
+    seq, names = events.seq, events.name
+    by_name: dict[str, list[int]] = defaultdict(list)  # Kineto sequence numbers per op name
+    for i in [i for idx in threads.values() for i in idx if seq[i] >= 0]:
+        by_name[names[i]].append(seq[i])
     host_pairs = [(op.name, op.seq_id) for op in ops if op.seq_id >= 0]
-    if not host_pairs or not kineto_pairs:
+    if not host_pairs or not by_name:
         return None
     candidates: Counter[int] = Counter()
     for name, s in host_pairs[:64]:
@@ -108,11 +113,24 @@ def _seq_offset(ops: list[HostOp], events: Sequence[Event], threads: dict[int | 
             candidates[ks - s] += 1
     if not candidates:
         return None
-    best = max(candidates, key=lambda d: (sum((n, s + d) in kineto_pairs for n, s in host_pairs), -abs(d), -d))
-    return best
+    # The first 64 pairs bound each candidate's score (at most its count among them plus one per other pair):
+    # candidates in decreasing count, until none can reach the best score; the same choice as scoring them all.
+    numbers_of = {name: set(numbers) for name, numbers in by_name.items()}
+    nothing: set[int] = set()
+    host_numbers = [(numbers_of.get(name, nothing), s) for name, s in host_pairs]
+    others = len(host_pairs) - min(64, len(host_pairs))
+    best: tuple[int, int, int] | None = None
+    for d in sorted(candidates, key=candidates.__getitem__, reverse=True):
+        if best is not None and candidates[d] + others < best[0]:
+            break
+        key = (sum([s + d in numbers for numbers, s in host_numbers]), -abs(d), -d)
+        if best is None or key > best:
+            best = key
+    assert best is not None  # candidates is not empty
+    return -best[2]
 
 
-def _link_by_alignment(ops: list[HostOp], events: Sequence[Event], threads: dict[int | str, list[int]]) -> HostLink:
+def _link_by_alignment(ops: list[HostOp], events: EventTable, threads: dict[int | str, list[int]]) -> HostLink:
     offset = _seq_offset(ops, events, threads)
     per_thread: dict[int, list[HostOp]] = defaultdict(list)
     for op in ops:
@@ -141,40 +159,39 @@ def _link_by_alignment(ops: list[HostOp], events: Sequence[Event], threads: dict
         used.add(ktid)
         kthread_of[et_tid] = ktid
         event_of.update(matched)
-        evs = [events[i] for i in matched.values()]
-        lo, hi = min(e.ts for e in evs), max(e.ts + e.dur for e in evs)
+        lo, hi = _span(events, list(matched.values()))
         span = (lo, hi) if span is None else (min(span[0], lo), max(span[1], hi))
     link = HostLink("alignment", event_of, kthread_of, seq_offset=offset or 0, warnings=dict(warnings))
     return link
 
 
-def _anchors(host_ops: list[HostOp], idx: list[int], events: Sequence[Event], offset: int | None,
+def _anchors(host_ops: list[HostOp], idx: list[int], events: EventTable, offset: int | None,
              span: tuple[float, float] | None) -> list[tuple[int, int]]:
     """Candidate (host position, Kineto position) pairs to start aligning from."""
+    names, seq, ts = events.name, events.seq, events.ts
     if offset is not None:
         for h, op in enumerate(host_ops):
             if op.seq_id < 0:
                 continue
             want = op.seq_id + offset
-            hits = [k for k, i in enumerate(idx)
-                    if events[i].name == op.name and as_int(events[i].args.seq_number, -1) == want]
-            if hits:
-                return [(h, hits[0])]
+            hit = next((k for k, i in enumerate(idx) if seq[i] == want and names[i] == op.name), None)
+            if hit is not None:
+                return [(h, hit)]
             break
     if span is not None:  # a thread without sequence numbers: start where the anchored threads' step starts
         lo = span[0]
-        k = next((k for k, i in enumerate(idx) if events[i].ts >= lo), None)
+        k = next((k for k, i in enumerate(idx) if ts[i] >= lo), None)
         if k is None:
             return []
         name = host_ops[0].name
-        near = [j for j in range(k, min(len(idx), k + 4 * LOOKAHEAD)) if events[idx[j]].name == name]
+        near = [j for j in range(k, min(len(idx), k + 4 * LOOKAHEAD)) if names[idx[j]] == name]
         return [(0, near[0] if near else k)]
     # Nothing to go by: try the first few places where the first op's name occurs (the first full match wins).
     first = host_ops[0].name
-    return [(0, k) for k, i in enumerate(idx) if events[i].name == first][:8]
+    return [(0, k) for k, i in enumerate(idx) if names[i] == first][:8]
 
 
-def _align(host_ops: list[HostOp], idx: list[int], events: Sequence[Event], anchor: tuple[int, int],
+def _align(host_ops: list[HostOp], idx: list[int], events: EventTable, anchor: tuple[int, int],
            offset: int | None) -> dict[int, int]:
     """Greedy two-pointer alignment outward from an anchor, resynchronising on names within LOOKAHEAD."""
     matched: dict[int, int] = {}
@@ -184,31 +201,32 @@ def _align(host_ops: list[HostOp], idx: list[int], events: Sequence[Event], anch
     return matched
 
 
-def _same(op: HostOp, ev: Event, offset: int | None) -> bool:
-    if op.name != ev.name:
+def _same(op: HostOp, i: int, events: EventTable, offset: int | None) -> bool:
+    """Kineto event i can be host op `op`: the same name and, where both have one, the sequence number."""
+    if op.name != events.name[i]:
         return False
     if offset is not None and op.seq_id >= 0:
-        s = as_int(ev.args.seq_number, -1)
-        if s is not None and s >= 0 and s != op.seq_id + offset:
+        s = events.seq[i]
+        if s >= 0 and s != op.seq_id + offset:
             return False
     return True
 
 
-def _walk(host_ops: list[HostOp], idx: list[int], events: Sequence[Event], h: int, k: int, step: int,
+def _walk(host_ops: list[HostOp], idx: list[int], events: EventTable, h: int, k: int, step: int,
           offset: int | None, matched: dict[int, int]) -> None:
     nh, nk = len(host_ops), len(idx)
     while 0 <= h < nh and 0 <= k < nk:
         op = host_ops[h]
-        if _same(op, events[idx[k]], offset):
+        if _same(op, idx[k], events, offset):
             matched[op.id] = idx[k]
             h += step
             k += step
             continue
         skip_k = next((d for d in range(1, LOOKAHEAD) if 0 <= k + step * d < nk
-                       and _same(op, events[idx[k + step * d]], offset)), None)
-        ev = events[idx[k]]
+                       and _same(op, idx[k + step * d], events, offset)), None)
+        i = idx[k]
         skip_h = next((d for d in range(1, LOOKAHEAD) if 0 <= h + step * d < nh
-                       and _same(host_ops[h + step * d], ev, offset)), None)
+                       and _same(host_ops[h + step * d], i, events, offset)), None)
         if skip_k is not None and (skip_h is None or skip_k <= skip_h):
             k += step * skip_k
         elif skip_h is not None:

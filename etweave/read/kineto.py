@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import sys
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import compress, count
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +77,11 @@ class _File(msgspec.Struct):
     distributedInfo: dict[str, Any] | None = None
 
 
+class _TypedFile(msgspec.Struct):
+    traceEvents: list[Event] = msgspec.field(default_factory=list)
+    distributedInfo: dict[str, Any] | None = None
+
+
 # Inputs up to this size are decoded once and kept as objects (fastest); larger ones keep each event's raw JSON
 # and decode it again when a stage reads it: decoded events take ~3x their JSON, raw views ~60 bytes.
 # ETWEAVE_EAGER_BYTES overrides it (the tests force both ways).
@@ -90,44 +98,59 @@ class EventTable(Sequence[Event]):
     decoded on access (a small cache serves the repeated reads of one event in a row).
 
     Columns filled when the trace is read let the stages that scan every event pick theirs without decoding:
-    per-category positions (`cpu`, `runtime`, `gpu`, `sync`), start times `ts`, the thread `tid`, Kineto's
-    `correlation` (-1: none) and event index `ev_idx` (NO_INDEX: none)."""
+    per-category positions (`cpu`, `runtime`, `gpu`, `sync`), start times `ts`, durations `dur` (missing or
+    negative: 0), the thread `tid`, the `name`, Kineto's `correlation` (-1: none), event index `ev_idx`
+    (NO_INDEX: none), `Sequence number` `seq` (-1: none) and `Record function id` `rf_id` (0: none); an id
+    beyond 64 bits (a string can spell one) is held as the nearest 64-bit bound: present, matching nothing real."""
 
-    __slots__ = ("_cache", "_events", "_raws", "correlation", "cpu", "ev_idx", "gpu", "runtime", "sync", "tid",
-                 "ts")
+    __slots__ = ("_cache", "_events", "_raws", "correlation", "cpu", "dur", "ev_idx", "gpu", "name", "rf_id",
+                 "runtime", "seq", "sync", "tid", "ts")
 
     def __init__(self, events: list[Event] | None = None, raws: list[msgspec.Raw] | None = None) -> None:
         self._events = events
         self._raws = raws
         self._cache: dict[int, Event] = {}
         self.cpu, self.runtime, self.gpu, self.sync = array("q"), array("q"), array("q"), array("q")
-        self.ts, self.correlation, self.ev_idx = array("d"), array("q"), array("q")
+        self.ts, self.dur = array("d"), array("d")
+        self.correlation, self.ev_idx, self.seq, self.rf_id = array("q"), array("q"), array("q"), array("q")
         self.tid: list[int | str] = []
+        self.name: list[str] = []
 
-    def _add_columns(self, ev: Event, tids: dict[int | str, int | str]) -> None:
-        n = len(self.ts)
-        cat = ev.cat
-        if cat in CPU_OP_CATS:
-            self.cpu.append(n)
-        elif cat in RUNTIME_CATS:
-            self.runtime.append(n)
-        elif cat in GPU_CATS:
-            self.gpu.append(n)
-        elif cat == SYNC_CAT:
-            self.sync.append(n)
-        self.ts.append(ev.ts)
-        corr = as_int(ev.args.correlation)
-        self.correlation.append(corr if corr is not None else -1)
-        idx = ev.args.ev_idx
-        self.ev_idx.append(idx if isinstance(idx, int) and not isinstance(idx, bool) and -_INT64 < idx < _INT64
-                           else NO_INDEX)
-        self.tid.append(tids.setdefault(ev.tid, ev.tid))  # one object per thread, not per event
+    def _add_columns(self, evs: list[Event], interned: dict[Any, Any] | None) -> None:
+        """Append the columns of these (normalized) events: whole-list passes, no method call per event.
+        `interned`: one object per distinct thread id and name, shared by every chunk of one trace (None: the
+        events are kept, and hold them anyway)."""
+        base = len(self.ts)
+        self.ts.fromlist([e.ts for e in evs])
+        self.dur.fromlist([e.dur for e in evs])
+        cats = [e.cat for e in evs]
+        for column, wanted in ((self.cpu, CPU_OP_CATS), (self.runtime, RUNTIME_CATS), (self.gpu, GPU_CATS),
+                               (self.sync, _SYNC_CATS)):
+            column.fromlist(list(compress(count(base), map(wanted.__contains__, cats))))
+        del cats
+        args = [e.args for e in evs]
+        # most events have no such id, and most that have one have a plain int: _id_column reads the rest
+        self.correlation.fromlist([-1 if (c := a.correlation) is None else c if type(c) is int and -_INT64 <= c < _INT64
+                                   else _id_column(c, -1) for a in args])
+        self.ev_idx.fromlist([i if type(i := a.ev_idx) is int and -_INT64 < i < _INT64 else NO_INDEX for a in args])
+        self.seq.fromlist([-1 if (s := a.seq_number) is None else s if type(s) is int and -_INT64 <= s < _INT64
+                           else _id_column(s, -1) for a in args])
+        self.rf_id.fromlist([0 if (r := a.rf_id) is None else r if type(r) is int and -_INT64 <= r < _INT64
+                             else _id_column(r, 0) for a in args])
+        del args
+        tids, names = [e.tid for e in evs], [e.name for e in evs]
+        if interned is None:
+            self.tid += tids
+            self.name += names
+        else:  # one object per thread and per name, not per event
+            self.tid += map(interned.setdefault, tids, tids)
+            self.name += map(interned.setdefault, names, names)
 
     def entry_key(self, i: int) -> tuple[float, float, int]:
         """Order of op entry on one thread: start time, then Kineto's event index (outer before inner, and right
-        at equal µs-rounded starts), else outer (longer) first. From the columns; decodes only without an index."""
+        at equal µs-rounded starts), else outer (longer) first. From the columns."""
         idx = self.ev_idx[i]
-        return (self.ts[i], idx if idx != NO_INDEX else -self[i].dur, i)
+        return (self.ts[i], idx if idx != NO_INDEX else -self.dur[i], i)
 
     def __len__(self) -> int:
         return len(self._events) if self._events is not None else len(self._raws or ())
@@ -152,11 +175,24 @@ class EventTable(Sequence[Event]):
                 yield _normalized(_event_decoder.decode(raw))
 
 
+def _id_column(value: Any, default: int) -> int:
+    """An id that is not a plain 64-bit int, as a column holds it: `as_int`'s reading, else `default`; one beyond
+    64 bits (a string can spell it) at the nearest 64-bit bound."""
+    number = as_int(value, default)
+    return default if number is None else max(-_INT64, min(number, _INT64 - 1))
+
+
+_PH, _DUR = attrgetter("ph"), attrgetter("dur")
+_SYNC_CATS = frozenset({SYNC_CAT})
+
+
 NO_INDEX = -(1 << 63)
 _CACHE = 1 << 14
 _decoder = msgspec.json.Decoder(_File)
 _list_decoder = msgspec.json.Decoder(list[msgspec.Raw])
 _event_decoder = msgspec.json.Decoder(Event)
+_typed_decoder = msgspec.json.Decoder(_TypedFile)
+_typed_list_decoder = msgspec.json.Decoder(list[Event])
 
 
 def _normalized(ev: Event) -> Event:
@@ -181,11 +217,43 @@ class KinetoTrace:
 def read_kineto(path: Path) -> KinetoTrace:
     data = read_bytes(path)
     stripped = bytes(data[:4096]).lstrip()[:1]  # not data.lstrip(): that copies the whole trace
+    eager = len(data) <= _eager_limit()
+    # Eager: the whole file decoded typed in one call, no raw view per event; when that fails, the raw views tell
+    # which event is wrong and how.
+    typed = _decoded(data, stripped) if eager else None
+    if typed is None:
+        doc = _outer(path, data, stripped)
+        info, raws, evs = doc.distributedInfo, doc.traceEvents, None
+    else:
+        info, raws, evs = typed.distributedInfo, None, typed.traceEvents
+        del typed
+    if stripped == b"{" and b'"traceEvents"' not in data:
+        if b'"nodes"' in data:
+            raise BadInput(path, "this looks like a host execution trace (has nodes/schema), not a Kineto trace")
+        raise BadInput(path, "not a Kineto trace: no traceEvents")
+    warnings: dict[str, int] = {}
+    distributed = _distributed(path, info or {})
+    events = _validated(path, data, raws, evs, eager, warnings)
+    # lazily read events keep views into `data`; eagerly read ones let it go
+    return KinetoTrace(path=str(path), events=events, distributed=distributed, warnings=warnings)
+
+
+def _decoded(data: bytes | bytearray, stripped: bytes) -> _TypedFile | None:
+    """The whole trace decoded typed, or None when anything in it does not decode."""
+    try:
+        if stripped == b"[":
+            return _TypedFile(traceEvents=_typed_list_decoder.decode(data))
+        return _typed_decoder.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+        return None
+
+
+def _outer(path: Path, data: bytes | bytearray, stripped: bytes) -> _File:
+    """The trace with each event as its raw JSON view: bad input when its structure is not a Kineto trace's."""
     try:
         if stripped == b"[":  # the bare-array Chrome trace form
-            doc = _File(traceEvents=_list_decoder.decode(data))
-        else:
-            doc = _decoder.decode(data)
+            return _File(traceEvents=_list_decoder.decode(data))
+        return _decoder.decode(data)
     except msgspec.ValidationError as exc:
         if b'"nodes"' in data[:4096] or b'"schema"' in data[:4096]:
             raise BadInput(path, "this looks like a host execution trace (has nodes/schema), not a Kineto trace") \
@@ -195,16 +263,12 @@ def read_kineto(path: Path) -> KinetoTrace:
         raise BadInput(path, f"not valid JSON ({exc})") from exc
     except RecursionError as exc:
         raise BadInput(path, "JSON nested too deeply") from exc
-    if stripped == b"{" and b'"traceEvents"' not in data:
-        if b'"nodes"' in data:
-            raise BadInput(path, "this looks like a host execution trace (has nodes/schema), not a Kineto trace")
-        raise BadInput(path, "not a Kineto trace: no traceEvents")
-    eager = len(data) <= _eager_limit()
-    del data  # lazily read events keep views into it; eagerly read ones let it go
-    warnings: dict[str, int] = {}
-    distributed = _distributed(path, doc.distributedInfo or {})
-    events = _validated(path, doc.traceEvents, eager, warnings)
-    return KinetoTrace(path=str(path), events=events, distributed=distributed, warnings=warnings)
+
+
+def _raw_events(data: bytes | bytearray) -> list[msgspec.Raw]:
+    """Each event's raw JSON view, of a trace whose structure decoded before."""
+    stripped = bytes(data[:4096]).lstrip()[:1]
+    return _list_decoder.decode(data) if stripped == b"[" else _decoder.decode(data).traceEvents
 
 
 def _distributed(path: Path, info: dict[str, Any]) -> dict[str, Any]:
@@ -238,52 +302,169 @@ def _check_event(path: Path, n: int, ev: Event) -> None:
                 raise BadInput(path, f"traceEvents[{n}].args.'{label}' {count} is not an element count")
 
 
-def _validated(path: Path, raws: list[msgspec.Raw], eager: bool, warnings: dict[str, int]) -> EventTable:
-    """Decode every event once: a malformed one is bad input now, not deep in a later stage. Keep the duration
-    events (and their columns), drop exact duplicates, count negative or missing durations (set to 0 when read)."""
+# Events decoded at a time above the eager limit: a chunk's decoded events are dropped once its columns are built.
+_CHUNK = 1 << 13
+
+
+class _Irregular(Exception):
+    """A whole-list check found something out of range or undecodable: the per-event check finds and names it."""
+
+
+def _validated(path: Path, data: bytes | bytearray, raws: list[msgspec.Raw] | None, evs: list[Event] | None,
+               eager: bool, warnings: dict[str, int]) -> EventTable:
+    """Check every event once: a malformed one is bad input now, not deep in a later stage. Keep the duration
+    events (and their columns), drop exact duplicates, count negative or missing durations (set to 0). `evs`: the
+    events decoded already (eager), else `raws`: their JSON views."""
+    try:
+        if evs is not None:
+            return _from_decoded(evs, data, warnings)
+        assert raws is not None
+        return _read_events(raws, eager, warnings)
+    except _Irregular:
+        _raise_first_problem(path, _raw_events(data))
+        raise AssertionError("a whole-list check refused what the per-event check accepts") from None
+
+
+def _from_decoded(evs: list[Event], data: bytes | bytearray, warnings: dict[str, int]) -> EventTable:
+    """The eager path over the decoded events; _Irregular when a check fails."""
+    is_x = list(map("X".__eq__, map(_PH, evs)))
+    xs = list(compress(evs, is_x))
+    del evs
+    flags: dict[int, str] = {}
+    _note_durations(xs, 0, flags)
     table = EventTable()
-    tids: dict[int | str, int | str] = {}
+    table._add_columns(xs, None)
+    _check_widths(table, 0, xs)
+    duplicates: set[int] = set()
+    # Byte-identical events decode alike: only when some decoded alike do their JSON texts decide (exact rule).
+    if _decoded_alike(table):
+        x_raws = list(compress(_raw_events(data), is_x))
+        duplicates = _duplicates(x_raws, _repeated_hashes(x_raws))
+    return _without_duplicates(table, xs, None, duplicates, flags, warnings)
+
+
+def _decoded_alike(table: EventTable) -> bool:
+    """Whether two events have the same start, duration, thread, name, correlation and event index: set passes
+    over the starts first (few events share one), then the full key of those that share one."""
+    ts = table.ts.tolist()
+    last = dict(zip(ts, range(len(ts)), strict=True))
+    if len(last) == len(ts):
+        return False
+    repeated = set(range(len(ts))) - set(last.values())  # every occurrence of a start but its last
+    sharing = repeated | {last[ts[j]] for j in repeated}
+    keys = {(ts[j], table.dur[j], table.tid[j], table.name[j], table.correlation[j], table.ev_idx[j]) for j in sharing}
+    return len(keys) < len(sharing)
+
+
+def _read_events(raws: list[msgspec.Raw], eager: bool, warnings: dict[str, int]) -> EventTable:
+    """The path over raw views, in whole-list passes per chunk (everything at once when eager), each chunk's views
+    let go once read (the kept ones live on in the table); _Irregular when a check fails."""
+    table = EventTable()
+    interned: dict[Any, Any] = {}
     kept_raws: list[msgspec.Raw] = []
     kept: list[Event] = []
-    seen: set[int] = set()  # hashes of the kept events' JSON: a set of ints is half a dict's memory
-    suspects: list[int] = []  # kept positions whose hash was seen before: duplicates, or (rarely) collisions
     flags: dict[int, str] = {}  # kept position -> "missing" / "negative" duration
-    for n, raw in enumerate(raws):
-        raws[n] = None  # type: ignore[call-overload]  # an event not kept frees its view as we go
-        ev = _decode_event(path, n, raw)
-        if ev.ph != "X":
-            continue
-        # widths, inline on the common path (millions of events); _check_event names what is wrong
-        tid, pid, args = ev.tid, ev.pid, ev.args
-        if not -_MAX_TIME < ev.ts < _MAX_TIME or ev.dur >= _MAX_TIME \
-                or (type(tid) is int and not -_INT64 <= tid < _INT64) \
-                or (type(pid) is int and not -_INT64 <= pid < _INT64) \
-                or (args is not _NO_ARGS and (args.in_nelems is not None or args.out_nelems is not None)):
-            _check_event(path, n, ev)
-        h = hash(bytes(raw))
-        if h in seen:
-            suspects.append(len(kept_raws))
-        seen.add(h)
-        if not ev.dur >= 0:
-            flags[len(kept_raws)] = "missing" if ev.dur != ev.dur else "negative"
-        ev = _normalized(ev)
-        kept_raws.append(raw)
-        table._add_columns(ev, tids)
+    step = max(1, len(raws) if eager else _CHUNK)
+    for start in range(0, len(raws), step):
+        chunk = raws[start:start + step]
+        raws[start:start + step] = [None] * len(chunk)  # type: ignore[list-item]  # only `chunk` holds them now
+        try:
+            evs = list(map(_event_decoder.decode, chunk))
+        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+            raise _Irregular from None
+        is_x = list(map("X".__eq__, map(_PH, evs)))
+        xs, x_raws = list(compress(evs, is_x)), list(compress(chunk, is_x))
+        del evs, chunk, is_x
+        base = len(kept_raws)
+        _note_durations(xs, base, flags)
+        table._add_columns(xs, interned)
+        _check_widths(table, base, xs)
+        kept_raws += x_raws
         if eager:
-            kept.append(ev)
-    del seen
-    duplicates = _duplicates(kept_raws, suspects)
+            kept += xs
+    raws.clear()
+    return _without_duplicates(table, kept if eager else None, kept_raws,
+                               _duplicates(kept_raws, _repeated_hashes(kept_raws)), flags, warnings)
+
+
+def _without_duplicates(table: EventTable, kept: list[Event] | None, kept_raws: list[msgspec.Raw] | None,
+                        duplicates: set[int], flags: dict[int, str], warnings: dict[str, int]) -> EventTable:
+    """The table holding the kept events (decoded, or their raw views), the duplicates dropped and counted."""
     if duplicates:  # rare: rebuild the columns without them
-        kept_raws = [r for j, r in enumerate(kept_raws) if j not in duplicates]
-        kept = [e for j, e in enumerate(kept) if j not in duplicates]
+        if kept is not None:
+            kept = [e for j, e in enumerate(kept) if j not in duplicates]
+        if kept_raws is not None:
+            kept_raws = [r for j, r in enumerate(kept_raws) if j not in duplicates]
         warnings["duplicate_kineto_events"] = len(duplicates)
-        table = _table_of(kept_raws, tids)
-    if eager:
+        table = _table_of(kept, kept_raws or [])
+    if kept is not None:
         table._events = kept
     else:
         table._raws = kept_raws
     _count_durations(flags, duplicates, warnings)
     return table
+
+
+def _check_widths(table: EventTable, base: int, evs: list[Event]) -> None:
+    """_Irregular when a number of these events (the table's from `base`) that reaches the output does not fit it
+    (see `_check_event`). The durations are normalized already: a missing or negative one is never too large."""
+    ts, dur = table.ts[base:], table.dur[base:]
+    if ts and (min(ts) <= -_MAX_TIME or max(ts) >= _MAX_TIME or max(dur) >= _MAX_TIME):  # no NaN: JSON has none
+        raise _Irregular
+    ids = set(table.tid[base:]) | {e.pid for e in evs}  # a handful of distinct threads and processes
+    if [t for t in ids if type(t) is int and not -_INT64 <= t < _INT64]:
+        raise _Irregular
+    for args in [e.args for e in evs if e.args.in_nelems is not None or e.args.out_nelems is not None]:
+        for value in (args.in_nelems, args.out_nelems):
+            number = as_int(value) if value is not None else None
+            if number is not None and not 0 <= number < 1 << 48:
+                raise _Irregular
+
+
+# The hashes of the kept events' JSON are checked for repeats a quarter at a time (by their low bits): a set of
+# them all would be the largest object of reading a large trace.
+_HASH_PARTS = 4
+_PART_MASKS = [bytes(int(v % _HASH_PARTS == part) for v in range(256)) for part in range(_HASH_PARTS)]
+_LOW_BYTE = 0 if sys.byteorder == "little" else 7  # of an array("q") item
+
+
+def _repeated_hashes(raws: list[msgspec.Raw]) -> list[int]:
+    """The positions whose JSON hashes as an earlier one's does: duplicates, or (rarely) collisions."""
+    hashes = array("q")
+    for start in range(0, len(raws), _CHUNK):
+        hashes.fromlist(list(map(hash, map(bytes, raws[start:start + _CHUNK]))))
+    low_bytes = hashes.tobytes()[_LOW_BYTE::8]
+    suspects: list[int] = []
+    for mask in _PART_MASKS:
+        in_part = low_bytes.translate(mask)  # 1 where the hash is in this part: compress reads it in C
+        if len(set(compress(hashes, in_part))) == in_part.count(1):  # the common case: no repeat in this part
+            continue
+        seen: set[int] = set()
+        for j, h in zip(compress(count(), in_part), compress(hashes, in_part), strict=False):
+            if h in seen:
+                suspects.append(j)
+            seen.add(h)
+    return sorted(suspects)
+
+
+def _note_durations(evs: list[Event], base: int, flags: dict[int, str]) -> None:
+    """Flag and zero the negative and missing (NaN) durations."""
+    durations = list(map(_DUR, evs))
+    total = sum(durations)
+    if total == total and (not durations or min(durations) >= 0):  # no NaN (it would make the sum NaN), none < 0
+        return
+    for j in [j for j, d in enumerate(durations) if not d >= 0]:
+        ev = evs[j]
+        flags[base + j] = "missing" if ev.dur != ev.dur else "negative"
+        ev.dur = 0.0
+
+
+def _raise_first_problem(path: Path, raws: list[msgspec.Raw]) -> None:
+    """Event by event in file order, as bad input naming the first event and field that is wrong."""
+    for n, raw in enumerate(raws):
+        ev = _decode_event(path, n, raw)
+        if ev.ph == "X":
+            _check_event(path, n, ev)
 
 
 def _decode_event(path: Path, n: int, raw: msgspec.Raw) -> Event:
@@ -297,10 +478,15 @@ def _decode_event(path: Path, n: int, raw: msgspec.Raw) -> Event:
         raise BadInput(path, "JSON nested too deeply") from exc
 
 
-def _table_of(raws: list[msgspec.Raw], tids: dict[int | str, int | str]) -> EventTable:
+def _table_of(events: list[Event] | None, raws: list[msgspec.Raw]) -> EventTable:
+    """The columns of these kept events (decoded again from `raws`, a chunk at a time, when not given)."""
     table = EventTable()
-    for raw in raws:
-        table._add_columns(_normalized(_event_decoder.decode(raw)), tids)
+    interned: dict[Any, Any] = {}
+    if events is not None:
+        table._add_columns(events, None)
+        return table
+    for start in range(0, len(raws), _CHUNK):
+        table._add_columns([_normalized(_event_decoder.decode(r)) for r in raws[start:start + _CHUNK]], interned)
     return table
 
 

@@ -16,10 +16,14 @@ import select
 import stat
 import time
 import zlib
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from etweave.errors import BadInput
+
+if TYPE_CHECKING:
+    import threading
 
 # The parsed trace and the pipeline's data take a few times the JSON's size (the converter peaks at about 2x its
 # input on the largest traces): an input is limited to this fraction of the memory the process may use, so a
@@ -61,10 +65,61 @@ def input_limit() -> int:
 _CHUNK = 1 << 22
 
 
+# Files being read ahead (`reading_ahead`): path -> (its thread, where the thread puts the bytes or the error).
+_ahead: dict[str, tuple[threading.Thread, dict[str, Any]]] = {}
+
+
+@contextlib.contextmanager
+def reading_ahead(paths: Sequence[Path]) -> Iterator[None]:
+    """Read these regular files (gunzipping them) on threads while the caller does other work, such as importing
+    the modules that will parse them (decompressing and reading release the interpreter's lock); `read_bytes` of
+    one of them waits for its thread and takes its bytes, or raises what reading it raised, the same error at the
+    same point as reading it then. What was not taken is dropped on leaving. A pipe or a special file is left to
+    `read_bytes` (reading a pipe ahead would consume it even if the command stopped before needing it)."""
+    import threading  # only for the commands that read ahead
+
+    started: list[str] = []
+    for path in paths:
+        key = os.fspath(path)
+        try:
+            regular = stat.S_ISREG(os.stat(path).st_mode)
+        except OSError:
+            continue
+        if regular and key not in _ahead:
+            box: dict[str, Any] = {}
+            thread = threading.Thread(target=_read_into, args=(path, box), daemon=True)
+            thread.start()
+            _ahead[key] = (thread, box)
+            started.append(key)
+    try:
+        yield
+    finally:
+        for key in started:
+            _ahead.pop(key, None)
+
+
+def _read_into(path: Path, box: dict[str, Any]) -> None:
+    try:
+        box["data"] = _read_now(path, input_limit())
+    except BaseException as exc:  # handed to the thread that takes the bytes, which raises it
+        box["error"] = exc
+
+
 def read_bytes(path: Path, limit: int | None = None) -> bytes | bytearray:
     """The file's content, gunzipped when it starts with the gzip magic, whatever its name (both JSON parsers
     take either type)."""
-    limit = input_limit() if limit is None else limit
+    ahead = _ahead.pop(os.fspath(path), None) if limit is None and _ahead else None
+    if ahead is not None:
+        thread, box = ahead
+        thread.join()
+        if "error" in box:
+            raise box["error"]
+        data: bytes | bytearray = box["data"]
+        return data
+    return _read_now(path, input_limit() if limit is None else limit)
+
+
+def _read_now(path: Path, limit: int) -> bytes | bytearray:
     try:
         if _kind(path) == "pipe":
             raw = _read_pipe(path, limit)

@@ -40,18 +40,43 @@ def test_bare_array_form(tmp_path: Path) -> None:
     assert [e.name for e in _read(tmp_path, EVENTS).events] == ["aten::mm", "cudaLaunchKernel", "gemm"]
 
 
-def test_missing_and_negative_durations_read_as_zero_and_counted(tmp_path: Path) -> None:
+@pytest.mark.parametrize("eager_bytes", ["", "0"])
+def test_missing_and_negative_durations_read_as_zero_and_counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 eager_bytes: str) -> None:
+    monkeypatch.setenv("ETWEAVE_EAGER_BYTES", eager_bytes)
     trace = _read(tmp_path, kineto_trace([kineto_event("a", 1.0, None), kineto_event("b", 2.0, -3.0),
                                           kineto_event("c", 3.0, 1.0)]))
     assert [e.dur for e in trace.events] == [0.0, 0.0, 1.0]
+    assert list(trace.events.dur) == [0.0, 0.0, 1.0]
     assert trace.warnings == {"missing_durations": 1, "negative_durations": 1}
 
 
-def test_exact_duplicates_dropped_and_counted(tmp_path: Path) -> None:
+@pytest.mark.parametrize("eager_bytes", ["", "0"])
+def test_exact_duplicates_dropped_and_counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              eager_bytes: str) -> None:
+    monkeypatch.setenv("ETWEAVE_EAGER_BYTES", eager_bytes)
     ev = kineto_event("a", 1.0, 2.0)
-    trace = _read(tmp_path, kineto_trace([ev, ev, kineto_event("a", 1.0, 3.0)]))
-    assert [e.dur for e in trace.events] == [2.0, 3.0]
-    assert trace.warnings == {"duplicate_kineto_events": 1}
+    alike = {**kineto_event("a", 1.0, 2.0), "extra": 1}  # decodes as `ev` does, but is another text: kept
+    trace = _read(tmp_path, kineto_trace([ev, kineto_event("b", 0.5, None), ev, alike, kineto_event("a", 1.0, 3.0),
+                                          ev]))
+    assert [(e.name, e.dur) for e in trace.events] == [("a", 2.0), ("b", 0.0), ("a", 2.0), ("a", 3.0)]
+    assert list(trace.events.dur) == [2.0, 0.0, 2.0, 3.0] and list(trace.events.cpu) == [0, 1, 2, 3]
+    assert trace.warnings == {"duplicate_kineto_events": 2, "missing_durations": 1}
+
+
+@pytest.mark.parametrize("eager_bytes", ["", "0"])
+def test_columns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, eager_bytes: str) -> None:
+    monkeypatch.setenv("ETWEAVE_EAGER_BYTES", eager_bytes)
+    events = [*EVENTS, kineto_event("aten::add", 101.0, 1.0, tid="t2", args={
+        "Sequence number": "12", "Record function id": str(1 << 70), "correlation": True, "Ev Idx": 4})]
+    table = _read(tmp_path, kineto_trace(events)).events
+    assert list(table.cpu) == [0, 3] and list(table.runtime) == [1] and list(table.gpu) == [2]
+    assert table.name == ["aten::mm", "cudaLaunchKernel", "gemm", "aten::add"] and table.tid == [1, 1, 7, "t2"]
+    assert list(table.correlation) == [-1, 55, 55, -1]  # a bool is no id
+    assert list(table.seq) == [3, -1, -1, 12]  # a number written as a string is read as the number
+    assert list(table.rf_id) == [10, 0, 0, (1 << 63) - 1]  # beyond 64 bits: present, at the bound
+    assert list(table.ts) == [100.0, 105.0, 108.0, 101.0] and list(table.dur) == [20.5, 2.0, 9.0, 1.0]
+    assert [table.entry_key(i) for i in (0, 3)] == [(100.0, -20.5, 0), (101.0, 4, 3)]
 
 
 @pytest.mark.parametrize(("doc", "message"), [
@@ -62,6 +87,27 @@ def test_exact_duplicates_dropped_and_counted(tmp_path: Path) -> None:
     (kineto_trace([kineto_event("a", 1.0, 1.0, args={"In msg nelems": -5})]), "is not an element count"),
     (kineto_trace([], rank=-1), "distributedInfo.rank"),
 ])
-def test_bad_traces_are_bad_input(tmp_path: Path, doc: object, message: str) -> None:
+@pytest.mark.parametrize("eager_bytes", ["", "0"])
+def test_bad_traces_are_bad_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, eager_bytes: str, doc: object,
+                                  message: str) -> None:
+    monkeypatch.setenv("ETWEAVE_EAGER_BYTES", eager_bytes)
     with pytest.raises(BadInput, match=message):
         _read(tmp_path, doc)
+
+
+@pytest.mark.parametrize("eager_bytes", ["", "0"])
+def test_the_first_bad_event_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, eager_bytes: str) -> None:
+    """Whole-list checks find that something is wrong; the message names the first event in file order."""
+    monkeypatch.setenv("ETWEAVE_EAGER_BYTES", eager_bytes)
+    good = [kineto_event("a", float(i), 1.0) for i in range(5)]
+    bad_tid = kineto_event("b", 9.0, 1.0, tid=1 << 63)
+    bad_nelems = kineto_event("c", 9.0, 1.0, args={"Out msg nelems": 1 << 50})
+    undecodable = {"ph": "i", "ts": "soon"}  # not a duration event, but decoded (and refused) all the same
+    for events, message in [
+        ([*good, bad_nelems, bad_tid], r"traceEvents\[5\]\.args\.'Out msg nelems'"),
+        ([*good, bad_tid, bad_nelems], r"traceEvents\[5\]\.tid"),
+        ([*good, undecodable, bad_tid], r"\(in traceEvents\[5\]\)"),
+        ([*good, kineto_event("d", 1.0, 1e300), undecodable], r"traceEvents\[5\]\.dur"),
+    ]:
+        with pytest.raises(BadInput, match=message):
+            _read(tmp_path, kineto_trace(events))

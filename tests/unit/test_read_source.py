@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from etweave.errors import BadInput
-from etweave.read.source import read_bytes, read_plain
+from etweave.read import source
+from etweave.read.source import read_bytes, read_plain, reading_ahead
 
 
 def test_plain_and_gzip_by_content_not_name(tmp_path: Path) -> None:
@@ -46,3 +47,30 @@ def test_limits(tmp_path: Path) -> None:
 def test_a_folder_is_bad_input(tmp_path: Path) -> None:
     with pytest.raises(BadInput, match="is a folder"):
         read_bytes(tmp_path)
+
+
+def test_read_ahead_gives_the_same_bytes_and_errors(tmp_path: Path) -> None:
+    good, bad = tmp_path / "good.json.gz", tmp_path / "bad.json.gz"
+    good.write_bytes(gzip.compress(b"zipped" * 1000))
+    data = gzip.compress(b"x" * 10000)
+    bad.write_bytes(data[: len(data) // 2])
+    with reading_ahead([good, bad, tmp_path / "missing.json", tmp_path]):
+        assert set(source._ahead) == {str(good), str(bad)}  # what is not a regular file is left to read_bytes
+        assert bytes(read_bytes(good)) == b"zipped" * 1000
+        with pytest.raises(BadInput, match="truncated gzip stream"):
+            read_bytes(bad)
+        assert source._ahead == {}  # each taken once
+        assert bytes(read_bytes(good)) == b"zipped" * 1000  # then read as usual
+        with pytest.raises(BadInput, match="is a folder"):
+            read_bytes(tmp_path)
+
+
+def test_what_was_read_ahead_and_not_taken_is_dropped(tmp_path: Path) -> None:
+    path = tmp_path / "a.json"
+    path.write_bytes(b"old")
+    with reading_ahead([path]):
+        assert bytes(read_bytes(path, limit=1 << 20)) == b"old"  # a caller's own limit reads now
+        assert str(path) in source._ahead
+    assert source._ahead == {}
+    path.write_bytes(b"new")
+    assert bytes(read_bytes(path)) == b"new"
