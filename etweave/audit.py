@@ -262,8 +262,7 @@ def _kineto_cpu_ops(kineto: KinetoTrace, link: HostLink) -> tuple[int, LeftOut]:
     converted = set(link.event_of.values())
     events = kineto.events
     lo, hi = link.window if link.window is not None else (float("-inf"), float("inf"))
+    ts = events.ts
     left = LeftOut()
-    for i in events.cpu:
-        if i not in converted and not lo <= events.ts[i] <= hi:
-            left.add_at(events, i)
+    left.add_all(events, [i for i in events.cpu if i not in converted and not lo <= ts[i] <= hi])
     return len(events.cpu), left
