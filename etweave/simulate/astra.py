@@ -107,14 +107,17 @@ def load_astra_rank(path: Path, default_rank: int | None = None) -> AstraRank:
     Its rank as `etweave simulate` finds it (`runfolder.file_rank`)."""
     metadata, nodes = read_nodes(path, _WANTED)  # one node at a time, only the fields ASTRA-sim's feeder reads
     rank = file_rank(metadata, path, default_rank)
-    out = []
+    out: list[AstraNode] = []
+    append = out.append
+    comm_types = COMM_NODE_TYPES
     for node_id, name, ntype, deps, start, duration, attrs in nodes:
-        cpu = attrs.get("is_cpu_op", True)
+        kind = attrs.get("kind", "")
+        measured = attrs.get("measured_duration_micros")
         # interned: names and kinds repeat over nodes and ranks (memory per distinct string, as in load.py)
-        an = AstraNode(node_id, intern(name), ntype, deps, duration, bool(cpu), measured_start=start,
-                       kind=intern(str(attrs.get("kind", ""))))
-        an.measured_end = start + _as_int(attrs.get("measured_duration_micros"), duration)
-        if ntype in COMM_NODE_TYPES:
+        an = AstraNode(node_id, intern(name), ntype, deps, duration, bool(attrs.get("is_cpu_op", True)), None, 0, "",
+                       None, None, None, start, start + (duration if measured is None else _as_int(measured, duration)),
+                       intern(kind if type(kind) is str else str(kind)))
+        if ntype in comm_types:
             an.comm_size = _as_int(attrs.get("comm_size"))
             if "comm_type" in attrs:
                 an.comm_type = _as_int(attrs["comm_type"])
@@ -123,7 +126,7 @@ def load_astra_rank(path: Path, default_rank: int | None = None) -> AstraRank:
             for attr in ("comm_src", "comm_dst", "comm_tag"):
                 if attr in attrs:
                     setattr(an, attr, _as_int(attrs[attr]))
-        out.append(an)
+        append(an)
     return AstraRank(rank=rank, nodes=out, source=str(path))
 
 
@@ -161,8 +164,16 @@ def simulate(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[int]], ne
     """Replay `ranks` (one per NPU) under ASTRA-sim's rules; see the module docstring. `slotless_kinds`: nodes
     whose attr `kind` is one of these take no slot (a what-if for the benchmark: e.g. "delay" asks what the
     run would take if waiting nodes did not hold the CPU slot; ASTRA-sim itself has no such rule)."""
-    if collectives not in COLLECTIVE_TIMING:
-        raise ValueError(f"collectives must be one of {COLLECTIVE_TIMING}")
+    return simulate_timings(ranks, groups, network, (collectives,), slots, slotless_kinds)[0]
+
+
+def simulate_timings(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[int]], network: Network,
+                     timings: Sequence[str], slots: bool = True, slotless_kinds: Collection[str] = ()
+                     ) -> list[AstraRun]:
+    """`simulate` once per collective timing in `timings`, the graphs indexed once for all of the runs."""
+    for collectives in timings:
+        if collectives not in COLLECTIVE_TIMING:
+            raise ValueError(f"collectives must be one of {COLLECTIVE_TIMING}")
     ranks = list(ranks)
     index_of_rank = {rg.rank: ri for ri, rg in enumerate(ranks)}
     if len(index_of_rank) != len(ranks):
@@ -170,8 +181,14 @@ def simulate(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[int]], ne
     flat = _flatten(ranks, slots, slotless_kinds)
     instances = _collective_instances(ranks, flat, groups, index_of_rank)
     peer, alone = _send_recv_peers(ranks, flat, index_of_rank)
+    kind_name = [nd.kind or node_type_name(nd.type) for rg in ranks for nd in rg.nodes]
+    return [_run(ranks, flat, instances, peer, kind_name, network, timing, slots, alone) for timing in timings]
+
+
+def _run(ranks: list[AstraRank], flat: _Flat, instances: _Instances, peer: list[int], kind_name: list[str],
+         network: Network, collectives: str, slots: bool, alone: int) -> AstraRun:
     notes = [f"{alone} send/recv nodes have no peer among the NPUs given: replayed alone"] if alone else []
-    loop = _EventLoop(ranks, flat, instances, peer, network, collectives)
+    loop = _EventLoop(ranks, flat, instances, peer, kind_name, network, collectives)
     loop.run()
     n = len(flat.kind)
     finished: list[int | None] = []
@@ -346,8 +363,9 @@ class _EventLoop:
     scheduled; whenever a node of a rank finishes, that rank's ready nodes issue as ASTRA-sim issues them."""
 
     def __init__(self, ranks: Sequence[AstraRank], flat: _Flat, instances: _Instances, peer: list[int],
-                 network: Network, collectives: str) -> None:
+                 kind_name: list[str], network: Network, collectives: str) -> None:
         n = len(flat.kind)
+        self.indeg = flat.indeg.copy()  # counted down here: the flat lists serve every run
         self.ranks, self.flat, self.instances, self.peer = ranks, flat, instances, peer
         self.network, self.collectives = network, collectives
         self.issue_t = [-1] * n
@@ -360,14 +378,14 @@ class _EventLoop:
         self.holder = [[-1] * 3 for _ in ranks]
         self.since = [[0] * 3 for _ in ranks]  # when each slot's (holder, someone waiting) state was last accounted
         self.blocked: list[dict[tuple[int, str], int]] = [defaultdict(int) for _ in ranks]
-        self.kind_name = [nd.kind or node_type_name(nd.type) for rg in ranks for nd in rg.nodes]
+        self.kind_name = kind_name
         self.events: list[tuple[int, int, int]] = []
         self.seq = 0
 
     def run(self) -> None:
         flat = self.flat
         for g in range(len(flat.kind)):
-            if flat.indeg[g] == 0:
+            if self.indeg[g] == 0:
                 self.make_ready(g, 0)
         for ri in range(len(self.ranks)):
             self.issue_ready(ri, 0)
@@ -376,7 +394,7 @@ class _EventLoop:
     def _loop(self) -> None:
         """Every completion in time order (`account_slots` and `make_ready` written out: they run per node)."""
         flat = self.flat
-        indeg, children, slot, owner, node_id = flat.indeg, flat.children, flat.slot, flat.owner, flat.node_id
+        indeg, children, slot, owner, node_id = self.indeg, flat.children, flat.slot, flat.owner, flat.node_id
         events, done, ready_t, holder, ready, since, blocked, kind_name = (
             self.events, self.done, self.ready_t, self.holder, self.ready, self.since, self.blocked, self.kind_name)
         pop, push, issue_ready = heapq.heappop, heapq.heappush, self.issue_ready
