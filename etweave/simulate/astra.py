@@ -26,7 +26,7 @@ import heapq
 from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import compress
+from itertools import compress, count
 from operator import not_
 from pathlib import Path
 from sys import intern
@@ -380,7 +380,7 @@ class _EventLoop:
         self.blocked: list[dict[tuple[int, str], int]] = [defaultdict(int) for _ in ranks]
         self.kind_name = kind_name
         self.events: list[tuple[int, int, int]] = []
-        self.seq = 0
+        self.seq = count(1)  # each event's place in the order of scheduling
 
     def run(self) -> None:
         flat = self.flat
@@ -392,30 +392,36 @@ class _EventLoop:
         self._loop()
 
     def _loop(self) -> None:
-        """Every completion in time order (`account_slots` and `make_ready` written out: they run per node)."""
+        """Every completion in time order (`issue_ready` and `make_ready` written out, and `issue` of a compute
+        node: they run per node)."""
         flat = self.flat
-        indeg, children, slot, owner, node_id = self.indeg, flat.children, flat.slot, flat.owner, flat.node_id
-        events, done, ready_t, holder, ready, since, blocked, kind_name = (
-            self.events, self.done, self.ready_t, self.holder, self.ready, self.since, self.blocked, self.kind_name)
-        pop, push, issue_ready = heapq.heappop, heapq.heappush, self.issue_ready
+        indeg, children, slot, owner, node_id, kind, dur_ns = (self.indeg, flat.children, flat.slot, flat.owner,
+                                                               flat.node_id, flat.kind, flat.dur_ns)
+        events, done, ready_t, issue_t, end, holder, ready, since, blocked, slot_wait, kind_name = (
+            self.events, self.done, self.ready_t, self.issue_t, self.end, self.holder, self.ready, self.since,
+            self.blocked, self.slot_wait, self.kind_name)
+        pop, push, issue, tick = heapq.heappop, heapq.heappush, self.issue, self.seq.__next__
         while events:
             t, _, g = pop(events)
             done[g] = True
             ri = owner[g]
-            hold, heaps, at = holder[ri], ready[ri], since[ri]
-            for s in (CPU, GPU, COMM):  # the rank's slot states change only at its own events: account up to now
-                h = hold[s]
-                if h >= 0 and heaps[s]:
-                    blocked[ri][s, kind_name[h]] += t - at[s]
-                at[s] = t
-            if slot[g] != FREE:
-                hold[slot[g]] = -1
+            hold, heaps = holder[ri], ready[ri]
+            _account_slots(t, slot[g], hold, heaps, since[ri], blocked[ri], kind_name)
             for c in children[g]:
                 indeg[c] -= 1
                 if indeg[c] == 0:
                     ready_t[c] = t
                     push(heaps[slot[c]], (node_id[c], c))
-            issue_ready(ri, t)
+            for _, c in _pick(heaps, hold):
+                s = slot[c]
+                if kind[c] != _COMP or s == FREE:
+                    issue(c, t)
+                    continue
+                issue_t[c] = t
+                hold[s] = c
+                slot_wait[ri][s] += t - ready_t[c]
+                end[c] = e = t + dur_ns[c]
+                push(events, (e, tick(), c))
 
     def coll_ns(self, g: int) -> int:
         if self.collectives == "duration":
@@ -432,8 +438,7 @@ class _EventLoop:
 
     def finish_at(self, g: int, t: int) -> None:
         self.end[g] = t
-        self.seq += 1
-        heapq.heappush(self.events, (t, self.seq, g))
+        heapq.heappush(self.events, (t, next(self.seq), g))
 
     def recv_done(self, r: int, s: int) -> None:
         """Recv r issued, its send s issued: r ends when the message arrived."""
@@ -451,9 +456,8 @@ class _EventLoop:
             self.slot_wait[ri][s] += t - self.ready_t[g]
         k = flat.kind[g]
         if k in (_COMP, _BCAST):
-            self.end[g] = end = t + flat.dur_ns[g]  # finish_at, written out: most nodes come here
-            self.seq += 1
-            heapq.heappush(self.events, (end, self.seq, g))
+            self.end[g] = end = t + flat.dur_ns[g]  # finish_at, written out
+            heapq.heappush(self.events, (end, next(self.seq), g))
         elif k == _COLL:
             self.arrive(g, t)
         elif k == _SEND:
@@ -477,22 +481,50 @@ class _EventLoop:
                 self.finish_at(m, t + self.coll_ns(m))
 
     def issue_ready(self, ri: int, t: int) -> None:
-        # ASTRA-sim visits the ready nodes in ascending id and issues each whose slot is free: per slot that is
-        # its lowest ready node; every slot-free node issues. Issue them in id order (it orders equal-time events).
-        heaps, hold = self.ready[ri], self.holder[ri]
-        picked = [heapq.heappop(heaps[s]) for s in (CPU, GPU, COMM) if heaps[s] and hold[s] < 0]
-        if heaps[FREE]:
-            picked += heaps[FREE]
-            heaps[FREE] = []
-            picked.sort()
-        elif len(picked) > 1:
-            picked.sort()
-        for _, g in picked:
+        for _, g in _pick(self.ready[ri], self.holder[ri]):
             self.issue(g, t)
 
     def make_ready(self, g: int, t: int) -> None:
         self.ready_t[g] = t
         heapq.heappush(self.ready[self.flat.owner[g]][self.flat.slot[g]], (self.flat.node_id[g], g))
+
+
+def _account_slots(t: int, freed: int, hold: list[int], heaps: list[list[tuple[int, int]]], since: list[int],
+                   blocked: dict[tuple[int, str], int], kind_name: list[str]) -> None:
+    """A rank's slot states change only at its own events: charge each slot's holder, up to t, for the time a
+    node waited for it; then free slot `freed` (FREE: none)."""
+    h = hold[CPU]
+    if h >= 0 and heaps[CPU]:
+        blocked[CPU, kind_name[h]] += t - since[CPU]
+    h = hold[GPU]
+    if h >= 0 and heaps[GPU]:
+        blocked[GPU, kind_name[h]] += t - since[GPU]
+    h = hold[COMM]
+    if h >= 0 and heaps[COMM]:
+        blocked[COMM, kind_name[h]] += t - since[COMM]
+    since[CPU] = since[GPU] = since[COMM] = t
+    if freed != FREE:
+        hold[freed] = -1
+
+
+def _pick(heaps: list[list[tuple[int, int]]], hold: list[int]) -> list[tuple[int, int]]:
+    """The ready nodes of a rank that issue now, as (node id, g) in id order. ASTRA-sim visits the ready nodes in
+    ascending id and issues each whose slot is free: per slot that is its lowest ready node; every slot-free node
+    issues (issued in id order, which orders equal-time events)."""
+    picked = []
+    if heaps[CPU] and hold[CPU] < 0:
+        picked.append(heapq.heappop(heaps[CPU]))
+    if heaps[GPU] and hold[GPU] < 0:
+        picked.append(heapq.heappop(heaps[GPU]))
+    if heaps[COMM] and hold[COMM] < 0:
+        picked.append(heapq.heappop(heaps[COMM]))
+    if heaps[FREE]:
+        picked += heaps[FREE]
+        heaps[FREE] = []
+        picked.sort()
+    elif len(picked) > 1:
+        picked.sort()
+    return picked
 
 
 def _stuck_lines(ranks: Sequence[AstraRank], flat: _Flat, loop: _EventLoop, stuck: list[int]) -> list[str]:
