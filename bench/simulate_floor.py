@@ -7,7 +7,9 @@ Per folder, interleaved, best CPU (user + sys, `os.wait4`) of `--reps` runs of e
 (`python -m bench.ranks --decode`, the `decode` line of `bench.ranks`), `etweave simulate OUT` and
 `etweave simulate OUT --model astra-sim` of the working tree and, with `--base`, of that revision (its own git
 worktree, as `bench.identical` checks it out). Prints simulate / decode for each model and whether the base's
-and the working tree's stdout are byte for byte the same.
+and the working tree's stdout are byte for byte the same; then, per folder and command, the CPU per rank net of
+the command's start-up (its CPU on an empty run of two one-node ranks, `bench.ranks.empty_run`, timed alike), and
+its max/min over the folders (flat per-rank cost: issue 15's target <= 1.3).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 from bench.identical import checkout
+from bench.ranks import empty_run
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,17 +68,30 @@ def main(argv: list[str] | None = None) -> int:
         if args.base:
             trees = {"base": checkout(args.base, work / "base-tree"), **trees}
         print(f"load average {os.getloadavg()[0]:.2f} at the start; best CPU s of {args.reps}", flush=True)
+        empty = work / "empty"
+        empty_run(empty)
+        startup = measure(empty, trees, args.reps, work)
+        print("start-up (an empty run): " + ", ".join(f"{name} {cpu:.2f} s" for name, cpu in startup.items()),
+              flush=True)
+        per_rank: dict[str, list[float]] = {}
         for out in args.outs:
             best = measure(out, trees, args.reps, work)
             d = best["decode"]
+            ranks = len(list(out.glob("trace.*.et")))
+            for name, cpu in best.items():
+                per_rank.setdefault(name, []).append((cpu - startup[name]) / ranks)
             same = ""
             if "base" in trees:
                 same = "; stdout base == head: " + str(all(
                     (work / f"{m}_base").read_bytes() == (work / f"{m}_head").read_bytes()
                     for m in ("default", "astra-sim")))
             ratios = ", ".join(f"{name} {cpu:.2f} s = {cpu / d:.2f}x" for name, cpu in best.items() if name != "decode")
-            print(f"{out.name} ({len(list(out.glob('trace.*.et')))} ranks): decode {d:.2f} s; {ratios}{same}",
-                  flush=True)
+            print(f"{out.name} ({ranks} ranks): decode {d:.2f} s; {ratios}{same}", flush=True)
+            print("  cpu per rank net of start-up: " + ", ".join(
+                f"{name} {cpu[-1] * 1e3:.1f} ms" for name, cpu in per_rank.items()), flush=True)
+        if len(args.outs) > 1:
+            print("cpu per rank net of start-up, max/min over the folders [target <= 1.3]: " + ", ".join(
+                f"{name} {max(cpu) / min(cpu):.2f}" for name, cpu in per_rank.items() if min(cpu) > 0))
         print(f"load average {os.getloadavg()[0]:.2f} at the end")
     finally:
         if "base" in trees:
