@@ -133,11 +133,13 @@ def load_astra_rank(path: Path, default_rank: int | None = None) -> AstraRank:
 def measured_span_us(ranks: Sequence[AstraRank]) -> int | None:
     """Earliest measured start to latest measured end over all ranks (as `etweave simulate` reports it)."""
     lo = hi = None
-    for rg in ranks:
-        for nd in rg.nodes:
-            if nd.measured_start:
-                lo = nd.measured_start if lo is None else min(lo, nd.measured_start)
-                hi = nd.measured_end if hi is None else max(hi, nd.measured_end)
+    for rg in ranks:  # column by column: this runs over every node
+        starts = [nd.measured_start for nd in rg.nodes]
+        if any(starts):
+            first = min(filter(None, starts))
+            last = max(compress([nd.measured_end for nd in rg.nodes], starts))
+            lo = first if lo is None else min(lo, first)
+            hi = last if hi is None else max(hi, last)
     return None if lo is None or hi is None else hi - lo
 
 
