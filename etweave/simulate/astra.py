@@ -249,7 +249,8 @@ def _flatten_rank(flat: _Flat, ri: int, rg: AstraRank, slotless_kinds: Collectio
     comp = pb.COMP_NODE
     kinds = [(_COMP, CPU if nd.is_cpu_op else GPU) if nd.type == comp else _kind_and_slot(nd, ri) for nd in nodes]
     flat.kind[base:end] = [k for k, _ in kinds]
-    flat.slot[base:end] = [FREE if nd.kind in slotless_kinds else s for nd, (_, s) in zip(nodes, kinds, strict=True)]
+    flat.slot[base:end] = ([FREE if nd.kind in slotless_kinds else s for nd, (_, s) in zip(nodes, kinds, strict=True)]
+                           if slotless_kinds else [s for _, s in kinds])
     flat.dur_ns[base:end] = [max(1, nd.duration_us * 1000) for nd in nodes]
     flat.node_id[base:end] = [nd.id for nd in nodes]
     flat.owner[base:end] = [ri] * len(nodes)
@@ -278,11 +279,14 @@ def _first_error(ri: int, rg: AstraRank, base: int) -> None:
 
 def _positions(ri: int, rg: AstraRank, base: int) -> dict[int, int]:
     """Node id -> global index, for one rank; a repeated id is a GraphError."""
-    pos: dict[int, int] = {}
-    for i, nd in enumerate(rg.nodes):
-        if nd.id in pos:
-            raise GraphError(ri, f"node id {nd.id} appears twice")
-        pos[nd.id] = base + i
+    ids = [nd.id for nd in rg.nodes]
+    pos = dict(zip(ids, range(base, base + len(ids)), strict=True))  # a column: this runs over every node
+    if len(pos) != len(ids):
+        seen: set[int] = set()
+        for node_id in ids:
+            if node_id in seen:
+                raise GraphError(ri, f"node id {node_id} appears twice")
+            seen.add(node_id)
     return pos
 
 
