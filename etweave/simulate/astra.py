@@ -411,8 +411,21 @@ class _EventLoop:
             t, _, g = pop(events)
             done[g] = True
             ri = owner[g]
-            hold, heaps = holder[ri], ready[ri]
-            _account_slots(t, slot[g], hold, heaps, since[ri], blocked[ri], kind_name)
+            hold, heaps, at = holder[ri], ready[ri], since[ri]
+            # the rank's slot states change only at its own events: charge each slot's holder, up to t, for the
+            # time a node waited for it (unrolled over the three slots); then free g's slot
+            h = hold[CPU]
+            if h >= 0 and heaps[CPU]:
+                blocked[ri][CPU, kind_name[h]] += t - at[CPU]
+            h = hold[GPU]
+            if h >= 0 and heaps[GPU]:
+                blocked[ri][GPU, kind_name[h]] += t - at[GPU]
+            h = hold[COMM]
+            if h >= 0 and heaps[COMM]:
+                blocked[ri][COMM, kind_name[h]] += t - at[COMM]
+            at[CPU] = at[GPU] = at[COMM] = t
+            if slot[g] != FREE:
+                hold[slot[g]] = -1
             for c in children[g]:
                 indeg[c] -= 1
                 if indeg[c] == 0:
@@ -493,24 +506,6 @@ class _EventLoop:
     def make_ready(self, g: int, t: int) -> None:
         self.ready_t[g] = t
         heapq.heappush(self.ready[self.flat.owner[g]][self.flat.slot[g]], (self.flat.node_id[g], g))
-
-
-def _account_slots(t: int, freed: int, hold: list[int], heaps: list[list[tuple[int, int]]], since: list[int],
-                   blocked: dict[tuple[int, str], int], kind_name: list[str]) -> None:
-    """A rank's slot states change only at its own events: charge each slot's holder, up to t, for the time a
-    node waited for it; then free slot `freed` (FREE: none)."""
-    h = hold[CPU]
-    if h >= 0 and heaps[CPU]:
-        blocked[CPU, kind_name[h]] += t - since[CPU]
-    h = hold[GPU]
-    if h >= 0 and heaps[GPU]:
-        blocked[GPU, kind_name[h]] += t - since[GPU]
-    h = hold[COMM]
-    if h >= 0 and heaps[COMM]:
-        blocked[COMM, kind_name[h]] += t - since[COMM]
-    since[CPU] = since[GPU] = since[COMM] = t
-    if freed != FREE:
-        hold[freed] = -1
 
 
 def _pick(heaps: list[list[tuple[int, int]]], hold: list[int]) -> list[tuple[int, int]]:
