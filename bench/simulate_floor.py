@@ -7,7 +7,9 @@ Per folder, interleaved, best CPU (user + sys, `os.wait4`) of `--reps` runs of e
 (`python -m bench.ranks --decode`, the `decode` line of `bench.ranks`), `etweave simulate OUT` and
 `etweave simulate OUT --model astra-sim` of the working tree and, with `--base`, of that revision (its own git
 worktree, as `bench.identical` checks it out). Prints simulate / decode for each model and whether the base's
-and the working tree's stdout are byte for byte the same.
+and the working tree's stdout are byte for byte the same; then, per folder and command, the CPU per rank net of
+the command's start-up (its CPU on an empty run of two one-node ranks, `bench.ranks.empty_run`, timed alike), and
+its max/min over the folders (flat per-rank cost: issue 15's target <= 1.3), and each command's peak RSS.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ import tempfile
 from pathlib import Path
 
 from bench.identical import checkout
+from bench.ranks import empty_run
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _cpu(tree: Path, cmd: list[str], stdout: Path) -> float:
-    """CPU seconds of one whole process run from `tree` (its imports too); its stdout into `stdout`."""
+def _cpu(tree: Path, cmd: list[str], stdout: Path) -> tuple[float, float]:
+    """CPU seconds and peak RSS (MiB) of one whole process run from `tree` (its imports too); its stdout into
+    `stdout`."""
     with stdout.open("wb") as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(cmd, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=err)
@@ -35,10 +39,12 @@ def _cpu(tree: Path, cmd: list[str], stdout: Path) -> float:
         if proc.returncode:
             err.seek(0)
             raise SystemExit(f"{' '.join(cmd)}: exit {proc.returncode}: {err.read()[-2000:].decode(errors='replace')}")
-    return usage.ru_utime + usage.ru_stime
+    return usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
-def measure(out: Path, trees: dict[str, Path], reps: int, work: Path) -> dict[str, float]:
+def measure(out: Path, trees: dict[str, Path], reps: int, work: Path,
+            rss: dict[str, float] | None = None) -> dict[str, float]:
+    """Best CPU of each command on folder `out`; with `rss`, each command's largest peak RSS (MiB) is put there."""
     files = [str(p) for p in sorted(out.glob("trace.*.et"))]
     commands: dict[str, tuple[Path, list[str]]] = {"decode": (REPO, [sys.executable, "-m", "bench.ranks", "--decode",
                                                                      *files])}
@@ -49,7 +55,10 @@ def measure(out: Path, trees: dict[str, Path], reps: int, work: Path) -> dict[st
     best: dict[str, float] = {}
     for _ in range(reps):
         for name, (tree, cmd) in commands.items():
-            best[name] = min(best.get(name, float("inf")), _cpu(tree, cmd, work / name.replace(" ", "_")))
+            cpu, peak = _cpu(tree, cmd, work / name.replace(" ", "_"))
+            best[name] = min(best.get(name, float("inf")), cpu)
+            if rss is not None:
+                rss[name] = max(rss.get(name, 0.0), peak)
     return best
 
 
@@ -65,17 +74,34 @@ def main(argv: list[str] | None = None) -> int:
         if args.base:
             trees = {"base": checkout(args.base, work / "base-tree"), **trees}
         print(f"load average {os.getloadavg()[0]:.2f} at the start; best CPU s of {args.reps}", flush=True)
+        empty = work / "empty"
+        empty_run(empty)
+        startup = measure(empty, trees, args.reps, work)
+        print("start-up (an empty run): " + ", ".join(f"{name} {cpu:.2f} s" for name, cpu in startup.items()),
+              flush=True)
+        per_rank: dict[str, list[float]] = {}
         for out in args.outs:
-            best = measure(out, trees, args.reps, work)
+            peaks: dict[str, float] = {}
+            best = measure(out, trees, args.reps, work, peaks)
             d = best["decode"]
+            ranks = len(list(out.glob("trace.*.et")))
+            for name, cpu in best.items():
+                per_rank.setdefault(name, []).append((cpu - startup[name]) / ranks)
             same = ""
             if "base" in trees:
                 same = "; stdout base == head: " + str(all(
                     (work / f"{m}_base").read_bytes() == (work / f"{m}_head").read_bytes()
                     for m in ("default", "astra-sim")))
             ratios = ", ".join(f"{name} {cpu:.2f} s = {cpu / d:.2f}x" for name, cpu in best.items() if name != "decode")
-            print(f"{out.name} ({len(list(out.glob('trace.*.et')))} ranks): decode {d:.2f} s; {ratios}{same}",
-                  flush=True)
+            print(f"{out.name} ({ranks} ranks): decode {d:.2f} s; {ratios}{same}", flush=True)
+            print("  cpu per rank net of start-up: " + ", ".join(
+                f"{name} {cpu[-1] * 1e3:.1f} ms" for name, cpu in per_rank.items()), flush=True)
+            et_mib = sum(p.stat().st_size for p in out.glob("trace.*.et")) / 2**20
+            print("  peak RSS: " + ", ".join(f"{name} {peak:.0f} MiB" for name, peak in peaks.items())
+                  + f" (2 x the .et files + 200 MiB = {2 * et_mib + 200:.0f} MiB)", flush=True)
+        if len(args.outs) > 1:
+            print("cpu per rank net of start-up, max/min over the folders [target <= 1.3]: " + ", ".join(
+                f"{name} {max(cpu) / min(cpu):.2f}" for name, cpu in per_rank.items() if min(cpu) > 0))
         print(f"load average {os.getloadavg()[0]:.2f} at the end")
     finally:
         if "base" in trees:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from etweave.errors import BadInput, CheckFailed
-from etweave.simulate.astra import SLOT_NAMES, AstraRun, load_for_astra, measured_span_us, simulate
+from etweave.simulate.astra import SLOT_NAMES, AstraRun, load_for_astra, measured_span_us, simulate_timings
 from etweave.simulate.engine import GraphError
 from etweave.simulate.netfit import fit_network, write_network_yml
 from etweave.simulate.network import DEFAULT_NETWORK, load_network
@@ -99,7 +99,7 @@ def run_astra(args: argparse.Namespace, files: list[Path], groups: dict[str, lis
         network = load_network(Path(args.network)) if args.network is not None else DEFAULT_NETWORK
     slots = not args.unlimited_slots
     try:
-        runs = [simulate(ranks, groups, network, timing, slots) for timing in ("network", "duration")]
+        runs = simulate_timings(ranks, groups, network, ("network", "duration"), slots)
     except GraphError as exc:
         where = ranks[exc.rank_index].source if exc.rank_index is not None else ", ".join(map(str, files))
         raise BadInput(where, exc.problem) from exc

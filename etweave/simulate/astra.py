@@ -26,7 +26,7 @@ import heapq
 from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import compress
+from itertools import compress, count
 from operator import not_
 from pathlib import Path
 from sys import intern
@@ -107,14 +107,17 @@ def load_astra_rank(path: Path, default_rank: int | None = None) -> AstraRank:
     Its rank as `etweave simulate` finds it (`runfolder.file_rank`)."""
     metadata, nodes = read_nodes(path, _WANTED)  # one node at a time, only the fields ASTRA-sim's feeder reads
     rank = file_rank(metadata, path, default_rank)
-    out = []
+    out: list[AstraNode] = []
+    append = out.append
+    comm_types = COMM_NODE_TYPES
     for node_id, name, ntype, deps, start, duration, attrs in nodes:
-        cpu = attrs.get("is_cpu_op", True)
+        kind = attrs.get("kind", "")
+        measured = attrs.get("measured_duration_micros")
         # interned: names and kinds repeat over nodes and ranks (memory per distinct string, as in load.py)
-        an = AstraNode(node_id, intern(name), ntype, deps, duration, bool(cpu), measured_start=start,
-                       kind=intern(str(attrs.get("kind", ""))))
-        an.measured_end = start + _as_int(attrs.get("measured_duration_micros"), duration)
-        if ntype in COMM_NODE_TYPES:
+        an = AstraNode(node_id, intern(name), ntype, deps, duration, bool(attrs.get("is_cpu_op", True)), None, 0, "",
+                       None, None, None, start, start + (duration if measured is None else _as_int(measured, duration)),
+                       intern(kind if type(kind) is str else str(kind)))
+        if ntype in comm_types:
             an.comm_size = _as_int(attrs.get("comm_size"))
             if "comm_type" in attrs:
                 an.comm_type = _as_int(attrs["comm_type"])
@@ -123,18 +126,20 @@ def load_astra_rank(path: Path, default_rank: int | None = None) -> AstraRank:
             for attr in ("comm_src", "comm_dst", "comm_tag"):
                 if attr in attrs:
                     setattr(an, attr, _as_int(attrs[attr]))
-        out.append(an)
+        append(an)
     return AstraRank(rank=rank, nodes=out, source=str(path))
 
 
 def measured_span_us(ranks: Sequence[AstraRank]) -> int | None:
     """Earliest measured start to latest measured end over all ranks (as `etweave simulate` reports it)."""
     lo = hi = None
-    for rg in ranks:
-        for nd in rg.nodes:
-            if nd.measured_start:
-                lo = nd.measured_start if lo is None else min(lo, nd.measured_start)
-                hi = nd.measured_end if hi is None else max(hi, nd.measured_end)
+    for rg in ranks:  # column by column: this runs over every node
+        starts = [nd.measured_start for nd in rg.nodes]
+        if any(starts):
+            first = min(filter(None, starts))
+            last = max(compress([nd.measured_end for nd in rg.nodes], starts))
+            lo = first if lo is None else min(lo, first)
+            hi = last if hi is None else max(hi, last)
     return None if lo is None or hi is None else hi - lo
 
 
@@ -161,8 +166,16 @@ def simulate(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[int]], ne
     """Replay `ranks` (one per NPU) under ASTRA-sim's rules; see the module docstring. `slotless_kinds`: nodes
     whose attr `kind` is one of these take no slot (a what-if for the benchmark: e.g. "delay" asks what the
     run would take if waiting nodes did not hold the CPU slot; ASTRA-sim itself has no such rule)."""
-    if collectives not in COLLECTIVE_TIMING:
-        raise ValueError(f"collectives must be one of {COLLECTIVE_TIMING}")
+    return simulate_timings(ranks, groups, network, (collectives,), slots, slotless_kinds)[0]
+
+
+def simulate_timings(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[int]], network: Network,
+                     timings: Sequence[str], slots: bool = True, slotless_kinds: Collection[str] = ()
+                     ) -> list[AstraRun]:
+    """`simulate` once per collective timing in `timings`, the graphs indexed once for all of the runs."""
+    for collectives in timings:
+        if collectives not in COLLECTIVE_TIMING:
+            raise ValueError(f"collectives must be one of {COLLECTIVE_TIMING}")
     ranks = list(ranks)
     index_of_rank = {rg.rank: ri for ri, rg in enumerate(ranks)}
     if len(index_of_rank) != len(ranks):
@@ -170,8 +183,14 @@ def simulate(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[int]], ne
     flat = _flatten(ranks, slots, slotless_kinds)
     instances = _collective_instances(ranks, flat, groups, index_of_rank)
     peer, alone = _send_recv_peers(ranks, flat, index_of_rank)
+    kind_name = [nd.kind or node_type_name(nd.type) for rg in ranks for nd in rg.nodes]
+    return [_run(ranks, flat, instances, peer, kind_name, network, timing, slots, alone) for timing in timings]
+
+
+def _run(ranks: list[AstraRank], flat: _Flat, instances: _Instances, peer: list[int], kind_name: list[str],
+         network: Network, collectives: str, slots: bool, alone: int) -> AstraRun:
     notes = [f"{alone} send/recv nodes have no peer among the NPUs given: replayed alone"] if alone else []
-    loop = _EventLoop(ranks, flat, instances, peer, network, collectives)
+    loop = _EventLoop(ranks, flat, instances, peer, kind_name, network, collectives)
     loop.run()
     n = len(flat.kind)
     finished: list[int | None] = []
@@ -230,7 +249,8 @@ def _flatten_rank(flat: _Flat, ri: int, rg: AstraRank, slotless_kinds: Collectio
     comp = pb.COMP_NODE
     kinds = [(_COMP, CPU if nd.is_cpu_op else GPU) if nd.type == comp else _kind_and_slot(nd, ri) for nd in nodes]
     flat.kind[base:end] = [k for k, _ in kinds]
-    flat.slot[base:end] = [FREE if nd.kind in slotless_kinds else s for nd, (_, s) in zip(nodes, kinds, strict=True)]
+    flat.slot[base:end] = ([FREE if nd.kind in slotless_kinds else s for nd, (_, s) in zip(nodes, kinds, strict=True)]
+                           if slotless_kinds else [s for _, s in kinds])
     flat.dur_ns[base:end] = [max(1, nd.duration_us * 1000) for nd in nodes]
     flat.node_id[base:end] = [nd.id for nd in nodes]
     flat.owner[base:end] = [ri] * len(nodes)
@@ -259,11 +279,14 @@ def _first_error(ri: int, rg: AstraRank, base: int) -> None:
 
 def _positions(ri: int, rg: AstraRank, base: int) -> dict[int, int]:
     """Node id -> global index, for one rank; a repeated id is a GraphError."""
-    pos: dict[int, int] = {}
-    for i, nd in enumerate(rg.nodes):
-        if nd.id in pos:
-            raise GraphError(ri, f"node id {nd.id} appears twice")
-        pos[nd.id] = base + i
+    ids = [nd.id for nd in rg.nodes]
+    pos = dict(zip(ids, range(base, base + len(ids)), strict=True))  # a column: this runs over every node
+    if len(pos) != len(ids):
+        seen: set[int] = set()
+        for node_id in ids:
+            if node_id in seen:
+                raise GraphError(ri, f"node id {node_id} appears twice")
+            seen.add(node_id)
     return pos
 
 
@@ -346,8 +369,9 @@ class _EventLoop:
     scheduled; whenever a node of a rank finishes, that rank's ready nodes issue as ASTRA-sim issues them."""
 
     def __init__(self, ranks: Sequence[AstraRank], flat: _Flat, instances: _Instances, peer: list[int],
-                 network: Network, collectives: str) -> None:
+                 kind_name: list[str], network: Network, collectives: str) -> None:
         n = len(flat.kind)
+        self.indeg = flat.indeg.copy()  # counted down here: the flat lists serve every run
         self.ranks, self.flat, self.instances, self.peer = ranks, flat, instances, peer
         self.network, self.collectives = network, collectives
         self.issue_t = [-1] * n
@@ -360,36 +384,46 @@ class _EventLoop:
         self.holder = [[-1] * 3 for _ in ranks]
         self.since = [[0] * 3 for _ in ranks]  # when each slot's (holder, someone waiting) state was last accounted
         self.blocked: list[dict[tuple[int, str], int]] = [defaultdict(int) for _ in ranks]
-        self.kind_name = [nd.kind or node_type_name(nd.type) for rg in ranks for nd in rg.nodes]
+        self.kind_name = kind_name
         self.events: list[tuple[int, int, int]] = []
-        self.seq = 0
+        self.seq = count(1)  # each event's place in the order of scheduling
 
     def run(self) -> None:
         flat = self.flat
         for g in range(len(flat.kind)):
-            if flat.indeg[g] == 0:
+            if self.indeg[g] == 0:
                 self.make_ready(g, 0)
         for ri in range(len(self.ranks)):
             self.issue_ready(ri, 0)
         self._loop()
 
     def _loop(self) -> None:
-        """Every completion in time order (`account_slots` and `make_ready` written out: they run per node)."""
+        """Every completion in time order (`issue_ready` and `make_ready` written out, and `issue` of a compute
+        node: they run per node)."""
         flat = self.flat
-        indeg, children, slot, owner, node_id = flat.indeg, flat.children, flat.slot, flat.owner, flat.node_id
-        events, done, ready_t, holder, ready, since, blocked, kind_name = (
-            self.events, self.done, self.ready_t, self.holder, self.ready, self.since, self.blocked, self.kind_name)
-        pop, push, issue_ready = heapq.heappop, heapq.heappush, self.issue_ready
+        indeg, children, slot, owner, node_id, kind, dur_ns = (self.indeg, flat.children, flat.slot, flat.owner,
+                                                               flat.node_id, flat.kind, flat.dur_ns)
+        events, done, ready_t, issue_t, end, holder, ready, since, blocked, slot_wait, kind_name = (
+            self.events, self.done, self.ready_t, self.issue_t, self.end, self.holder, self.ready, self.since,
+            self.blocked, self.slot_wait, self.kind_name)
+        pop, push, issue, tick = heapq.heappop, heapq.heappush, self.issue, self.seq.__next__
         while events:
             t, _, g = pop(events)
             done[g] = True
             ri = owner[g]
             hold, heaps, at = holder[ri], ready[ri], since[ri]
-            for s in (CPU, GPU, COMM):  # the rank's slot states change only at its own events: account up to now
-                h = hold[s]
-                if h >= 0 and heaps[s]:
-                    blocked[ri][s, kind_name[h]] += t - at[s]
-                at[s] = t
+            # the rank's slot states change only at its own events: charge each slot's holder, up to t, for the
+            # time a node waited for it (unrolled over the three slots); then free g's slot
+            h = hold[CPU]
+            if h >= 0 and heaps[CPU]:
+                blocked[ri][CPU, kind_name[h]] += t - at[CPU]
+            h = hold[GPU]
+            if h >= 0 and heaps[GPU]:
+                blocked[ri][GPU, kind_name[h]] += t - at[GPU]
+            h = hold[COMM]
+            if h >= 0 and heaps[COMM]:
+                blocked[ri][COMM, kind_name[h]] += t - at[COMM]
+            at[CPU] = at[GPU] = at[COMM] = t
             if slot[g] != FREE:
                 hold[slot[g]] = -1
             for c in children[g]:
@@ -397,7 +431,16 @@ class _EventLoop:
                 if indeg[c] == 0:
                     ready_t[c] = t
                     push(heaps[slot[c]], (node_id[c], c))
-            issue_ready(ri, t)
+            for _, c in _pick(heaps, hold):
+                s = slot[c]
+                if kind[c] != _COMP or s == FREE:
+                    issue(c, t)
+                    continue
+                issue_t[c] = t
+                hold[s] = c
+                slot_wait[ri][s] += t - ready_t[c]
+                end[c] = e = t + dur_ns[c]
+                push(events, (e, tick(), c))
 
     def coll_ns(self, g: int) -> int:
         if self.collectives == "duration":
@@ -414,8 +457,7 @@ class _EventLoop:
 
     def finish_at(self, g: int, t: int) -> None:
         self.end[g] = t
-        self.seq += 1
-        heapq.heappush(self.events, (t, self.seq, g))
+        heapq.heappush(self.events, (t, next(self.seq), g))
 
     def recv_done(self, r: int, s: int) -> None:
         """Recv r issued, its send s issued: r ends when the message arrived."""
@@ -433,9 +475,8 @@ class _EventLoop:
             self.slot_wait[ri][s] += t - self.ready_t[g]
         k = flat.kind[g]
         if k in (_COMP, _BCAST):
-            self.end[g] = end = t + flat.dur_ns[g]  # finish_at, written out: most nodes come here
-            self.seq += 1
-            heapq.heappush(self.events, (end, self.seq, g))
+            self.end[g] = end = t + flat.dur_ns[g]  # finish_at, written out
+            heapq.heappush(self.events, (end, next(self.seq), g))
         elif k == _COLL:
             self.arrive(g, t)
         elif k == _SEND:
@@ -459,22 +500,32 @@ class _EventLoop:
                 self.finish_at(m, t + self.coll_ns(m))
 
     def issue_ready(self, ri: int, t: int) -> None:
-        # ASTRA-sim visits the ready nodes in ascending id and issues each whose slot is free: per slot that is
-        # its lowest ready node; every slot-free node issues. Issue them in id order (it orders equal-time events).
-        heaps, hold = self.ready[ri], self.holder[ri]
-        picked = [heapq.heappop(heaps[s]) for s in (CPU, GPU, COMM) if heaps[s] and hold[s] < 0]
-        if heaps[FREE]:
-            picked += heaps[FREE]
-            heaps[FREE] = []
-            picked.sort()
-        elif len(picked) > 1:
-            picked.sort()
-        for _, g in picked:
+        for _, g in _pick(self.ready[ri], self.holder[ri]):
             self.issue(g, t)
 
     def make_ready(self, g: int, t: int) -> None:
         self.ready_t[g] = t
         heapq.heappush(self.ready[self.flat.owner[g]][self.flat.slot[g]], (self.flat.node_id[g], g))
+
+
+def _pick(heaps: list[list[tuple[int, int]]], hold: list[int]) -> list[tuple[int, int]]:
+    """The ready nodes of a rank that issue now, as (node id, g) in id order. ASTRA-sim visits the ready nodes in
+    ascending id and issues each whose slot is free: per slot that is its lowest ready node; every slot-free node
+    issues (issued in id order, which orders equal-time events)."""
+    picked = []
+    if heaps[CPU] and hold[CPU] < 0:
+        picked.append(heapq.heappop(heaps[CPU]))
+    if heaps[GPU] and hold[GPU] < 0:
+        picked.append(heapq.heappop(heaps[GPU]))
+    if heaps[COMM] and hold[COMM] < 0:
+        picked.append(heapq.heappop(heaps[COMM]))
+    if heaps[FREE]:
+        picked += heaps[FREE]
+        heaps[FREE] = []
+        picked.sort()
+    elif len(picked) > 1:
+        picked.sort()
+    return picked
 
 
 def _stuck_lines(ranks: Sequence[AstraRank], flat: _Flat, loop: _EventLoop, stuck: list[int]) -> list[str]:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from functools import partial
+from itertools import compress
+from operator import attrgetter, eq
 from pathlib import Path
 
 import orjson
@@ -13,6 +16,9 @@ import orjson
 from etweave.chakra import et_def_pb2 as pb
 from etweave.runfolder import REPORT_FILE, split_rank_name
 from etweave.simulate.engine import RankGraph, SimNode
+
+_type_of = attrgetter("type")
+_is_collective = partial(eq, pb.COMM_COLL_NODE)
 
 
 def run_ranks(files: Sequence[Path]) -> tuple[set[int], str] | None:
@@ -47,11 +53,11 @@ def missing_members(given: Sequence[RankGraph], run: tuple[set[int], str] | None
     """A line when the ranks given issue world-group collectives and the run has ranks not given. (A listed
     subgroup's missing members are noted by the replay itself: etweave/simulate/engine.py.)"""
     have = {rg.rank for rg in given}
-    if run is None or not any(nd.type == pb.COMM_COLL_NODE and not nd.pg for rg in given for nd in rg.nodes):
+    if run is None:
         return []
     missing = sorted(run[0] - have)
-    if not missing:
-        return []
+    if not missing or not any(nd.type == pb.COMM_COLL_NODE and not nd.pg for rg in given for nd in rg.nodes):
+        return []  # (the ranks first: the collectives are a pass over every node)
     return [f"{len(missing)} member(s) of the world group are missing (rank(s) {_span(missing)}; the run's ranks "
             f"from {run[1]}): their collectives are not waited for"]
 
@@ -98,9 +104,9 @@ def _collectives_in_issue_order(ranks: Sequence[RankGraph]) -> dict[str, dict[in
     """Per process group and rank (an index into `ranks`), the indices of its collective nodes in issue order."""
     per_pg: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
     for ri, rg in enumerate(ranks):
-        for i, nd in enumerate(rg.nodes):
-            if nd.type == pb.COMM_COLL_NODE:
-                per_pg[nd.pg or ""][ri].append(i)
+        nodes = rg.nodes
+        for i in compress(range(len(nodes)), map(_is_collective, map(_type_of, nodes))):  # picked in C
+            per_pg[nodes[i].pg or ""][ri].append(i)
     for by_rank in per_pg.values():
         for ri, lst in by_rank.items():
             nodes = ranks[ri].nodes

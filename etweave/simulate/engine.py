@@ -29,7 +29,7 @@ import heapq
 from array import array
 from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, chain, compress
 from operator import not_
@@ -274,10 +274,11 @@ class _Collectives:
 def _match_collectives(graph: _Graph, groups: Mapping[str, Sequence[int]], notes: list[str]) -> _Collectives:
     # pg -> rank index -> its collectives of that pg as (node id, node index)
     per_pg: dict[str, dict[int, list[tuple[int, int]]]] = defaultdict(lambda: defaultdict(list))
-    for ri, rg in enumerate(graph.ranks):
-        for i, nd in enumerate(rg.nodes):
-            if nd.type == COLL:
-                per_pg[nd.pg or ""][ri].append((nd.id, i))
+    for g in _comm_nodes(graph):
+        if graph.kind[g] == _COLL:
+            ri, i = graph.locate(g)
+            nd = graph.ranks[ri].nodes[i]
+            per_pg[nd.pg or ""][ri].append((nd.id, i))
     colls = _Collectives([-1] * len(graph.dur), [], [],
                          {(pg, ri): len(lst) for pg, by_rank in per_pg.items() for ri, lst in by_rank.items()})
     for pg, by_rank in sorted(per_pg.items()):
@@ -352,11 +353,18 @@ def _by_channel(graph: _Graph) -> tuple[dict[Channel, list[tuple[int, int]]], di
     """(sends, recvs): channel -> its nodes as (node id, g)."""
     sends: dict[Channel, list[tuple[int, int]]] = defaultdict(list)
     recvs: dict[Channel, list[tuple[int, int]]] = defaultdict(list)
-    for ri, rg in enumerate(graph.ranks):
-        for g, nd in enumerate(rg.nodes, graph.offset[ri]):
-            if nd.type == SEND or nd.type == RECV:
-                (sends if nd.type == SEND else recvs)[_channel(nd, ri, graph.rank_of[ri])].append((nd.id, g))
+    for g in _comm_nodes(graph):
+        if graph.kind[g] != _COLL:
+            ri, i = graph.locate(g)
+            nd = graph.ranks[ri].nodes[i]
+            (sends if nd.type == SEND else recvs)[_channel(nd, ri, graph.rank_of[ri])].append((nd.id, g))
     return sends, recvs
+
+
+def _comm_nodes(graph: _Graph) -> Iterator[int]:
+    """The global indices of the comm nodes (collectives, sends, recvs), ascending: picked in C from the kind
+    column, not by a Python step per node."""
+    return compress(range(len(graph.kind)), graph.kind)  # every kind but _PLAIN is non-zero
 
 
 def _channel(nd: SimNode, ri: int, rank: int) -> Channel:

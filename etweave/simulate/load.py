@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from sys import intern
 
@@ -43,6 +43,7 @@ _SPECIAL_TYPES = frozenset({*COMM_NODE_TYPES, pb.METADATA_NODE})  # durations an
 
 
 def to_sim_node(fields: NodeFields, path: Path) -> SimNode:
+    """One node as the replay takes it (`_sim_nodes` builds most nodes itself, by the same rules)."""
     # Names, kinds and resource labels are interned: a rank repeats a few hundred of them over thousands of
     # nodes, and a run repeats them over its ranks, so they cost memory per distinct string, not per node.
     node_id, name, ntype, deps, start, duration, attrs = fields
@@ -62,6 +63,33 @@ def to_sim_node(fields: NodeFields, path: Path) -> SimNode:
         part_of = attrs["part_of"]
         sim.part_of = part_of if type(part_of) is int else attr_int(part_of, path, node_id, "part_of")
     return sim
+
+
+def _sim_nodes(nodes: Iterator[NodeFields], path: Path) -> list[SimNode]:
+    """`to_sim_node` of every node, written out for the usual compute node whose kind is a string and whose
+    resource is a thread with an integer id (most nodes): this runs for every node of every rank."""
+    out: list[SimNode] = []
+    append = out.append
+    thread_labels: dict[int, str] = {}  # tid -> its interned label
+    special = _SPECIAL_TYPES
+    for fields in nodes:
+        node_id, name, ntype, deps, start, duration, attrs = fields
+        kind = attrs.get("kind", "")
+        tid = attrs.get("tid")
+        if (ntype in special or type(kind) is not str or type(tid) is not int or "device" in attrs
+                or "measured_duration_micros" in attrs):
+            append(to_sim_node(fields, path))
+            continue
+        label = thread_labels.get(tid)
+        if label is None:
+            label = thread_labels[tid] = intern(f"cpu:tid{tid}")
+        sim = SimNode(node_id, intern(name), ntype, deps, duration, label, start, duration, None, None, None, None,
+                      intern(kind))
+        if "part_of" in attrs:
+            part_of = attrs["part_of"]
+            sim.part_of = part_of if type(part_of) is int else attr_int(part_of, path, node_id, "part_of")
+        append(sim)
+    return out
 
 
 def _special_node(node_id: int, name: str, ntype: int, deps: tuple[int, ...], start: int, duration: int,
@@ -95,7 +123,7 @@ def load_rank(path: Path, default_rank: int | None = None) -> RankGraph:
     GlobalMetadata attr `rank`, else `default_rank`)."""
     metadata, nodes = read_nodes(path, _WANTED)  # one node at a time, only the fields the replay reads
     rank = file_rank(metadata, path, default_rank)
-    return RankGraph(rank=rank, nodes=[to_sim_node(fields, path) for fields in nodes], source=str(path))
+    return RankGraph(rank=rank, nodes=_sim_nodes(nodes, path), source=str(path))
 
 
 def load_comm_group(path: Path) -> dict[str, list[int]]:

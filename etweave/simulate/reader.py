@@ -1,20 +1,24 @@
 """Read, from each `.et` node, only the fields the replays use: the loaders' one reader (load.py, astra.py).
 
 A node is parsed by protobuf (upb, in C) with a reduced schema: the Node's own fields as Chakra's, its `attr`
-entries kept as their serialized bytes. Only the entries whose name the caller wants are decoded here, picked by
-one regex per entry (in C): building a protobuf object per attribute (about ten per node) is what made reading
-cost twice the decode. An entry is decoded by hand when it has the canonical form every protobuf writer gives it
-(the name first, then one value: an integer, bool or string); any other form (another value type, a value
-before the name, a doc_string, a malformed entry) sends that node through the full protobuf message instead, so
-every value reads exactly as `etweave.chakra.io.attr_value` reads it, and bad bytes fail as `iter_et` fails.
-The one difference: the entries of attrs no replay reads are never parsed, so a malformed one (which protobuf
-would refuse) goes unnoticed here; `etweave check` reads every byte.
+entries kept as their serialized bytes. Only the entries whose name the caller wants are decoded here: one regex
+over the node's bytes (in C) counts the places that read as a wanted name field, and the entries are read in
+order, each looked up whole in a cache of the entries seen, until that many wanted ones were read (etweave
+writes them first, so most nodes read three or four entries; building a protobuf object per attribute, about
+ten per node, is what made reading cost twice the decode). An entry is decoded by hand when it has the
+canonical form every protobuf writer gives it (the name first, then one value: an integer, bool or string); any
+other form (another value type, a value before the name, a doc_string, a malformed entry, a name field twice or
+with a padded length, a wanted name's bytes inside a string) sends that node through the full protobuf message
+instead, so every value reads exactly as `etweave.chakra.io.attr_value` reads it, and bad bytes fail as
+`iter_et` fails. The one difference: the entries of attrs no replay reads are never parsed, so a malformed one
+(which protobuf would refuse) goes unnoticed here; `etweave check` reads every byte.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Collection, Iterator
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, cast
 
@@ -117,13 +121,19 @@ def _value(entry: bytes, at: int) -> object:
         raise _Unusual from exc
 
 
-def _picker(wanted: Collection[str]) -> re.Pattern[bytes]:
-    """Matches an entry that starts with one of the wanted names (tag, length, name); and, for _decode to hand to
-    the full message, any entry that does not start with a name in its usual form (no name tag first, a length of
-    more than one byte) or that holds a wanted name's tag later (the name field repeated: the last one counts). An
-    entry of any other name, in the usual form, does not match."""
-    names = b"|".join(re.escape(bytes([len(n.encode())]) + n.encode()) for n in sorted(wanted))
-    return re.compile(rb"\n(?:" + names + rb")|[^\n]|\n[\x80-\xff]|.+?\n(?:" + names + rb")", re.S)
+_CACHE_LIMIT = 1 << 16  # distinct entries kept decoded (a rank repeats a few hundred; ids like part_of never)
+_SKIP = ("", None)  # an entry of a name not wanted
+
+
+def _name_counter(wanted: Collection[str]) -> Callable[[bytes], list[bytes]]:
+    """Every place in a node's bytes that reads as a wanted name field: tag, length and name, the length in one
+    byte (the usual form) or padded to more (which the fast path never counts as read: the node goes to the full
+    message). A node holds as many wanted entries as these when no entry repeats its name field and no string
+    holds such bytes: then, once that many were read, the entries left hold no wanted name and are not read."""
+    encoded = [name.encode() for name in sorted(wanted)]
+    usual = b"|".join(re.escape(bytes([len(n)]) + n) for n in encoded)
+    padded = b"|".join(re.escape(n) for n in encoded)
+    return re.compile(rb"\n(?:" + usual + rb"|[\x80-\xff]+[\x00-\x7f](?:" + padded + rb"))").findall
 
 
 def _full(raw: bytes, path: Path, wanted: Collection[str]) -> NodeFields:
@@ -145,13 +155,13 @@ def read_nodes(path: Path, wanted: Collection[str]) -> tuple[pb.GlobalMetadata, 
     return metadata, _nodes(raws, path, frozenset(wanted))
 
 
-_CACHE_LIMIT = 1 << 16  # distinct entries kept decoded (a rank repeats a few hundred; ids like part_of never)
-
 
 def _nodes(raws: Iterator[bytes], path: Path, wanted: frozenset[str]) -> Iterator[NodeFields]:
-    pick = _picker(wanted).match
     new_node: Callable[[], Any] = _ReducedNode  # a built class: its fields are not typed
-    decoded: dict[bytes, tuple[str, object]] = {}  # entry bytes -> (name, value): most entries repeat
+    fields = attrgetter("id", "name", "type", "data_deps", "ctrl_deps", "start_time_micros", "duration_micros")
+    wanted_names = _name_counter(wanted)
+    names = frozenset(name.encode() for name in wanted)
+    known: dict[bytes, tuple[str, object]] = {}  # entry bytes -> (name, value), or _SKIP: most entries repeat
     for raw in raws:
         node = new_node()
         try:
@@ -160,25 +170,39 @@ def _nodes(raws: Iterator[bytes], path: Path, wanted: frozenset[str]) -> Iterato
             yield _full(raw, path, wanted)  # raises the error iter_et would
             continue
         attrs: dict[str, object] = {}
-        try:
-            for entry in filter(pick, node.attr):
-                hit = decoded.get(entry)
-                if hit is None:
-                    if len(decoded) >= _CACHE_LIMIT:
-                        decoded.clear()
-                    hit = decoded[entry] = _decode(entry)
-                if hit[0] in wanted:  # the picker also hands over entries that only hold a wanted name's bytes
-                    attrs[hit[0]] = hit[1]
-        except _Unusual:
-            yield _full(raw, path, wanted)
-            continue
-        yield (node.id, node.name, node.type, (*node.data_deps, *node.ctrl_deps), node.start_time_micros,
-               node.duration_micros, attrs)
+        expected = len(wanted_names(raw))
+        if expected:
+            found = 0
+            try:
+                for entry in node.attr:  # etweave writes the attrs the replays read first: a few entries are read
+                    hit = known.get(entry)
+                    if hit is None:
+                        if len(known) >= _CACHE_LIMIT:
+                            known.clear()
+                        hit = known[entry] = _decode(entry, names)
+                    if hit is not _SKIP:
+                        attrs[hit[0]] = hit[1]
+                        found += 1
+                        if found == expected:
+                            break
+                else:
+                    raise _Unusual  # a wanted name elsewhere: in a string, or an entry's later name field
+            except _Unusual:
+                yield _full(raw, path, wanted)
+                continue
+        node_id, name, ntype, data_deps, ctrl_deps, start, duration = fields(node)
+        yield node_id, name, ntype, (*data_deps, *ctrl_deps) if ctrl_deps else tuple(data_deps), start, duration, attrs
 
 
-def _decode(entry: bytes) -> tuple[str, object]:
-    """(name, value) of an entry the picker matched."""
-    if entry[0] != 0x0A or entry[1] >= 0x80:
+def _decode(entry: bytes, names: frozenset[bytes]) -> tuple[str, object]:
+    """(name, value) of an entry whose name is wanted, _SKIP for one of another name (its value not read);
+    _Unusual unless the name comes first, with a one-byte length."""
+    if not entry:
+        return _SKIP  # nothing set: the name is ""
+    if len(entry) < 2 or entry[0] != 0x0A or entry[1] >= 0x80 or 2 + entry[1] > len(entry):
         raise _Unusual
     at = 2 + entry[1]
-    return entry[2:at].decode(), _value(entry, at)
+    name = entry[2:at]
+    if name not in names:
+        return _SKIP
+    return name.decode(), _value(entry, at)

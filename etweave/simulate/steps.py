@@ -24,9 +24,10 @@ def step_ops(nodes: Sequence[SimNode]) -> dict[int, int]:
     """Node id of each `ProfilerStep#N` op -> N."""
     out = {}
     for nd in nodes:
-        m = STEP_NAME.match(nd.name)
-        if m and nd.kind not in PART_KINDS:
-            out[nd.id] = int(m.group(1))
+        if "ProfilerStep#" in nd.name:  # (a test in C before the regex: this runs for every node)
+            m = STEP_NAME.match(nd.name)
+            if m and nd.kind not in PART_KINDS:
+                out[nd.id] = int(m.group(1))
     return out
 
 
@@ -57,16 +58,19 @@ def step_times(replay: Replay) -> dict[str, Any]:
     bounds: dict[int, list[int]] = {}
     for ri, rg in enumerate(replay.ranks):
         ops = step_ops(rg.nodes)
+        if not ops:
+            continue  # no node of the rank is in a step
+        starts, ends = replay.start[ri], replay.end[ri]
         for i, nd in enumerate(rg.nodes):
-            step = step_of(nd, ops)
+            step = ops.get(nd.part_of if nd.kind in PART_KINDS else nd.id)  # step_of, written out: per node
             if step is None:
                 continue
             b = bounds.setdefault(step, [1 << 62, -(1 << 62), 1 << 62, -(1 << 62)])
             if nd.measured_start:
                 b[0] = min(b[0], nd.measured_start - origin)
                 b[1] = max(b[1], nd.measured_start + nd.measured_duration - origin)
-            b[2] = min(b[2], replay.start[ri][i])
-            b[3] = max(b[3], replay.end[ri][i])
+            b[2] = min(b[2], starts[i])
+            b[3] = max(b[3], ends[i])
 
     def entry(step: int | None, b: list[int]) -> dict[str, Any]:
         measured = b[1] - b[0] if b[1] >= b[0] else None
