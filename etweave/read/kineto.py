@@ -55,6 +55,7 @@ _NO_ARGS = Args()
 
 
 _INT64 = 1 << 63
+_INT64_MIN = -_INT64  # a name: `-_INT64` in a comprehension would negate it once per event
 _MAX_TIME = widths.MAX_TIME_MICROS
 
 
@@ -129,12 +130,13 @@ class EventTable(Sequence[Event]):
         del cats
         args = [e.args for e in evs]
         # most events have no such id, and most that have one have a plain int: _id_column reads the rest
-        self.correlation.fromlist([-1 if (c := a.correlation) is None else c if type(c) is int and -_INT64 <= c < _INT64
+        self.correlation.fromlist([-1 if (c := a.correlation) is None
+                                   else c if type(c) is int and _INT64_MIN <= c < _INT64
                                    else _id_column(c, -1) for a in args])
-        self.ev_idx.fromlist([i if type(i := a.ev_idx) is int and -_INT64 < i < _INT64 else NO_INDEX for a in args])
-        self.seq.fromlist([-1 if (s := a.seq_number) is None else s if type(s) is int and -_INT64 <= s < _INT64
+        self.ev_idx.fromlist([i if type(i := a.ev_idx) is int and _INT64_MIN < i < _INT64 else NO_INDEX for a in args])
+        self.seq.fromlist([-1 if (s := a.seq_number) is None else s if type(s) is int and _INT64_MIN <= s < _INT64
                            else _id_column(s, -1) for a in args])
-        self.rf_id.fromlist([0 if (r := a.rf_id) is None else r if type(r) is int and -_INT64 <= r < _INT64
+        self.rf_id.fromlist([0 if (r := a.rf_id) is None else r if type(r) is int and _INT64_MIN <= r < _INT64
                              else _id_column(r, 0) for a in args])
         del args
         tids, names = [e.tid for e in evs], [e.name for e in evs]
