@@ -87,9 +87,12 @@ _BYTE = [bytes((i,)) for i in range(128)]  # one-byte varints
 _WIRE_VARINT, _WIRE_LEN = 0, 2
 
 
-# 14 bits at a time: the last two bytes of a varint (0x80 <= value < 0x4000), and two bytes with more to come
-_TWO = [bytes((v & 0x7F | 0x80, v >> 7)) for v in range(0x4000)]
-_TWO_MORE = [bytes((v & 0x7F | 0x80, v >> 7 | 0x80)) for v in range(0x4000)]
+# 14 bits at a time: the last two bytes of a varint (0x80 <= value < 0x4000), and two bytes with more to come.
+# Value v's pair is (v & 0x7F | 0x80, v >> 7), its second byte | 0x80 in _TWO_MORE; built from byte strings
+# in C passes (no Python step per value: the tables are built at import).
+_LOW_BYTES = bytes(range(0x80, 0x100)) * 0x80
+_TWO = list(map(bytes, zip(_LOW_BYTES, b"".join(bytes((h,)) * 0x80 for h in range(0x80)), strict=True)))
+_TWO_MORE = list(map(bytes, zip(_LOW_BYTES, b"".join(bytes((h | 0x80,)) * 0x80 for h in range(0x80)), strict=True)))
 
 
 def _varint(value: int) -> bytes:

@@ -6,6 +6,7 @@ name; it is written as gzip only when its name ends in `.gz` (ASTRA-sim's feeder
 
 from __future__ import annotations
 
+import functools
 import gzip
 import inspect
 import io
@@ -13,8 +14,6 @@ import zlib
 from collections.abc import Generator, Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, cast
-
-from google.protobuf.json_format import MessageToDict, MessageToJson
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.errors import BadInput
@@ -279,17 +278,22 @@ def node_type_name(value: int) -> str:
     return pb.NodeType.Name(cast("pb.NodeType.ValueType", value))
 
 
-# protobuf renamed MessageToDict's "print fields left at their default" option in 5.26 (the old name is gone in
-# 6.x); etweave supports both sides of that (README: protobuf floor).
-_ALL_FIELDS: dict[str, Any] = (
-    {"always_print_fields_with_no_presence": True}
-    if "always_print_fields_with_no_presence" in inspect.signature(MessageToDict).parameters
-    else {"including_default_value_fields": True})
+@functools.cache
+def _all_fields() -> dict[str, Any]:
+    """protobuf renamed MessageToDict's "print fields left at their default" option in 5.26 (the old name is gone
+    in 6.x); etweave supports both sides of that (README: protobuf floor)."""
+    from google.protobuf.json_format import MessageToDict  # only the JSON views need it: not imported by convert
+
+    return ({"always_print_fields_with_no_presence": True}
+            if "always_print_fields_with_no_presence" in inspect.signature(MessageToDict).parameters
+            else {"including_default_value_fields": True})
 
 
 def message_dict(msg: pb.GlobalMetadata | pb.Node) -> dict[str, object]:
     """One message as `etweave jsonize` prints it: proto field names, fields at their default included."""
-    return MessageToDict(msg, preserving_proto_field_name=True, **_ALL_FIELDS)
+    from google.protobuf.json_format import MessageToDict
+
+    return MessageToDict(msg, preserving_proto_field_name=True, **_all_fields())
 
 
 def to_json(metadata: pb.GlobalMetadata, nodes: list[pb.Node]) -> dict[str, object]:
@@ -300,4 +304,6 @@ def to_json(metadata: pb.GlobalMetadata, nodes: list[pb.Node]) -> dict[str, obje
 def chakra_json(msg: pb.GlobalMetadata | pb.Node) -> str:
     """One message exactly as Chakra's `chakra_jsonizer` writes it: `MessageToJson` with its defaults (JSON
     camelCase names, fields at their default left out, 64-bit integers as strings, indent 2)."""
+    from google.protobuf.json_format import MessageToJson
+
     return MessageToJson(msg)

@@ -108,21 +108,24 @@ def _seq_offset(ops: list[HostOp], events: EventTable, threads: dict[int | str, 
     if not host_pairs or not by_name:
         return None
     candidates: Counter[int] = Counter()
-    for name, s in host_pairs[:64]:
-        for ks in by_name.get(name, ()):
-            candidates[ks - s] += 1
+    for name, s in host_pairs[:64]:  # each Kineto number of the name minus the host's, counted in C
+        candidates.update(map((-s).__add__, by_name.get(name, ())))
     if not candidates:
         return None
     # The first 64 pairs bound each candidate's score (at most its count among them plus one per other pair):
-    # candidates in decreasing count, until none can reach the best score; the same choice as scoring them all.
+    # candidates in decreasing count (the preferred first among equal counts), until none can reach the best
+    # score, skipping those whose bound loses even the tie-break; the same choice as scoring them all.
     numbers_of = {name: set(numbers) for name, numbers in by_name.items()}
     nothing: set[int] = set()
     host_numbers = [(numbers_of.get(name, nothing), s) for name, s in host_pairs]
     others = len(host_pairs) - min(64, len(host_pairs))
     best: tuple[int, int, int] | None = None
-    for d in sorted(candidates, key=candidates.__getitem__, reverse=True):
-        if best is not None and candidates[d] + others < best[0]:
+    for d in sorted(candidates, key=lambda d: (candidates[d], -abs(d), -d), reverse=True):
+        bound = candidates[d] + others
+        if best is not None and bound < best[0]:
             break
+        if best is not None and (bound, -abs(d), -d) < best:
+            continue
         key = (sum([s + d in numbers for numbers, s in host_numbers]), -abs(d), -d)
         if best is None or key > best:
             best = key

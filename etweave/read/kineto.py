@@ -8,7 +8,6 @@ from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import compress, count
-from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +55,7 @@ _NO_ARGS = Args()
 
 
 _INT64 = 1 << 63
+_INT64_MIN = -_INT64  # a name: `-_INT64` in a comprehension would negate it once per event
 _MAX_TIME = widths.MAX_TIME_MICROS
 
 
@@ -130,12 +130,13 @@ class EventTable(Sequence[Event]):
         del cats
         args = [e.args for e in evs]
         # most events have no such id, and most that have one have a plain int: _id_column reads the rest
-        self.correlation.fromlist([-1 if (c := a.correlation) is None else c if type(c) is int and -_INT64 <= c < _INT64
+        self.correlation.fromlist([-1 if (c := a.correlation) is None
+                                   else c if type(c) is int and _INT64_MIN <= c < _INT64
                                    else _id_column(c, -1) for a in args])
-        self.ev_idx.fromlist([i if type(i := a.ev_idx) is int and -_INT64 < i < _INT64 else NO_INDEX for a in args])
-        self.seq.fromlist([-1 if (s := a.seq_number) is None else s if type(s) is int and -_INT64 <= s < _INT64
+        self.ev_idx.fromlist([i if type(i := a.ev_idx) is int and _INT64_MIN < i < _INT64 else NO_INDEX for a in args])
+        self.seq.fromlist([-1 if (s := a.seq_number) is None else s if type(s) is int and _INT64_MIN <= s < _INT64
                            else _id_column(s, -1) for a in args])
-        self.rf_id.fromlist([0 if (r := a.rf_id) is None else r if type(r) is int and -_INT64 <= r < _INT64
+        self.rf_id.fromlist([0 if (r := a.rf_id) is None else r if type(r) is int and _INT64_MIN <= r < _INT64
                              else _id_column(r, 0) for a in args])
         del args
         tids, names = [e.tid for e in evs], [e.name for e in evs]
@@ -182,7 +183,6 @@ def _id_column(value: Any, default: int) -> int:
     return default if number is None else max(-_INT64, min(number, _INT64 - 1))
 
 
-_PH, _DUR = attrgetter("ph"), attrgetter("dur")
 _SYNC_CATS = frozenset({SYNC_CAT})
 
 
@@ -327,7 +327,7 @@ def _validated(path: Path, data: bytes | bytearray, raws: list[msgspec.Raw] | No
 
 def _from_decoded(evs: list[Event], data: bytes | bytearray, warnings: dict[str, int]) -> EventTable:
     """The eager path over the decoded events; _Irregular when a check fails."""
-    is_x = list(map("X".__eq__, map(_PH, evs)))
+    is_x = [e.ph == "X" for e in evs]  # a comprehension reads the attribute faster than map(attrgetter)
     xs = list(compress(evs, is_x))
     del evs
     flags: dict[int, str] = {}
@@ -344,14 +344,14 @@ def _from_decoded(evs: list[Event], data: bytes | bytearray, warnings: dict[str,
 
 
 def _decoded_alike(table: EventTable) -> bool:
-    """Whether two events have the same start, duration, thread, name, correlation and event index: set passes
-    over the starts first (few events share one), then the full key of those that share one."""
+    """Whether two events have the same start, duration, thread, name, correlation and event index: the starts
+    that repeat first (neighbours once sorted; few events share one), then the full key of the events with one."""
     ts = table.ts.tolist()
-    last = dict(zip(ts, range(len(ts)), strict=True))
-    if len(last) == len(ts):
+    ordered = sorted(ts)
+    repeated = set(compress(ordered, map(float.__eq__, ordered, ordered[1:])))
+    if not repeated:
         return False
-    repeated = set(range(len(ts))) - set(last.values())  # every occurrence of a start but its last
-    sharing = repeated | {last[ts[j]] for j in repeated}
+    sharing = list(compress(range(len(ts)), map(repeated.__contains__, ts)))  # every event whose start repeats
     keys = {(ts[j], table.dur[j], table.tid[j], table.name[j], table.correlation[j], table.ev_idx[j]) for j in sharing}
     return len(keys) < len(sharing)
 
@@ -372,7 +372,7 @@ def _read_events(raws: list[msgspec.Raw], eager: bool, warnings: dict[str, int])
             evs = list(map(_event_decoder.decode, chunk))
         except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
             raise _Irregular from None
-        is_x = list(map("X".__eq__, map(_PH, evs)))
+        is_x = [e.ph == "X" for e in evs]
         xs, x_raws = list(compress(evs, is_x)), list(compress(chunk, is_x))
         del evs, chunk, is_x
         base = len(kept_raws)
@@ -414,7 +414,7 @@ def _check_widths(table: EventTable, base: int, evs: list[Event]) -> None:
     ids = set(table.tid[base:]) | {e.pid for e in evs}  # a handful of distinct threads and processes
     if [t for t in ids if type(t) is int and not -_INT64 <= t < _INT64]:
         raise _Irregular
-    for args in [e.args for e in evs if e.args.in_nelems is not None or e.args.out_nelems is not None]:
+    for args in [a for e in evs if (a := e.args).in_nelems is not None or a.out_nelems is not None]:
         for value in (args.in_nelems, args.out_nelems):
             number = as_int(value) if value is not None else None
             if number is not None and not 0 <= number < 1 << 48:
@@ -449,7 +449,7 @@ def _repeated_hashes(raws: list[msgspec.Raw]) -> list[int]:
 
 def _note_durations(evs: list[Event], base: int, flags: dict[int, str]) -> None:
     """Flag and zero the negative and missing (NaN) durations."""
-    durations = list(map(_DUR, evs))
+    durations = [e.dur for e in evs]
     total = sum(durations)
     if total == total and (not durations or min(durations) >= 0):  # no NaN (it would make the sum NaN), none < 0
         return

@@ -158,3 +158,33 @@ def test_selection_of_steps_and_windows(tmp_path: Path) -> None:
 
 def test_no_kineto_trace_links_nothing() -> None:
     assert link_host(host_trace(op(10, "a", 2)), None) == HostLink("none", {}, {})
+
+
+def _best_offset_scoring_all(ops: list[HostOp], seqs: list[int], names: list[str]) -> int | None:
+    """`_seq_offset`'s choice by its definition: every offset the first 64 host pairs suggest, each scored in full
+    (host pairs whose number plus the offset is a Kineto number of their name), the best score, then the smallest
+    offset in size, then the negative one."""
+    kineto = {(n, s) for n, s in zip(names, seqs, strict=True) if s >= 0}
+    pairs = [(o.name, o.seq_id) for o in ops if o.seq_id >= 0]
+    offsets = {ks - s for name, s in pairs[:64] for n, ks in kineto if n == name}
+    if not pairs or not kineto or not offsets:
+        return None
+    return -max((sum((n, s + d) in kineto for n, s in pairs), -abs(d), -d) for d in offsets)[2]
+
+
+def test_sequence_offset_is_the_best_scoring_candidate() -> None:
+    from random import Random
+
+    from etweave.link.host import _seq_offset
+    from etweave.read.kineto import EventTable
+    rng = Random(15)
+    for _ in range(300):
+        n = rng.randint(1, 40)
+        seqs = [rng.choice([-1, *range(12)]) for _ in range(n)]
+        names = [rng.choice("abc") for _ in range(n)]
+        table = EventTable()
+        table.seq.fromlist(seqs)
+        table.name += names
+        ops = [op(10 + j, rng.choice("abcd"), 2, seq_id=rng.choice([-1, *range(12)]))
+               for j in range(rng.randint(1, 100))]
+        assert _seq_offset(ops, table, {100: list(range(n))}) == _best_offset_scoring_all(ops, seqs, names)

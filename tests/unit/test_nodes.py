@@ -112,3 +112,12 @@ def test_varints_as_protobuf_writes_them() -> None:
             if 0 <= value < 2**64:
                 expected = pb.Node(start_time_micros=value).SerializeToString()[1:] if value else b"\x00"
                 assert _varint(value) == expected, value
+
+
+def test_every_two_byte_varint_as_protobuf_writes_it() -> None:
+    """The 14-bit tables, entry by entry: every value below 2**14, and each as the low 14 bits of a longer one."""
+    from etweave.nodes import _varint
+    for low in range(0x4000):
+        for value in (low, low | 1 << 14):
+            expected = pb.Node(start_time_micros=value).SerializeToString()[1:] if value else b"\x00"
+            assert _varint(value) == expected, value
