@@ -38,8 +38,9 @@ def convert_pair(host: PathLike | None, device: PathLike | None, out: PathLike |
     `.et` file is written (`.gz` name: gzip) and `report` too, as `etweave convert` does; without, nothing is
     written and the nodes are built on first use of `.nodes`. `steps` "A:B" / `window` "START:END" and
     `allow_mismatch` as the CLI's options."""
-    from etweave.convert import convert, convert_files, no_gc
+    from etweave.convert import convert, convert_files
     from etweave.link import Selection
+    from etweave.nogc import no_gc
     from etweave.output import write_json
 
     if host is None and device is None:

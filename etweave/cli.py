@@ -7,17 +7,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import os
 import re
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import NoReturn
 
 import etweave
 from etweave import progress
 from etweave.commands import COMMAND_MODULES, command_module
 from etweave.errors import BadInput, CheckFailed
+from etweave.nogc import no_gc
 from etweave.version import __version__
 
 EXIT_OK, EXIT_INTERNAL, EXIT_BAD_INPUT, EXIT_CHECK = 0, 1, 2, 3
@@ -123,18 +123,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector off inside (imports build many objects and no cycles to collect)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def _exit_now(code: int) -> NoReturn:
     """Flush what was printed and end the process here."""
     for stream in (sys.stdout, sys.stderr):
@@ -146,7 +134,7 @@ def _exit_now(code: int) -> NoReturn:
 def _main(argv: Sequence[str] | None) -> int:
     words = _glue_dash_values(sys.argv[1:] if argv is None else argv)
     only = _command_word(words)
-    with gc_paused():  # importing the command's modules builds thousands of objects and no garbage
+    with no_gc():  # importing the command's modules builds thousands of objects and no garbage
         parser = build_parser(only)
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
     command = next((w for w in words if w in subparsers), None)

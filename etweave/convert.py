@@ -4,8 +4,6 @@ API; `etweave convert` is a thin wrapper around it."""
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -34,6 +32,7 @@ from etweave.link import (
 )
 from etweave.model import Graph
 from etweave.nodes import encode_nodes
+from etweave.nogc import no_gc
 from etweave.output import FileBytes, JsonFile, Writer, check_outputs, write_together
 from etweave.process_groups import local_group_ids
 from etweave.progress import counted
@@ -223,16 +222,3 @@ def convert(host: Path | None, device: Path | None, out: Path, report_path: Path
             writers.append(JsonFile(Path(report_path), result.report))
         write_together(writers)
     return result
-
-
-@contextlib.contextmanager
-def no_gc() -> Iterator[None]:
-    """The pipeline builds millions of acyclic objects: the cyclic collector would rescan them again and again
-    (a third of the run time) and free nothing."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()

@@ -41,12 +41,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.host is None and args.device is None:
         raise BadInput("convert", "give --host, --device, or both")
-    from etweave.cli import gc_paused
+    from etweave.nogc import no_gc
     from etweave.read.source import reading_ahead
 
     # The traces are read (and gunzipped) on threads while the pipeline's modules import.
     with reading_ahead([p for p in (args.host, args.device) if p is not None]):
-        with gc_paused():
+        with no_gc():
             from etweave.convert import convert
             from etweave.link import Selection
         select = Selection.parse(args.steps, args.window)

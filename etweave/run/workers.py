@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from etweave.chakra.io import serialize_encoded
-from etweave.convert import no_gc, run_pipeline
+from etweave.convert import run_pipeline
 from etweave.errors import BadInput, CheckFailed
+from etweave.nogc import no_gc
 from etweave.process_groups import GroupDescription, describe_groups
 from etweave.progress import muted, stage
 from etweave.read.host_et import read_host_et
@@ -56,7 +57,7 @@ RankOutcome = ConvertedRank | RankFailure
 
 def convert_rank(rank: int | None, host: str | None, kineto: str | None, allow_mismatch: bool = False) \
         -> RankOutcome:
-    """See _convert_rank; the collector is off while it runs (see etweave.convert.no_gc)."""
+    """See _convert_rank; the collector is off while it runs (see etweave.nogc)."""
     with no_gc():
         return _convert_rank(rank, host, kineto, allow_mismatch)
 
