@@ -339,20 +339,14 @@ def _edges(nodes: _Shapes, index: dict[int, int], where: str, out: list[Violatio
     get = index.get
     ctrl = nodes.ctrl_deps
     for i, (nid, data_deps) in enumerate(zip(nodes.ids, nodes.data_deps, strict=True)):
-        for dep in data_deps:
-            j = get(dep)
-            if j is None or dep == nid:
-                _bad_edge(dep, nid, "data_dep", where, out)
-                continue
-            dependents[j].append(i)
-            indegree[i] += 1
-        for dep in ctrl.get(i, ()) if ctrl else ():
-            j = get(dep)
-            if j is None or dep == nid:
-                _bad_edge(dep, nid, "ctrl_dep", where, out)
-                continue
-            dependents[j].append(i)
-            indegree[i] += 1
+        for label, deps in (("data_dep", data_deps), ("ctrl_dep", ctrl.get(i, ()) if ctrl else ())):
+            for dep in deps:
+                j = get(dep)
+                if j is None or dep == nid:
+                    _bad_edge(dep, nid, label, where, out)
+                    continue
+                dependents[j].append(i)
+                indegree[i] += 1
     return dependents, indegree
 
 

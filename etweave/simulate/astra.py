@@ -36,7 +36,7 @@ from etweave.chakra.accepts import COMM_NODE_TYPES
 from etweave.chakra.io import node_type_name
 from etweave.errors import BadInput
 from etweave.runfolder import file_rank, lone_file_rank
-from etweave.simulate.engine import GraphError
+from etweave.simulate.engine import GraphError, dep_positions
 from etweave.simulate.network import DEFAULT_NETWORK, NETWORK_TIMED, Network, collective_ns, send_ns
 from etweave.simulate.reader import read_nodes
 
@@ -256,15 +256,12 @@ def _flatten_rank(flat: _Flat, ri: int, rg: AstraRank, slotless_kinds: Collectio
     flat.owner[base:end] = [ri] * len(nodes)
     children, indeg, get = flat.children, flat.indeg, pos.get
     for g, nd in enumerate(nodes, base):
-        deps = nd.deps
-        if len(deps) > 1:
-            deps = tuple(set(deps))  # a repeated dep is one edge; in the set's order, as ever
-        for d in deps:
-            p = get(d)
-            if p is None:
-                raise GraphError(ri, f"node {nd.id} depends on node {d}, which is not in the file")
+        if not nd.deps:
+            continue
+        parents = dep_positions(ri, nd.id, nd.deps, get)
+        for p in parents:
             children[p].append(g)
-        indeg[g] = len(deps)
+        indeg[g] = len(parents)
 
 
 def _first_error(ri: int, rg: AstraRank, base: int) -> None:

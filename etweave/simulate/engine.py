@@ -29,7 +29,7 @@ import heapq
 from array import array
 from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, chain, compress
 from operator import not_
@@ -121,6 +121,18 @@ class GraphError(ValueError):
         super().__init__(problem)
         self.rank_index = rank_index
         self.problem = problem
+
+
+def dep_positions(ri: int, node_id: int, deps: tuple[int, ...], position: Callable[[int], int | None]) -> list[int]:
+    """The positions of a node's dependencies, each once (a repeated dep is one edge; in the set's order, as
+    ever): the one rule both replays (this engine and the astra-sim model) index a rank's edges by."""
+    out = []
+    for d in set(deps) if len(deps) > 1 else deps:
+        p = position(d)
+        if p is None:
+            raise GraphError(ri, f"node {node_id} depends on node {d}, which is not in the file")
+        out.append(p)
+    return out
 
 
 class UnknownGroup(GraphError):
@@ -226,17 +238,12 @@ def _index_rank(graph: _Graph, ri: int, rg: RankGraph) -> None:
     children: list[list[int]] = [[] for _ in nodes]  # this rank's only, by node index, flattened below
     indeg, get = graph.indeg, pos.get
     for g, nd in enumerate(nodes, base):
-        deps = nd.deps
-        if not deps:
+        if not nd.deps:
             continue
-        if len(deps) > 1:
-            deps = tuple(set(deps))  # a repeated dep is one edge; in the set's order, as ever
-        for d in deps:
-            p = get(d)
-            if p is None:
-                raise GraphError(ri, f"node {nd.id} depends on node {d}, which is not in the file")
+        parents = dep_positions(ri, nd.id, nd.deps, get)
+        for p in parents:
             children[p - base].append(g)
-        indeg[g] = len(deps)
+        indeg[g] = len(parents)
     at = accumulate(map(len, children), initial=graph.child_at[-1])
     next(at)  # the initial value: already there
     graph.child_at.extend(at)
