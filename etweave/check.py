@@ -48,12 +48,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+import msgspec
 import orjson
 
-from etweave.chakra import et_def_pb2 as pb
+from etweave.chakra import schema
 from etweave.chakra.accepts import (
     ATTR_TYPES,
     COLLECTIVE_ATTRS,
@@ -72,9 +72,11 @@ from etweave.matching import group_members, match_p2p
 from etweave.model import GPU_KINDS
 from etweave.read.host_et import PG_INIT_NAME
 
+if TYPE_CHECKING:
+    from etweave.chakra import et_def_pb2 as pb
 
-@dataclass(frozen=True, slots=True)
-class Violation:
+
+class Violation(msgspec.Struct, frozen=True):
     rule: str
     where: str  # a file or "rank N"
     message: str
@@ -137,8 +139,8 @@ def _is_int_text(text: str) -> bool:
     return text.isascii() and text.lstrip("-").isdecimal()
 
 
-_TYPE_PROBLEMS = {pb.INVALID_NODE: "INVALID_NODE: ASTRA-sim skips it, so its work is lost",
-                  pb.METADATA_NODE: "METADATA_NODE: ASTRA-sim aborts at tick 0 (write COMP_NODE with duration 0)"}
+_TYPE_PROBLEMS = {schema.INVALID_NODE: "INVALID_NODE: ASTRA-sim skips it, so its work is lost",
+                  schema.METADATA_NODE: "METADATA_NODE: ASTRA-sim aborts at tick 0 (write COMP_NODE with duration 0)"}
 
 
 def _check_node_semantics(node: pb.Node, where: str, out: list[Violation],
@@ -149,9 +151,9 @@ def _check_node_semantics(node: pb.Node, where: str, out: list[Violation],
         label = _TYPE_PROBLEMS.get(ntype, f"unknown type {ntype}")
         out.append(Violation("node-type", where, f"node type is {label}", node.id))
     elif ntype in MEM_NODE_TYPES and warnings is not None:
-        warnings.append(Violation("mem-node", where, f"{pb.NodeType.Name(ntype)} is timed by ASTRA-sim's "
+        warnings.append(Violation("mem-node", where, f"{schema.node_type_name(ntype)} is timed by ASTRA-sim's "
                                   "remote-memory model from tensor_size, not from duration_micros", node.id))
-    if ntype == pb.COMP_NODE and (missing := _absent(node, ROOFLINE_ATTRS)):
+    if ntype == schema.COMP_NODE and (missing := _absent(node, ROOFLINE_ATTRS)):
         out.append(Violation("roofline-attr", where, f"COMP_NODE lacks {', '.join(missing)}: ASTRA-sim's "
                              "roofline mode throws", node.id))
     if node.name == PG_INIT_NAME:
@@ -179,11 +181,11 @@ def _check_comm_node(node: pb.Node, attrs: Mapping[str, Any], where: str, out: l
     if group and not is_group_id(group):
         out.append(Violation("pg-id", where, f"pg_name {group!r} is not a decimal group id >= 1 (\"\" = all ranks)",
                              node.id))
-    missing = _absent(node, COLLECTIVE_ATTRS if ntype == pb.COMM_COLL_NODE else P2P_ATTRS)
+    missing = _absent(node, COLLECTIVE_ATTRS if ntype == schema.COMM_COLL_NODE else P2P_ATTRS)
     if missing:
-        out.append(Violation("comm-missing-attr", where, f"{pb.NodeType.Name(ntype)} lacks {', '.join(missing)}",
+        out.append(Violation("comm-missing-attr", where, f"{schema.node_type_name(ntype)} lacks {', '.join(missing)}",
                              node.id))
-    if ntype == pb.COMM_COLL_NODE and "comm_type" in attrs:
+    if ntype == schema.COMM_COLL_NODE and "comm_type" in attrs:
         _check_collective_type(node, int(attrs["comm_type"]), attrs.get("comm_size"), where, out, warnings)
 
 
@@ -290,7 +292,9 @@ class NodeChecker:
         than `## process_group:init ##` is kept for the graph checks only: the encoder writes its attrs in the
         oneofs of ATTR_TYPES, always with num_ops and tensor_size, and is_cpu_op false on GPU work, so the
         per-node rules hold by construction; every other node is decoded and checked in full."""
-        if node_type != pb.COMP_NODE or name == PG_INIT_NAME:
+        if node_type != schema.COMP_NODE or name == PG_INIT_NAME:
+            from etweave.chakra import et_def_pb2 as pb  # here: a run of compute nodes only never needs it
+
             self.add(pb.Node.FromString(data))
         else:
             self.shapes.add(node_id, name, data_deps)
@@ -411,15 +415,14 @@ def check_run(ranks: Mapping[int, Sequence[pb.Node]], comm_group: Mapping[str, S
     return out
 
 
-@dataclass(slots=True)
-class _RunComm:
+class _RunComm(msgspec.Struct):
     """The comm nodes of a run, as the cross-rank checks match them."""
 
     # (src, dst, tag) -> [(node id, size, file rank)], one list for sends and one for recvs
-    sends: dict[tuple[int, int, int], list[tuple[int, int, int]]] = field(default_factory=dict)
-    recvs: dict[tuple[int, int, int], list[tuple[int, int, int]]] = field(default_factory=dict)
+    sends: dict[tuple[int, int, int], list[tuple[int, int, int]]] = msgspec.field(default_factory=dict)
+    recvs: dict[tuple[int, int, int], list[tuple[int, int, int]]] = msgspec.field(default_factory=dict)
     # group -> rank -> Counter of comm_type
-    collectives: dict[str, dict[int, Counter[int]]] = field(default_factory=dict)
+    collectives: dict[str, dict[int, Counter[int]]] = msgspec.field(default_factory=dict)
 
 
 def _scan_rank(rank: int, nodes: Sequence[pb.Node], comm: _RunComm, out: list[Violation]) -> dict[str, list[int]]:
@@ -436,7 +439,7 @@ def _scan_rank(rank: int, nodes: Sequence[pb.Node], comm: _RunComm, out: list[Vi
         assert isinstance(group, str)
         if group:
             group_uses.setdefault(group, []).append(node.id)
-        if ntype == pb.COMM_COLL_NODE:
+        if ntype == schema.COMM_COLL_NODE:
             if "comm_type" in attrs:
                 per_rank = comm.collectives.setdefault(group, {})
                 per_rank.setdefault(rank, Counter())[int(attrs["comm_type"])] += 1
@@ -448,7 +451,7 @@ def _scan_rank(rank: int, nodes: Sequence[pb.Node], comm: _RunComm, out: list[Vi
 def _add_p2p(node: pb.Node, attrs: Mapping[str, Any], rank: int, comm: _RunComm, out: list[Violation]) -> None:
     src, dst = int(attrs["comm_src"]), int(attrs["comm_dst"])
     tag, size = int(attrs["comm_tag"]), int(attrs["comm_size"])
-    is_send = node.type == pb.COMM_SEND_NODE
+    is_send = node.type == schema.COMM_SEND_NODE
     own = src if is_send else dst
     if own != rank:
         field_name = "comm_src" if is_send else "comm_dst"

@@ -9,9 +9,11 @@ import math
 import re
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
-from etweave.chakra import et_def_pb2 as pb
+import msgspec
+from msgspec import field
+
+from etweave.chakra import schema
 from etweave.chakra.accepts import SIMULATOR_MAPPING, comm_type_name
 from etweave.errors import BadInput
 from etweave.model import HOST_OP, KERNEL, Comm, Graph, Item, OpRecord
@@ -24,15 +26,15 @@ _OPEN_CALLS = 16
 # Checked in order: the first pattern found in the normalized name decides.
 _PATTERNS: list[tuple[str, int | str | None]] = [
     ("sendrecv", None),  # NCCL's SendRecv kernel serves all_to_all and p2p alike: ambiguous by itself
-    ("reducescatter", pb.REDUCE_SCATTER),
-    ("allreduce", pb.ALL_REDUCE),
-    ("allgather", pb.ALL_GATHER),
-    ("alltoall", pb.ALL_TO_ALL),
-    ("broadcast", pb.BROADCAST),
-    ("barrier", pb.BARRIER),
-    ("reduce", pb.REDUCE),
-    ("gather", pb.GATHER),
-    ("scatter", pb.SCATTER),
+    ("reducescatter", schema.REDUCE_SCATTER),
+    ("allreduce", schema.ALL_REDUCE),
+    ("allgather", schema.ALL_GATHER),
+    ("alltoall", schema.ALL_TO_ALL),
+    ("broadcast", schema.BROADCAST),
+    ("barrier", schema.BARRIER),
+    ("reduce", schema.REDUCE),
+    ("gather", schema.GATHER),
+    ("scatter", schema.SCATTER),
     ("send", SEND),
     ("recv", RECV),
 ]
@@ -65,8 +67,7 @@ def is_nccl_kernel(it: Item) -> bool:
     return it.kind == KERNEL and ("nccl" in it.name[:24].lower() or "rccl" in it.name[:24].lower())
 
 
-@dataclass(slots=True)
-class CollectiveStats:
+class CollectiveStats(msgspec.Struct):
     calls: int = 0  # collective calls in the input
     comm_nodes: int = 0
     unmatched_calls: list[Item] = field(default_factory=list)  # calls with no work in the window
@@ -127,7 +128,7 @@ def _gloo_call(calls: list[Item], gloo: Item, paired: set[int]) -> Item | None:
 
     def same_kind(c: Item) -> bool:
         # reduce_scatter_tensor runs as gloo:all_reduce (docs/FACTS.md §H8)
-        return classify(c.name) == kind or (kind == pb.ALL_REDUCE and classify(c.name) == pb.REDUCE_SCATTER)
+        return classify(c.name) == kind or (kind == schema.ALL_REDUCE and classify(c.name) == schema.REDUCE_SCATTER)
 
     call = next((c for c in open_calls if wanted and same_tensor(c)), None) \
         or next((c for c in open_calls if same_kind(c)), None) or open_calls[0]
@@ -189,7 +190,7 @@ def _make_comm(g: Graph, it: Item, call: Item | None, groups: dict[str, str], st
         written = SIMULATOR_MAPPING.get(kind, kind)
         if written != kind:
             stats.mapped[f"{comm_type_name(kind)}->{comm_type_name(written)}"] += 1
-        it.comm = Comm(pb.COMM_COLL_NODE, short, written, size, pg, seq, type_source=source)
+        it.comm = Comm(schema.COMM_COLL_NODE, short, written, size, pg, seq, type_source=source)
     stats.comm_nodes += 1
 
 
@@ -208,7 +209,7 @@ def _comm_type(it: Item, call: Item | None, rpc: Item | None, annotation: Item |
             kind = classify(name)
             if kind is not None:
                 return kind, source, name
-    return pb.ALL_REDUCE, "default", "unknown"
+    return schema.ALL_REDUCE, "default", "unknown"
 
 
 def _p2p(g: Graph, op: Item | None, send: bool, comm: Comm) -> Comm:
@@ -219,7 +220,7 @@ def _p2p(g: Graph, op: Item | None, send: bool, comm: Comm) -> Comm:
         if not widths.INT32_MIN <= tag <= widths.INT32_MAX:
             raise BadInput(_input_file(g, op), f"node {op.id} {op.name!r}: tag {tag} out of range (int32)")
     me = g.rank
-    comm.node_type = pb.COMM_SEND_NODE if send else pb.COMM_RECV_NODE
+    comm.node_type = schema.COMM_SEND_NODE if send else schema.COMM_RECV_NODE
     comm.src, comm.dst = (me, peer) if send else (peer, me)
     comm.tag = tag
     return comm

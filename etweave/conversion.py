@@ -4,8 +4,10 @@ passed between stages."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
+
+import msgspec
+from msgspec import field
 
 from etweave.errors import BadInput
 from etweave.model import Ids
@@ -25,8 +27,7 @@ if TYPE_CHECKING:  # annotations only: these modules are the stages, which read 
 T = TypeVar("T")
 
 
-@dataclass(slots=True)
-class Conversion:
+class Conversion(msgspec.Struct):
     # The inputs
     host: HostTrace | None
     kineto: KinetoTrace | None

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from etweave import progress, roofline
 from etweave.assemble import assemble
 from etweave.audit import build_report
-from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import SCHEMA_VERSION, encoded_et_chunks
 from etweave.check import NodeChecker
 from etweave.collectives import find_collectives
@@ -31,7 +31,7 @@ from etweave.link import (
     select_device,
 )
 from etweave.model import Graph
-from etweave.nodes import encode_nodes
+from etweave.nodes import encode_metadata, encode_nodes
 from etweave.nogc import no_gc
 from etweave.output import FileBytes, JsonFile, Writer, check_outputs, write_together
 from etweave.process_groups import local_group_ids
@@ -44,13 +44,15 @@ from etweave.roofline import Roofline
 from etweave.version import __version__
 from etweave.waits import resolve_waits
 
+if TYPE_CHECKING:
+    from etweave.chakra import et_def_pb2 as pb
 
-@dataclass(slots=True)
-class Result:
+
+class Result(msgspec.Struct):
     graph: Graph
     deps: Dependencies
     report: dict[str, Any]  # the audit as JSON: `audit.to_json()`
-    metadata: pb.GlobalMetadata
+    metadata_bytes: bytes  # the GlobalMetadata, encoded (`metadata` decodes it)
     audit: Report
     roofline: Roofline  # num_ops / tensor_size of GPU COMP nodes
     group_ids: dict[str, str]  # trace process-group name -> the comm-group id this rank's nodes carry
@@ -60,15 +62,21 @@ class Result:
     def of(cls, c: Conversion) -> Result:
         """The result of a conversion whose stages have all run."""
         audit = need(c.report, "report")
-        metadata = pb.GlobalMetadata(version=SCHEMA_VERSION)
-        metadata.attr.extend([
-            pb.AttributeProto(name="etweave_version", string_val=__version__),
-            pb.AttributeProto(name="rank", int64_val=c.rank),
-            pb.AttributeProto(name="source_host", string_val=Path(c.host.path).name if c.host else ""),
-            pb.AttributeProto(name="source_device", string_val=Path(c.kineto.path).name if c.kineto else ""),
+        metadata = encode_metadata(SCHEMA_VERSION, [
+            ("etweave_version", __version__),
+            ("rank", c.rank),
+            ("source_host", Path(c.host.path).name if c.host else ""),
+            ("source_device", Path(c.kineto.path).name if c.kineto else ""),
         ])
         return cls(need(c.graph, "graph"), need(c.deps, "dependencies"), audit.to_json(), metadata, audit,
                    need(c.roofline, "roofline"), c.group_ids)
+
+    @property
+    def metadata(self) -> pb.GlobalMetadata:
+        """The GlobalMetadata as a protobuf object (the Python API, tests)."""
+        from etweave.chakra import et_def_pb2 as pb  # here: converting needs no protobuf object
+
+        return pb.GlobalMetadata.FromString(self.metadata_bytes)
 
     @property
     def nodes(self) -> list[pb.Node]:
@@ -87,6 +95,8 @@ class Result:
 
     def checked_nodes(self) -> Iterator[pb.Node]:
         """The nodes one at a time as protobuf objects, checked as `encoded_nodes`."""
+        from etweave.chakra import et_def_pb2 as pb
+
         for data in self.encoded_nodes():
             yield pb.Node.FromString(data)
 
@@ -164,8 +174,7 @@ def audit(c: Conversion) -> None:
     c.report = build_report(c)
 
 
-@dataclass(frozen=True, slots=True)
-class Stage:
+class Stage(msgspec.Struct, frozen=True):
     run: Callable[[Conversion], None]
     progress: str  # what the progress line says while it runs; stages in a row with one label share the line
 
@@ -217,7 +226,7 @@ def convert(host: Path | None, device: Path | None, out: Path, report_path: Path
         result = convert_files(host, device, rank, select, allow_mismatch)
         nodes = counted(result.encoded_nodes(), f"writing {Path(out).name}", result.audit.nodes, "nodes")
         # both written together: a failure anywhere leaves neither new nor changed
-        writers: list[Writer] = [FileBytes(Path(out), encoded_et_chunks(Path(out), result.metadata, nodes))]
+        writers: list[Writer] = [FileBytes(Path(out), encoded_et_chunks(Path(out), result.metadata_bytes, nodes))]
         if report_path is not None:
             writers.append(JsonFile(Path(report_path), result.report))
         write_together(writers)

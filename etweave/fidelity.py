@@ -8,18 +8,22 @@ import itertools
 import operator
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from etweave.chakra import et_def_pb2 as pb
+import msgspec
+
+from etweave.chakra import schema
+from etweave.chakra.accepts import COMM_NODE_TYPES
 from etweave.chakra.io import node_attrs
 from etweave.deps.evidence import Evidence
 from etweave.model import DELAY, GPU_KINDS, UNTRACED, WAKEUP, Graph
 from etweave.stats import upper_percentile
 
+if TYPE_CHECKING:
+    from etweave.chakra import et_def_pb2 as pb
 
-@dataclass(slots=True)
-class Fidelity:
+
+class Fidelity(msgspec.Struct):
     span: float  # measured: earliest start to latest end over the nodes with a measured start
     critical_path: float
     start_error_p50: float  # |replayed - measured| start of GPU ops, in % of the span
@@ -78,12 +82,12 @@ def measure(nodes: Sequence[pb.Node]) -> Fidelity:
     for n in nodes:  # ascending id
         a = node_attrs(n)
         is_gpu = "stream" in a
-        if n.start_time_micros > 0 and span > 0 and (is_gpu or n.type in (5, 6, 7)):
+        if n.start_time_micros > 0 and span > 0 and (is_gpu or n.type in COMM_NODE_TYPES):
             err = 100.0 * abs(start[n.id] - (n.start_time_micros - t0)) / span
-            (comm_err if n.type in (5, 6, 7) else gpu_err).append(err)
-            if n.type in (5, 6, 7) and is_gpu:
+            (comm_err if n.type in COMM_NODE_TYPES else gpu_err).append(err)
+            if n.type in COMM_NODE_TYPES and is_gpu:
                 gpu_err.append(err)
-        if not n.data_deps and not n.ctrl_deps and n.type != pb.METADATA_NODE:
+        if not n.data_deps and not n.ctrl_deps and n.type != schema.METADATA_NODE:
             key = ("gpu", a.get("device"), a.get("stream")) if is_gpu else ("cpu", a.get("tid"))
             if key in firsts:
                 no_pred.append(n.id)
@@ -110,8 +114,7 @@ class PathNode(NamedTuple):
     preds: tuple[int, ...]
 
 
-@dataclass(slots=True)
-class DelayShare:
+class DelayShare(msgspec.Struct):
     critical_path: float  # µs, unlimited resources
     share: float  # % of the critical path (less the rank start offset) in nodes of NO_OP_KINDS
     rank_start_offset: float  # µs of the critical path in the `[rank start offset]` node, not in `share`
@@ -144,8 +147,7 @@ def critical_path(nodes: Sequence[PathNode], durations: dict[int, float] | None 
     return length, [ids[k] for k in path]
 
 
-@dataclass(slots=True)
-class Successors:
+class Successors(msgspec.Struct):
     """Each node's successors (positions), all in one array: node k's are `targets[offsets[k]:offsets[k + 1]]`, in
     the order their edges were given; `indeg`: each node's number of predecessors."""
 

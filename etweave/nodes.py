@@ -9,16 +9,19 @@ length and bytes. `build_nodes` gives the same nodes as protobuf objects (the Py
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import cast
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import orjson
 
-from etweave.chakra import et_def_pb2 as pb
+from etweave.chakra import schema
 from etweave.deps import Dependencies
 from etweave.model import GPU_KINDS, HOST_OP, PROCESS_ROOT, THREAD_ROOT, Comm, Graph, Item, OpRecord
 from etweave.read.host_et import IO, PG_INIT_NAME
 from etweave.roofline import Roofline
+
+if TYPE_CHECKING:
+    from etweave.chakra import et_def_pb2 as pb
 
 DEP_EVIDENCE = "dep_evidence"
 
@@ -44,7 +47,7 @@ MARKER_KINDS = frozenset({PROCESS_ROOT, THREAD_ROOT, PG_INIT_KIND})
 def is_marker_node(node_type: int, kind: str) -> bool:
     """A written node that stands for no work, by its type and `kind` attr: replays give it no time, what-if
     edits and timelines leave it out."""
-    return node_type == pb.METADATA_NODE or kind in MARKER_KINDS
+    return node_type == schema.METADATA_NODE or kind in MARKER_KINDS
 
 
 def is_marker(it: Item) -> bool:
@@ -55,12 +58,10 @@ def is_marker(it: Item) -> bool:
 _ROOT_KINDS = (PROCESS_ROOT, THREAD_ROOT)
 
 
-def node_type(it: Item) -> pb.NodeType.ValueType:
+def node_type(it: Item) -> int:
     # Markers are COMP_NODEs of zero duration, as Chakra's converter writes roots: ASTRA-sim aborts on a
     # METADATA_NODE (docs/FACTS.md §A1). Their role stays in the `kind` attr.
-    if it.comm is not None:
-        return cast("pb.NodeType.ValueType", it.comm.node_type)  # Comm holds the plain int
-    return pb.COMP_NODE
+    return it.comm.node_type if it.comm is not None else schema.COMP_NODE
 
 
 def duration(it: Item) -> int:
@@ -123,23 +124,23 @@ def _text(s: str) -> bytes:
     return s.encode("utf-8")
 
 
-_NODE = pb.Node.DESCRIPTOR.fields_by_name
-_N_ID, _N_NAME, _N_TYPE = (_tag(_NODE[f].number, _WIRE_VARINT if f != "name" else _WIRE_LEN)
+_NODE = schema.NODE_FIELDS
+_N_ID, _N_NAME, _N_TYPE = (_tag(_NODE[f], _WIRE_VARINT if f != "name" else _WIRE_LEN)
                            for f in ("id", "name", "type"))
-_N_DATA_DEPS = _tag(_NODE["data_deps"].number, _WIRE_LEN)  # packed
-_N_START, _N_DURATION = (_tag(_NODE[f].number, _WIRE_VARINT) for f in ("start_time_micros", "duration_micros"))
-_N_INPUTS, _N_OUTPUTS, _N_ATTR = (_tag(_NODE[f].number, _WIRE_LEN) for f in ("inputs", "outputs", "attr"))
-_IO_FIELDS = pb.IOInfo.DESCRIPTOR.fields_by_name
-_IO_VALUES, _IO_SHAPES, _IO_TYPES = (_tag(_IO_FIELDS[f].number, _WIRE_LEN) for f in ("values", "shapes", "types"))
-_ATTR_FIELDS = pb.AttributeProto.DESCRIPTOR.fields_by_name
-_A_NAME = _tag(_ATTR_FIELDS["name"].number, _WIRE_LEN)
-_LIST_VALUES = _tag(pb.StringList.DESCRIPTOR.fields_by_name["values"].number, _WIRE_LEN)
+_N_DATA_DEPS = _tag(_NODE["data_deps"], _WIRE_LEN)  # packed
+_N_START, _N_DURATION = (_tag(_NODE[f], _WIRE_VARINT) for f in ("start_time_micros", "duration_micros"))
+_N_INPUTS, _N_OUTPUTS, _N_ATTR = (_tag(_NODE[f], _WIRE_LEN) for f in ("inputs", "outputs", "attr"))
+_IO_FIELDS = schema.IO_INFO_FIELDS
+_IO_VALUES, _IO_SHAPES, _IO_TYPES = (_tag(_IO_FIELDS[f], _WIRE_LEN) for f in ("values", "shapes", "types"))
+_ATTR_FIELDS = schema.ATTRIBUTE_FIELDS
+_A_NAME = _tag(_ATTR_FIELDS["name"], _WIRE_LEN)
+_LIST_VALUES = _tag(schema.LIST_VALUES_FIELD, _WIRE_LEN)
 
 
 def _key(name: str, oneof: str) -> bytes:
     """An attr's bytes before its value: its name, then the tag of its oneof field."""
     wire = _WIRE_LEN if oneof in ("string_val", "string_list") else _WIRE_VARINT
-    return _len_field(_A_NAME, _text(name)) + _tag(_ATTR_FIELDS[oneof].number, wire)
+    return _len_field(_A_NAME, _text(name)) + _tag(_ATTR_FIELDS[oneof], wire)
 
 
 def _attr(key: bytes, value: bytes) -> bytes:
@@ -149,6 +150,23 @@ def _attr(key: bytes, value: bytes) -> bytes:
 
 def _string_attr(key: bytes, value: str) -> bytes:
     return _attr(key, _len_field(b"", _text(value)))
+
+
+_M_VERSION, _M_ATTR = (_tag(schema.GLOBAL_METADATA_FIELDS[f], _WIRE_LEN) for f in ("version", "attr"))
+
+
+def encode_metadata(version: str, attrs: Sequence[tuple[str, str | int]]) -> bytes:
+    """A GlobalMetadata's bytes: `version`, then each attr, a str as `string_val` and an int as `int64_val`."""
+    parts = [_len_field(_M_VERSION, _text(version))] if version else []
+    for name, value in attrs:
+        if isinstance(value, str):
+            body = _key(name, "string_val") + _len_field(b"", _text(value))
+        elif _I64_MIN <= value < _I64_END:
+            body = _key(name, "int64_val") + _signed_varint(value)
+        else:
+            raise ValueError(f"value out of range for int64: {value}")
+        parts.append(_len_field(_M_ATTR, body))
+    return b"".join(parts)
 
 
 _IntAttr = Callable[[int], bytes]
@@ -210,8 +228,8 @@ _MEASURED = _int_attr("measured_duration_micros")
 _LINKED = {flag: _attr(_key("linked", "bool_val"), _BYTE[flag]) for flag in (False, True)}
 _EVIDENCE = _key(DEP_EVIDENCE, "string_list")
 _NO_WORK = _NUM_OPS(0) + _TENSOR_SIZE(0)  # num_ops and tensor_size 0: not known
-_TYPES: dict[int, bytes] = {int(t): _N_TYPE + _varint(t) if t else b"" for t in pb.NodeType.values()}
-_COMP = pb.COMP_NODE
+_TYPES: dict[int, bytes] = {t: _N_TYPE + _varint(t) if t else b"" for t in range(len(schema.NODE_TYPE_NAMES))}
+_COMP = schema.COMP_NODE
 
 
 def _uint64s(values: tuple[int, ...]) -> bytes:
@@ -363,5 +381,7 @@ def encode_nodes(g: Graph, deps: Dependencies, roofline: Roofline | None = None
 
 def build_nodes(g: Graph, deps: Dependencies, roofline: Roofline | None = None) -> Iterator[pb.Node]:
     """The nodes of `encode_nodes` as protobuf objects."""
+    from etweave.chakra import et_def_pb2 as pb  # here: encoding needs no protobuf
+
     for data, _, _, _ in encode_nodes(g, deps, roofline):
         yield pb.Node.FromString(data)

@@ -13,10 +13,10 @@ import os
 import re
 import shutil
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+import msgspec
 import orjson
 
 from etweave.errors import BadInput
@@ -46,8 +46,7 @@ class Writer(Protocol):
     def content(self) -> Content: ...
 
 
-@dataclass(frozen=True)
-class FileBytes:
+class FileBytes(msgspec.Struct, frozen=True):
     """A Writer of bytes already made (or a stream already opened)."""
 
     path: Path
@@ -57,8 +56,7 @@ class FileBytes:
         return self.data
 
 
-@dataclass(frozen=True)
-class JsonFile:
+class JsonFile(msgspec.Struct, frozen=True):
     """A Writer of a JSON document as `json_bytes` writes it (a report, a comm-group map)."""
 
     path: Path

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+
+import msgspec
 
 from etweave.model import Ids
 from etweave.read.host_et import HostOp
 
 
-@dataclass(slots=True)
-class MissingParent:
+class MissingParent(msgspec.Struct):
     id: int
     thread: int
     orphans: list[int]  # host op ids directly below the missing id
@@ -20,13 +20,12 @@ class MissingParent:
     collectives: list[str]  # names of the collective calls among them
 
 
-@dataclass(slots=True)
-class Repair:
+class Repair(msgspec.Struct):
     parent_of: dict[int, int | None]  # host op id -> effective parent id (a host id or a synthesized root id)
     thread_root_of: dict[int, int]  # host ET tid -> the root id of that thread (existing or synthesized)
-    synthesized_roots: dict[int, int] = field(default_factory=dict)  # host ET tid -> synthesized root id
-    missing: list[MissingParent] = field(default_factory=list)
-    orphan_parent: dict[int, int] = field(default_factory=dict)  # orphan id -> the missing parent id
+    synthesized_roots: dict[int, int] = msgspec.field(default_factory=dict)  # host ET tid -> synthesized root id
+    missing: list[MissingParent] = msgspec.field(default_factory=list)
+    orphan_parent: dict[int, int] = msgspec.field(default_factory=dict)  # orphan id -> the missing parent id
     cycles: int = 0  # parent cycles in the host ET (an observer bug), each broken at its smallest id
 
 

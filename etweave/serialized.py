@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from etweave.chakra import et_def_pb2 as pb
+from etweave.chakra import schema
 from etweave.model import Graph, Item
 from etweave.nodes import is_marker, on_gpu
 
@@ -25,7 +25,7 @@ def slot_class(it: Item) -> str | None:
     if is_marker(it):
         return None  # zero-duration roots: they hold nothing
     if it.comm is not None:  # by node type, whatever its stream
-        return None if it.comm.node_type == pb.COMM_RECV_NODE else "comm"
+        return None if it.comm.node_type == schema.COMM_RECV_NODE else "comm"
     return "gpu" if on_gpu(it) else "cpu"
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -116,7 +115,7 @@ def test_check_nodes_on_memory_nodes() -> None:
     broken = [*clean_rank(), make_node(6, data=[42])]
     [violation] = check_nodes(broken, "rank 0")
     assert (violation.rule, violation.where, violation.node) == ("dangling-data-dep", "rank 0", 6)
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(AttributeError):  # frozen
         violation.rule = "other"  # type: ignore[misc]
 
 

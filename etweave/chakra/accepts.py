@@ -5,31 +5,28 @@ by `COMM_NODE_TYPES`."""
 
 from __future__ import annotations
 
-from typing import cast
-
-from etweave.chakra import et_def_pb2 as pb
+from etweave.chakra import schema
 
 # Nodes that communicate: the replay synchronises them across ranks, ASTRA-sim's `issue_comm` takes them.
-COMM_NODE_TYPES: frozenset[int] = frozenset({pb.COMM_SEND_NODE, pb.COMM_RECV_NODE,
-                                                               pb.COMM_COLL_NODE})
-MEM_NODE_TYPES: frozenset[int] = frozenset({pb.MEM_LOAD_NODE, pb.MEM_STORE_NODE})
+COMM_NODE_TYPES: frozenset[int] = frozenset({schema.COMM_SEND_NODE, schema.COMM_RECV_NODE, schema.COMM_COLL_NODE})
+MEM_NODE_TYPES: frozenset[int] = frozenset({schema.MEM_LOAD_NODE, schema.MEM_STORE_NODE})
 # Types ASTRA-sim issues (3b.1: METADATA_NODE aborts it; INVALID_NODE is skipped, so its work would be lost).
-VALID_NODE_TYPES: frozenset[int] = frozenset({pb.COMP_NODE, *MEM_NODE_TYPES, *COMM_NODE_TYPES})
+VALID_NODE_TYPES: frozenset[int] = frozenset({schema.COMP_NODE, *MEM_NODE_TYPES, *COMM_NODE_TYPES})
 
 # Collectives the network model times from comm_size alone (3b.4); BROADCAST replays duration_micros.
 SIZE_TIMED_COLLECTIVES: frozenset[int] = frozenset(
-    {pb.ALL_REDUCE, pb.ALL_GATHER, pb.REDUCE_SCATTER, pb.ALL_TO_ALL})
+    {schema.ALL_REDUCE, schema.ALL_GATHER, schema.REDUCE_SCATTER, schema.ALL_TO_ALL})
 # Collectives the simulator runs; every other type makes it throw `Unsupported collective comm type` (3b.4).
 SUPPORTED_COLLECTIVES: frozenset[int] = frozenset(
-    {*SIZE_TIMED_COLLECTIVES, pb.BROADCAST})
+    {*SIZE_TIMED_COLLECTIVES, schema.BROADCAST})
 # What etweave writes instead of each collective the simulator throws on: the converter maps by it and `check`
 # names it, so the two never disagree.
 SIMULATOR_MAPPING: dict[int, int] = {
-    pb.BARRIER: pb.ALL_REDUCE,  # a barrier behaves like a tiny all-reduce: everyone waits for everyone
-    pb.REDUCE: pb.ALL_REDUCE,  # same traffic to the root, plus the result fanned back out
-    pb.GATHER: pb.ALL_GATHER,  # same per-rank input; every rank receives instead of only the root
-    pb.SCATTER: pb.BROADCAST,  # one root fans out; BROADCAST replays the measured duration, so time stays faithful
-    pb.REDUCE_SCATTER_BLOCK: pb.REDUCE_SCATTER,  # same operation with equal blocks
+    schema.BARRIER: schema.ALL_REDUCE,  # a barrier behaves like a tiny all-reduce: everyone waits for everyone
+    schema.REDUCE: schema.ALL_REDUCE,  # same traffic to the root, plus the result fanned back out
+    schema.GATHER: schema.ALL_GATHER,  # same per-rank input; every rank receives instead of only the root
+    schema.SCATTER: schema.BROADCAST,  # one root fans out; BROADCAST replays the measured duration: time stays true
+    schema.REDUCE_SCATTER_BLOCK: schema.REDUCE_SCATTER,  # same operation with equal blocks
 }
 
 # The oneof each attr must use: a value in another one reads as 0 (section 3 item 3). The attrs the simulator
@@ -81,7 +78,5 @@ def is_group_id(name: str) -> bool:
 
 def comm_type_name(value: int) -> str:
     """CollectiveCommType name of `value`, or the number when it names none (a message about bad input)."""
-    try:
-        return pb.CollectiveCommType.Name(cast("pb.CollectiveCommType.ValueType", value))
-    except ValueError:
-        return str(value)
+    names = schema.COLLECTIVE_NAMES
+    return names[value] if 0 <= value < len(names) else str(value)

@@ -13,12 +13,15 @@ import io
 import zlib
 from collections.abc import Generator, Iterable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
-from etweave.chakra import et_def_pb2 as pb
+from etweave.chakra.schema import node_type_name as node_type_name  # named here too: the replay reads it here
 from etweave.errors import BadInput
 from etweave.output import FileBytes, write_together
 from etweave.read.source import input_limit, open_binary
+
+if TYPE_CHECKING:
+    from etweave.chakra import et_def_pb2 as pb
 
 SCHEMA_VERSION = "0.0.4"
 GZIP_MAGIC = b"\x1f\x8b"
@@ -58,17 +61,24 @@ def _encoded(msg: pb.GlobalMetadata | pb.Node) -> bytes:
     return msg.SerializeToString(deterministic=True)  # deterministic: the same input gives the same bytes
 
 
-def _stream(metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node]) -> Iterator[bytes]:
-    return stream_encoded(metadata, (_encoded(node) for node in nodes))
-
-
-def stream_encoded(metadata: pb.GlobalMetadata, nodes: Iterable[bytes]) -> Iterator[bytes]:
-    """The .et stream of the metadata and nodes already encoded (`etweave.nodes.encode_nodes`), in chunks of
-    about `_CHUNK` bytes (a write per node would cost more than the encoding)."""
+def metadata_bytes(metadata: pb.GlobalMetadata) -> bytes:
+    """The GlobalMetadata's bytes. Its version must be set: an empty message reads as end of file."""
     if not metadata.version:
         raise ValueError("GlobalMetadata.version must be set: an empty message reads as end of file")
-    data = _encoded(metadata)
-    parts, size = [varint_bytes(len(data)), data], 0
+    return _encoded(metadata)
+
+
+def _stream(metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node]) -> Iterator[bytes]:
+    return stream_encoded(metadata_bytes(metadata), (_encoded(node) for node in nodes))
+
+
+def stream_encoded(metadata: bytes, nodes: Iterable[bytes]) -> Iterator[bytes]:
+    """The .et stream of the metadata and nodes already encoded (`metadata_bytes` or
+    `etweave.nodes.encode_metadata`, and `etweave.nodes.encode_nodes`), in chunks of about `_CHUNK` bytes (a
+    write per node would cost more than the encoding)."""
+    if not metadata:
+        raise ValueError("an empty GlobalMetadata reads as end of file")
+    parts, size = [varint_bytes(len(metadata)), metadata], 0
     for data in nodes:
         n = len(data)
         parts.append(_BYTE_VARINTS[n] if n < 0x80 else _TWO_BYTE_VARINTS[n] if n < 0x4000 else varint_bytes(n))
@@ -95,8 +105,8 @@ def serialize(metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node]) -> bytes:
     return b"".join(_stream(metadata, nodes))
 
 
-def serialize_encoded(metadata: pb.GlobalMetadata, nodes: Iterable[bytes]) -> bytes:
-    """`serialize` of nodes already encoded."""
+def serialize_encoded(metadata: bytes, nodes: Iterable[bytes]) -> bytes:
+    """`serialize` of the metadata and nodes already encoded."""
     return b"".join(stream_encoded(metadata, nodes))
 
 
@@ -111,11 +121,11 @@ def write_et(path: Path, metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node]) 
 
 def et_chunks(path: Path, metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node]) -> Iterator[bytes]:
     """The bytes of a .et file named `path`, streamed: gzip when the name ends in `.gz`."""
-    return encoded_et_chunks(path, metadata, (_encoded(node) for node in nodes))
+    return encoded_et_chunks(path, metadata_bytes(metadata), (_encoded(node) for node in nodes))
 
 
-def encoded_et_chunks(path: Path, metadata: pb.GlobalMetadata, nodes: Iterable[bytes]) -> Iterator[bytes]:
-    """`et_chunks` of nodes already encoded."""
+def encoded_et_chunks(path: Path, metadata: bytes, nodes: Iterable[bytes]) -> Iterator[bytes]:
+    """`et_chunks` of the metadata and nodes already encoded."""
     chunks = stream_encoded(metadata, nodes)
     return gzipped(chunks) if is_gz_name(path) else chunks
 
@@ -189,6 +199,8 @@ def _open(path: Path) -> tuple[BinaryIO, _ByteStream]:
 
 def _parse_stream(messages: Iterator[bytes], path: Path | str) -> Iterator[pb.GlobalMetadata | pb.Node]:
     """The GlobalMetadata first, then every Node."""
+    from etweave.chakra import et_def_pb2 as pb  # here: writing a converted trace needs no protobuf
+
     try:
         first = next(messages, None)
         if first is None:
@@ -222,7 +234,7 @@ def iter_et(path: Path) -> tuple[pb.GlobalMetadata, Iterator[pb.Node]]:
         it.close()
         raise
     # _parse_stream yields the GlobalMetadata first, then only Nodes
-    return cast(pb.GlobalMetadata, metadata), cast(Iterator[pb.Node], it)
+    return cast("pb.GlobalMetadata", metadata), cast("Iterator[pb.Node]", it)
 
 
 def iter_et_raw(path: Path) -> tuple[pb.GlobalMetadata, Iterator[bytes]]:
@@ -244,7 +256,7 @@ def iter_et_raw(path: Path) -> tuple[pb.GlobalMetadata, Iterator[bytes]]:
     except BaseException:
         it.close()
         raise
-    return cast(pb.GlobalMetadata, metadata), it
+    return cast("pb.GlobalMetadata", metadata), it
 
 
 def read_et(path: Path) -> tuple[pb.GlobalMetadata, list[pb.Node]]:
@@ -257,7 +269,7 @@ def parse(data: bytes, path: Path | str = "<memory>") -> tuple[pb.GlobalMetadata
     """The inverse of `serialize`: a GlobalMetadata, then the nodes."""
     it = _parse_stream(_raw_messages(io.BytesIO(data), path), path)
     metadata = next(it)
-    return cast(pb.GlobalMetadata, metadata), cast(list[pb.Node], list(it))  # metadata first, then only Nodes
+    return cast("pb.GlobalMetadata", metadata), cast("list[pb.Node]", list(it))  # metadata first, then only Nodes
 
 
 def attr_value(attr: pb.AttributeProto) -> object:
@@ -271,11 +283,6 @@ def attr_value(attr: pb.AttributeProto) -> object:
 
 def node_attrs(node: pb.Node) -> dict[str, object]:
     return {a.name: attr_value(a) for a in node.attr}
-
-
-def node_type_name(value: int) -> str:
-    """The name of a NodeType value held as a plain int ("COMP_NODE"); ValueError for an unknown value."""
-    return pb.NodeType.Name(cast("pb.NodeType.ValueType", value))
 
 
 @functools.cache

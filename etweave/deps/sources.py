@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict
 
-from etweave.chakra import et_def_pb2 as pb
+from etweave.chakra import schema
 from etweave.deps.awaited import awaited
 from etweave.deps.evidence import WAIT_TOLERANCE, Evidence
 from etweave.model import HOST_OP, PROCESS_ROOT, THREAD_ROOT, Edge, Graph, Item
@@ -110,7 +110,7 @@ def collective_order(g: Graph) -> list[Edge]:
     """Collectives of one process group complete in issue order (`Seq` where the trace has it, else start time)."""
     groups: dict[str, list[Item]] = defaultdict(list)
     for it in g.items:
-        if it.comm is not None and it.comm.node_type == pb.COMM_COLL_NODE:
+        if it.comm is not None and it.comm.node_type == schema.COMM_COLL_NODE:
             groups[it.comm.pg_name].append(it)
     edges: list[Edge] = []
     for pg in sorted(groups):

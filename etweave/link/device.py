@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+
+import msgspec
 
 from etweave.read.kineto import EventTable, KinetoTrace
 
 _EXAMPLES = 5
 
 
-@dataclass(slots=True)
-class LeftOut:
+class LeftOut(msgspec.Struct):
     count: int = 0
-    examples: list[str] = field(default_factory=list)
+    examples: list[str] = msgspec.field(default_factory=list)
 
     def add_at(self, events: EventTable, i: int) -> None:
         self.count += 1
@@ -28,8 +28,7 @@ class LeftOut:
         self.count += max(0, len(indices) - _EXAMPLES)
 
 
-@dataclass(slots=True)
-class DeviceSelection:
+class DeviceSelection(msgspec.Struct):
     """The Kineto runtime calls and GPU events that belong to the linked window, and what was left out, why."""
 
     runtime: list[int]  # event indices, file order
@@ -37,7 +36,7 @@ class DeviceSelection:
     launcher_of: dict[int, int]  # GPU event index -> runtime event index
     gpu_input: int = 0
     runtime_input: int = 0
-    left_out: dict[tuple[str, str], LeftOut] = field(default_factory=dict)  # (kind, reason) -> what
+    left_out: dict[tuple[str, str], LeftOut] = msgspec.field(default_factory=dict)  # (kind, reason) -> what
 
     def leave_out(self, kind: str, reason: str, events: EventTable, i: int) -> None:
         self.leave_out_all(kind, reason, events, (i,))

@@ -7,7 +7,8 @@ op sequence with a Kineto thread (names, order, nesting by start order, and `seq
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+
+import msgspec
 
 from etweave.read.host_et import HostOp, HostTrace
 from etweave.read.kineto import NO_INDEX, EventTable, KinetoTrace
@@ -16,14 +17,13 @@ from etweave.read.kineto import NO_INDEX, EventTable, KinetoTrace
 LOOKAHEAD = 48
 
 
-@dataclass(slots=True)
-class HostLink:
+class HostLink(msgspec.Struct):
     method: str  # "rf_id", "alignment" or "none"
     event_of: dict[int, int]  # host op id -> index of its Kineto event
     kthread_of: dict[int, int | str]  # host ET tid -> Kineto thread id
     seq_offset: int = 0  # Kineto `Sequence number` minus host `seq_id`: nonzero when the host ET is another step
     window: tuple[float, float] | None = None  # measured span (µs) of the linked Kineto events
-    warnings: dict[str, int] = field(default_factory=dict)
+    warnings: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 def cpu_threads(events: EventTable) -> dict[int | str, list[int]]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+
+import msgspec
 
 from etweave.errors import BadInput
 from etweave.read.kineto import KinetoTrace
@@ -14,8 +15,7 @@ _STEP = re.compile(r"ProfilerStep#(\d+)$")
 Window = tuple[float, float]
 
 
-@dataclass(frozen=True, slots=True)
-class Selection:
+class Selection(msgspec.Struct, frozen=True):
     """Which part of a Kineto trace to convert: `ProfilerStep#A` to `#B` inclusive, or a time window (µs)."""
 
     steps: tuple[int, int] | None = None

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 
 from etweave.errors import BadInput
@@ -22,15 +22,13 @@ PG_INIT_NAME = "## process_group:init ##"
 _CORE_ATTRS = ("rf_id", "fw_parent", "seq_id", "scope", "tid", "fw_tid", "op_schema")
 
 
-@dataclass(slots=True)
-class IO:
+class IO(msgspec.Struct):
     values: list[Any]
     shapes: list[Any]
     types: list[Any]
 
 
-@dataclass(slots=True)
-class HostOp:
+class HostOp(msgspec.Struct):
     id: int
     name: str
     parent: int
@@ -43,7 +41,7 @@ class HostOp:
     op_schema: str
     inputs: IO
     outputs: IO
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = msgspec.field(default_factory=dict)
 
     @property
     def is_process_root(self) -> bool:
@@ -54,13 +52,12 @@ class HostOp:
         return self.name in THREAD_ROOT_NAMES
 
 
-@dataclass(slots=True)
-class HostTrace:
+class HostTrace(msgspec.Struct):
     path: str
     schema: str
     pid: int
     ops: list[HostOp]  # sorted by id
-    warnings: dict[str, int] = field(default_factory=dict)
+    warnings: dict[str, int] = msgspec.field(default_factory=dict)
 
     def process_groups(self) -> list[dict[str, Any]] | None:
         """The `## process_group:init ##` list, or None when absent or unreadable (counted as a warning). A group

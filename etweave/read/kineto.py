@@ -6,7 +6,6 @@ import os
 import sys
 from array import array
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from itertools import compress, count
 from pathlib import Path
 from typing import Any
@@ -201,12 +200,11 @@ def _normalized(ev: Event) -> Event:
     return ev
 
 
-@dataclass(slots=True)
-class KinetoTrace:
+class KinetoTrace(msgspec.Struct):
     path: str
     events: EventTable
-    distributed: dict[str, Any] = field(default_factory=dict)
-    warnings: dict[str, int] = field(default_factory=dict)
+    distributed: dict[str, Any] = msgspec.field(default_factory=dict)
+    warnings: dict[str, int] = msgspec.field(default_factory=dict)
 
     @property
     def rank(self) -> int | None:

@@ -75,7 +75,7 @@ def _convert_rank(rank: int | None, host: str | None, kineto: str | None, allow_
     except CheckFailed as exc:
         return RankFailure(rank, "", str(exc), mismatch=True)
     groups = tuple(describe_groups(host_trace, kineto_trace))
-    return ConvertedRank(rank=result.graph.rank, et=serialize_encoded(result.metadata, result.encoded_nodes()),
+    return ConvertedRank(rank=result.graph.rank, et=serialize_encoded(result.metadata_bytes, result.encoded_nodes()),
                          report=result.report, local_groups=result.group_ids, groups=groups,
                          world_size=_world_size(kineto_trace, groups),
                          trace_rank=kineto_trace.rank if kineto_trace is not None else None)
