@@ -14,8 +14,9 @@ an id with a size) and its own messages. Sequences come in issue order; `issue_o
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Generic, TypeVar
+
+import msgspec
 
 # (src rank, dst rank, tag) of a send or recv
 Channel = tuple[int, int, int]
@@ -52,8 +53,7 @@ def collective_instances(sequences: Mapping[int, Sequence[T]], members: Sequence
         yield [s[k] if k < len(s) else None for s in seqs]
 
 
-@dataclass(frozen=True, slots=True)
-class ChannelMatch(Generic[T]):
+class ChannelMatch(msgspec.Struct, Generic[T], frozen=True):
     """The sends and recvs of one channel, each in issue order; the k-th send and the k-th recv are one message."""
 
     channel: Channel

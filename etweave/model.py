@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+import msgspec
 
 from etweave.read.host_et import IO
 
@@ -24,8 +25,7 @@ GPU_KINDS = frozenset({KERNEL, MEMCPY, MEMSET})
 NESTING_EPS = 1e-3
 
 
-@dataclass(slots=True)
-class Comm:
+class Comm(msgspec.Struct):
     """What makes an item a communication node."""
 
     node_type: int  # COMM_COLL_NODE, COMM_SEND_NODE or COMM_RECV_NODE
@@ -44,8 +44,7 @@ class Comm:
 TensorRef = tuple[int, int, int, int, int]
 
 
-@dataclass(slots=True, frozen=True)
-class CommArgs:
+class CommArgs(msgspec.Struct, frozen=True):
     """What a collective call (`c10d::*`) or its `record_param_comms` op records about the collective."""
 
     name: str | None = None  # record_param_comms: the collective's name (attr from 1.1.0, positional before)
@@ -55,8 +54,7 @@ class CommArgs:
     tag: int = 0  # send/recv: the second
 
 
-@dataclass(slots=True)  # not frozen: a frozen dataclass is built at twice the cost, and there is one per host op
-class OpRecord:
+class OpRecord(msgspec.Struct):
     """The host op an item stands for, decoded once when items are built: what later stages read of it."""
 
     et_tid: int  # the host ET's thread id
@@ -73,8 +71,7 @@ class OpRecord:
     fw_tid: int = 0  # a backward op: the host ET thread id of its forward op's thread (0: a forward op, or unknown)
 
 
-@dataclass(slots=True)  # not frozen: one per event with args (see OpRecord)
-class KinetoArgs:
+class KinetoArgs(msgspec.Struct):
     """The Kineto `args` of an item's event that later stages read (collective metadata, input shapes), decoded
     once when items are built. Events without any of them carry none."""
 
@@ -88,8 +85,7 @@ class KinetoArgs:
     collective_args: bool = False  # the event records `Collective name` or `In msg nelems` (even unreadable)
 
 
-@dataclass(slots=True, frozen=True)
-class SyncRecord:
+class SyncRecord(msgspec.Struct, frozen=True):
     """A Kineto `cuda_sync` event, decoded: which stream or CUDA event a synchronizing runtime call waited on."""
 
     correlation: int | None  # of the runtime call it describes
@@ -100,8 +96,7 @@ class SyncRecord:
     wait_on_event_corr: int | None  # the correlation of the cudaEventRecord call that recorded it
 
 
-@dataclass(slots=True)
-class Item:
+class Item(msgspec.Struct):
     id: int
     kind: str
     name: str
@@ -135,8 +130,7 @@ class Item:
             self.awaits = list(waits)
 
 
-@dataclass(slots=True, frozen=True)
-class Await:
+class Await(msgspec.Struct, frozen=True):
     """One wait the waits stage found: the item waited for, on which evidence. The wait sources in etweave.deps
     turn each into an edge to the waiting item."""
 
@@ -145,12 +139,14 @@ class Await:
     inferred: bool  # True when the evidence is indirect (timing, partial records)
 
 
-@dataclass(slots=True, unsafe_hash=True)  # not frozen: built at a third of the cost, and there is one per edge
-class Edge:
+class Edge(msgspec.Struct):
     src: int
     dst: int
     source: Evidence  # the evidence source that produced it
     inferred: bool = False  # True when the evidence is indirect (timing, partial records)
+
+    def __hash__(self) -> int:  # hashable though mutable (edges are deduplicated in sets)
+        return hash((self.src, self.dst, self.source, self.inferred))
 
 
 class Ids:
@@ -173,26 +169,24 @@ class Ids:
         return self._next
 
 
-@dataclass(frozen=True, slots=True)
-class InputFiles:
+class InputFiles(msgspec.Struct, frozen=True):
     """The files a graph was built from ("" for none), for messages that name the file a bad field came from."""
 
     host: str = ""
     device: str = ""
 
 
-@dataclass(slots=True)
-class Graph:
+class Graph(msgspec.Struct):
     items: list[Item]  # in id order once built
     by_id: dict[int, Item]
     ids: Ids  # the conversion's allocator: synthesized items take their ids from it
     rank: int = 0
-    threads: dict[int | str, list[int]] = field(default_factory=dict)  # tid -> item ids in program order
-    streams: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (device, stream) -> ids in order
-    files: InputFiles = field(default_factory=InputFiles)
+    threads: dict[int | str, list[int]] = msgspec.field(default_factory=dict)  # tid -> item ids in program order
+    streams: dict[tuple[int, int], list[int]] = msgspec.field(default_factory=dict)  # (device, stream) -> ids in order
+    files: InputFiles = msgspec.field(default_factory=InputFiles)
     # The Kineto synchronization calls (cudaStreamSynchronize, cudaEventSynchronize, cudaStreamWaitEvent, ...):
     # the waits stage reads which stream or event each one waited on.
-    sync_events: list[SyncRecord] = field(default_factory=list)
+    sync_events: list[SyncRecord] = msgspec.field(default_factory=list)
 
     def add(self, it: Item) -> Item:
         """Add a synthesized item (its id is taken from the conversion's allocator)."""

@@ -6,9 +6,9 @@ host ET `## process_group:init ##` list, Kineto `distributedInfo.pg_config` and 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from enum import Enum
 
+import msgspec
 import orjson
 
 from etweave.chakra.accepts import is_group_id
@@ -24,8 +24,7 @@ class GroupSource(str, Enum):
     EVENT_ARGS = "kineto_args"  # `Process Group Name` / `Process Group Ranks` args of comm ops and NCCL kernels
 
 
-@dataclass(frozen=True, slots=True)
-class GroupDescription:
+class GroupDescription(msgspec.Struct, frozen=True):
     """One process group as one source describes it; plain and picklable (it crosses process boundaries)."""
 
     name: str | None  # the trace's pg_name; None when the description has none

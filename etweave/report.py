@@ -5,14 +5,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from etweave.stats import upper_percentile
 
 
-@dataclass(slots=True)
-class Count:
+class Count(msgspec.Struct):
     """How many of one kind were in the input and are in the output (the rest is left out, with a reason)."""
 
     input: int
@@ -22,8 +22,7 @@ class Count:
         return {"input": self.input, "output": self.output}
 
 
-@dataclass(slots=True)
-class LeftOutGroup:
+class LeftOutGroup(msgspec.Struct):
     kind: str  # which count it belongs to: host_ops, cpu_ops, device_ops, runtime_calls, collectives
     reason: str
     count: int
@@ -33,14 +32,13 @@ class LeftOutGroup:
         return {"kind": self.kind, "reason": self.reason, "count": self.count, "examples": self.examples}
 
 
-@dataclass(slots=True)
-class LinkSummary:
+class LinkSummary(msgspec.Struct):
     method: str  # rf_id, alignment, kineto or none
     seq_offset: int
     threads: dict[str, int | str]  # host ET tid -> Kineto thread
     window_us: list[float] | None
     note: str | None = None  # the host ET is of another iteration than the Kineto trace
-    mismatch: list[str] = field(default_factory=list)  # converted with --allow-mismatch: the evidence
+    mismatch: list[str] = msgspec.field(default_factory=list)  # converted with --allow-mismatch: the evidence
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"method": self.method, "seq_offset": self.seq_offset, "threads": self.threads,
@@ -52,8 +50,7 @@ class LinkSummary:
         return out
 
 
-@dataclass(slots=True)
-class Synthesized:
+class Synthesized(msgspec.Struct):
     """Nodes that stand for no input op of their own."""
 
     thread_roots: int
@@ -68,8 +65,7 @@ class Synthesized:
         return out
 
 
-@dataclass(slots=True)
-class MissingParentEntry:
+class MissingParentEntry(msgspec.Struct):
     id: int
     thread: int
     orphans: int
@@ -81,8 +77,7 @@ class MissingParentEntry:
                 "collectives": self.collectives}
 
 
-@dataclass(slots=True)
-class Orphans:
+class Orphans(msgspec.Struct):
     count: int
     missing_parents: list[MissingParentEntry]
 
@@ -90,8 +85,7 @@ class Orphans:
         return {"count": self.count, "missing_parents": [m.to_json() for m in self.missing_parents]}
 
 
-@dataclass(slots=True)
-class EdgeCounts:
+class EdgeCounts(msgspec.Struct):
     total: int
     per_source: dict[str, int]
     inferred: dict[str, int]
@@ -100,8 +94,7 @@ class EdgeCounts:
         return {"total": self.total, "per_source": self.per_source, "inferred": self.inferred}
 
 
-@dataclass(slots=True)
-class RooflineSummary:
+class RooflineSummary(msgspec.Struct):
     """COMP nodes with real num_ops/tensor_size (from their launching op's shapes) and with zeros."""
 
     comp_nodes: int
@@ -115,8 +108,7 @@ class RooflineSummary:
                 "gpu_time_covered_pct": self.gpu_time_covered_pct, "ops_per_family": self.ops_per_family}
 
 
-@dataclass(slots=True)
-class LongDelay:
+class LongDelay(msgspec.Struct):
     """A delay on the critical path of LONG_DELAY µs or more, with the evidence that nothing was awaited."""
 
     node: int
@@ -134,8 +126,7 @@ class LongDelay:
                 "micros": self.micros, "evidence": self.evidence}
 
 
-@dataclass(slots=True)
-class Distribution:
+class Distribution(msgspec.Struct):
     """Count, total, median, 90th percentile and maximum of a list of µs."""
 
     count: int = 0
@@ -158,8 +149,7 @@ class Distribution:
         return {"count": self.count, "total": self.total, "p50": self.p50, "p90": self.p90, "max": self.max}
 
 
-@dataclass(slots=True)
-class Delays:
+class Delays(msgspec.Struct):
     critical_path_micros: int
     share_percent: float
     by_kind_micros: dict[str, int]
@@ -174,8 +164,7 @@ class Delays:
                 "wakeup_micros": self.wakeup_micros.to_json()}
 
 
-@dataclass(slots=True)
-class CollectiveWithoutDependents:
+class CollectiveWithoutDependents(msgspec.Struct):
     node: int
     name: str
     collective: str
@@ -189,8 +178,7 @@ class CollectiveWithoutDependents:
         return out
 
 
-@dataclass(slots=True)
-class Report:
+class Report(msgspec.Struct):
     """The audit of one rank's conversion (docs/OUTPUT.md "The audit report")."""
 
     rank: int

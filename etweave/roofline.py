@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from math import prod
 from typing import Any
+
+import msgspec
 
 from etweave.model import GPU_KINDS, Graph, Item, OpRecord
 from etweave.read.host_et import IO
@@ -40,8 +41,7 @@ DTYPE_BYTES: dict[str, int] = {
 _TENSOR_TYPE = re.compile(r"Tensor\(([^()]*(?:\([^()]*\))?[^()]*)\)")
 
 
-@dataclass(frozen=True, slots=True)
-class Tensor:
+class Tensor(msgspec.Struct, frozen=True):
     shape: tuple[int, ...]
     dtype: str
 
@@ -175,8 +175,7 @@ FAMILIES: dict[str, tuple[str, Callable[[OpRecord], int | None]]] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Work:
+class Work(msgspec.Struct, frozen=True):
     flops: int
     bytes: int
 
@@ -239,8 +238,7 @@ def spread(total: int, weights: list[float]) -> list[int]:
     return shares
 
 
-@dataclass(slots=True)
-class Roofline:
+class Roofline(msgspec.Struct):
     values: dict[int, tuple[int, int]]  # item id -> (num_ops, tensor_size); items absent get 0, 0
     gpu_time_us: float  # all GPU events
     gpu_time_covered_us: float  # GPU events with real values

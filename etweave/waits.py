@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+
+import msgspec
 
 from etweave.deps.cuda_sync import SyncRecords
 from etweave.deps.event_wait import recorded_event_waits, unrecorded_event_waits
@@ -159,8 +160,7 @@ def _handoffs(g: Graph, chains: Chains, evidence: HandOverEvidence, givers: dict
     return handed, moments
 
 
-@dataclass(slots=True)
-class _Worker:
+class _Worker(msgspec.Struct):
     """A thread whose idle gaps may end in a hand-over, the threads that may have handed it work (in the order
     asked, the main thread first), the moments each thread handed work over (filled in) and the thread credited
     with the hand-over after each idle gap (filled in by the first pass)."""

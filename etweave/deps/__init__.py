@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+
+import msgspec
+from msgspec import field
 
 from etweave.deps import event_wait, handoff, sources, stream_wait, sync, thread_wait
 from etweave.deps.evidence import WAIT_TOLERANCE, Evidence
@@ -33,8 +35,7 @@ SOURCES: dict[Evidence, Source] = {
 }
 
 
-@dataclass(slots=True)
-class Dependencies:
+class Dependencies(msgspec.Struct):
     preds: dict[int, list[Edge]]  # target id -> its incoming edges, in source order
     per_source: Counter[Evidence] = field(default_factory=Counter)
     inferred: Counter[Evidence] = field(default_factory=Counter)

@@ -6,7 +6,8 @@ the source gives the edges."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+
+import msgspec
 
 from etweave.deps.awaited import awaited
 from etweave.deps.evidence import WAIT_TOLERANCE as TOLERANCE
@@ -20,8 +21,7 @@ def stream_wait(g: Graph) -> list[Edge]:
     return awaited(g, Evidence.STREAM_WAIT)
 
 
-@dataclass(slots=True)
-class LateStart:
+class LateStart(msgspec.Struct):
     """A GPU op that started more than TOLERANCE after it was ready (`ready`: its stream free, its launch returned,
     the events it waited for done): `other` is the op on another stream of its device that ended last before it
     started (None: none did), `waited` whether the op waited for it (it started within TOLERANCE of its end), and

@@ -7,7 +7,8 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+
+import msgspec
 
 from etweave.deps.awaited import awaited
 from etweave.deps.evidence import MAX_WAKEUP, Evidence
@@ -31,8 +32,7 @@ def thread_wait(g: Graph) -> list[Edge]:
     return awaited(g, Evidence.THREAD_WAIT)
 
 
-@dataclass(slots=True)
-class ThreadWait:
+class ThreadWait(msgspec.Struct):
     """A period that waited for an op of another thread: from `wait_from` (its start, or the moment it handed the
     work over) until the op ended; `also` are the other collectives it handed over that ended while it waited."""
 
