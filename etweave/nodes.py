@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from etweave.chakra import schema
+from etweave.chakra.io import BYTE_VARINTS, varint_bytes
 from etweave.deps import Dependencies
 from etweave.model import GPU_KINDS, HOST_OP, PROCESS_ROOT, THREAD_ROOT, Comm, Graph, Item, OpRecord
 from etweave.read.host_et import IO, PG_INIT_NAME
@@ -84,31 +85,9 @@ def on_gpu(it: Item) -> bool:
 _U64 = 1 << 64
 _I64_MIN, _I64_END = -(1 << 63), 1 << 63
 _I32_MIN, _I32_END = -(1 << 31), 1 << 31
-_BYTE = [bytes((i,)) for i in range(128)]  # one-byte varints
+_BYTE = BYTE_VARINTS
 _WIRE_VARINT, _WIRE_LEN = 0, 2
-
-
-# 14 bits at a time: the last two bytes of a varint (0x80 <= value < 0x4000), and two bytes with more to come.
-# Value v's pair is (v & 0x7F | 0x80, v >> 7), its second byte | 0x80 in _TWO_MORE; built from byte strings
-# in C passes (no Python step per value: the tables are built at import).
-_LOW_BYTES = bytes(range(0x80, 0x100)) * 0x80
-_TWO = list(map(bytes, zip(_LOW_BYTES, b"".join(bytes((h,)) * 0x80 for h in range(0x80)), strict=True)))
-_TWO_MORE = list(map(bytes, zip(_LOW_BYTES, b"".join(bytes((h | 0x80,)) * 0x80 for h in range(0x80)), strict=True)))
-
-
-def _varint(value: int) -> bytes:
-    """Base-128 varint of 0 <= value < 2**64 (callers check the field's range): seven bits a byte, low first,
-    the high bit set on every byte but the last."""
-    if value < 0x80:
-        return _BYTE[value]
-    if value < 0x4000:
-        return _TWO[value]
-    out = _TWO_MORE[value & 0x3FFF]
-    value >>= 14
-    while value >= 0x4000:
-        out += _TWO_MORE[value & 0x3FFF]
-        value >>= 14
-    return out + (_BYTE[value] if value < 0x80 else _TWO[value])
+_varint = varint_bytes
 
 
 def _tag(number: int, wire: int) -> bytes:

@@ -13,10 +13,10 @@ table code are imported only when such an output is asked for."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+import msgspec
 import orjson
 
 from etweave.chakra import et_def_pb2 as pb
@@ -30,8 +30,7 @@ if TYPE_CHECKING:  # the replay's modules are imported only by a command that re
 Window = tuple[float | None, float | None]  # ms after the run's first measured start; None: open on that side
 
 
-@dataclass(frozen=True)
-class EtFile:
+class EtFile(msgspec.Struct, frozen=True):
     """A Writer of a `.et` file, streamed node by node."""
 
     path: Path
@@ -59,8 +58,7 @@ class ReplayRenderer(Protocol):
     def render(self, source: ReplaySource, target: Path) -> Content: ...
 
 
-@dataclass(frozen=True)
-class TimelineRenderer:
+class TimelineRenderer(msgspec.Struct, frozen=True):
     """Chrome/Perfetto trace JSON, measured and simulated side by side."""
 
     def render(self, source: ReplaySource, target: Path) -> bytes:
@@ -69,8 +67,7 @@ class TimelineRenderer:
         return timeline_bytes(source.replay, source.details)
 
 
-@dataclass(frozen=True)
-class PlotRenderer:
+class PlotRenderer(msgspec.Struct, frozen=True):
     """PNG of measured vs simulated busy intervals per rank and resource; `ranks`, `window`: only those."""
 
     ranks: frozenset[int] | None = None
@@ -83,8 +80,7 @@ class PlotRenderer:
         return plot_png(source.replay, set(self.ranks) if self.ranks is not None else None, self.window)
 
 
-@dataclass(frozen=True)
-class BreakdownRenderer:
+class BreakdownRenderer(msgspec.Struct, frozen=True):
     """PNG of each rank's steps split into compute, overlapped and exposed communication, idle."""
 
     ranks: frozenset[int] | None = None
@@ -100,8 +96,7 @@ class BreakdownRenderer:
 TABLES = ("critical_path", "nodes", "steps")
 
 
-@dataclass(frozen=True)
-class CsvRenderer:
+class CsvRenderer(msgspec.Struct, frozen=True):
     """One table of the replay as CSV: `nodes` (one row per node), `steps` (per rank and ProfilerStep#N) or
     `critical_path` (the whole path, earliest first)."""
 
@@ -144,8 +139,7 @@ def replay_renderer(name: str, **options: object) -> ReplayRenderer:
     return REPLAY_RENDERERS[name](**options)
 
 
-@dataclass(frozen=True)
-class Rendered:
+class Rendered(msgspec.Struct, frozen=True):
     """A Writer: `renderer`'s output for `source`, made only when it is staged."""
 
     path: Path
@@ -162,8 +156,7 @@ class SummaryRenderer(Protocol):
     def render(self, summary: dict[str, Any]) -> bytes: ...
 
 
-@dataclass(frozen=True)
-class JsonSummary:
+class JsonSummary(msgspec.Struct, frozen=True):
     """Indented, keys in the order the summary holds them."""
 
     def render(self, summary: dict[str, Any]) -> bytes:
@@ -174,8 +167,7 @@ class JsonSummary:
 WRITTEN_KEYS = ("timeline", "plot", "breakdown", "csv", "steps_csv")
 
 
-@dataclass(frozen=True)
-class TextSummary:
+class TextSummary(msgspec.Struct, frozen=True):
     """The summary, the what-if edits, each step's simulated time, and the files written."""
 
     def render(self, summary: dict[str, Any]) -> bytes:

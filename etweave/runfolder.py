@@ -16,8 +16,9 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
+
+import msgspec
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import attr_value
@@ -99,14 +100,13 @@ def comm_groups_for(traces: Sequence[Path], given: Path | None) -> tuple[Path | 
     return path, (read_comm_groups(path).members if path is not None else None)
 
 
-@dataclass(frozen=True, slots=True)
-class CommGroups:
+class CommGroups(msgspec.Struct, frozen=True):
     """The process-group map of a run: comm-group id -> its global ranks, ids in ascending order. Read from
     `comm_group.json` (`read_comm_groups`), or built by convert-run from the traces' process groups
     (`etweave.run.cross_rank.build_comm_group`), which also gives each trace group name its id and its notes."""
 
-    members: dict[str, list[int]] = field(default_factory=dict)  # "" (all ranks) is never a key
-    ids: dict[str, str] = field(default_factory=dict)  # trace pg name -> comm-group id ("" = all ranks)
+    members: dict[str, list[int]] = msgspec.field(default_factory=dict)  # "" (all ranks) is never a key
+    ids: dict[str, str] = msgspec.field(default_factory=dict)  # trace pg name -> comm-group id ("" = all ranks)
     notes: tuple[str, ...] = ()  # what building the map noticed (descriptions that disagree)
 
     def to_json(self) -> dict[str, list[int]]:

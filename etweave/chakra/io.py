@@ -30,19 +30,28 @@ _MAX_VARINT = 10  # bytes of a 64-bit varint
 _ByteStream = BinaryIO | gzip.GzipFile  # what the .et reader reads from: a file, a pipe's bytes, or a gunzip view
 
 
-_BYTE_VARINTS = [bytes((i,)) for i in range(0x80)]
-# two-byte varints, by value (0x80 <= value < 0x4000): most nodes' length prefixes
-_TWO_BYTE_VARINTS = [bytes((v & 0x7F | 0x80, v >> 7)) for v in range(0x4000)]
+BYTE_VARINTS = [bytes((i,)) for i in range(0x80)]  # one-byte varints, by value
+# 14 bits at a time: the last two bytes of a varint (0x80 <= value < 0x4000), and two bytes with more to come.
+# Value v's pair is (v & 0x7F | 0x80, v >> 7), its second byte | 0x80 in _TWO_MORE; built from byte strings
+# in C passes (no Python step per value: the tables are built at import).
+_LOW_BYTES = bytes(range(0x80, 0x100)) * 0x80
+TWO_BYTE_VARINTS = list(map(bytes, zip(_LOW_BYTES, b"".join(bytes((h,)) * 0x80 for h in range(0x80)), strict=True)))
+_TWO_MORE = list(map(bytes, zip(_LOW_BYTES, b"".join(bytes((h | 0x80,)) * 0x80 for h in range(0x80)), strict=True)))
 
 
 def varint_bytes(value: int) -> bytes:
-    """Protobuf's base-128 varint (a few lines of our own: protobuf's helper is internal)."""
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+    """Protobuf's base-128 varint of 0 <= value (callers check the field's range): seven bits a byte, low first,
+    the high bit set on every byte but the last (our own: protobuf's helper is internal)."""
+    if value < 0x80:
+        return BYTE_VARINTS[value]
+    if value < 0x4000:
+        return TWO_BYTE_VARINTS[value]
+    out = _TWO_MORE[value & 0x3FFF]
+    value >>= 14
+    while value >= 0x4000:
+        out += _TWO_MORE[value & 0x3FFF]
+        value >>= 14
+    return out + (BYTE_VARINTS[value] if value < 0x80 else TWO_BYTE_VARINTS[value])
 
 
 def decode_varint(buf: bytes, pos: int) -> tuple[int, int]:
@@ -81,7 +90,7 @@ def stream_encoded(metadata: bytes, nodes: Iterable[bytes]) -> Iterator[bytes]:
     parts, size = [varint_bytes(len(metadata)), metadata], 0
     for data in nodes:
         n = len(data)
-        parts.append(_BYTE_VARINTS[n] if n < 0x80 else _TWO_BYTE_VARINTS[n] if n < 0x4000 else varint_bytes(n))
+        parts.append(BYTE_VARINTS[n] if n < 0x80 else TWO_BYTE_VARINTS[n] if n < 0x4000 else varint_bytes(n))
         parts.append(data)
         size += n
         if size >= _CHUNK:

@@ -8,10 +8,12 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import msgspec
 import orjson
+from msgspec import field
+from msgspec.structs import replace
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.accepts import COMM_NODE_TYPES
@@ -45,8 +47,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(run=run)
 
 
-@dataclass(slots=True)
-class _Findings:
+class _Findings(msgspec.Struct):
     """What reading and checking the files found."""
 
     violations: list[Violation] = field(default_factory=list)

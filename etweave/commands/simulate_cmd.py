@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from etweave.api import Simulation
 from etweave.chakra.io import et_files
@@ -119,8 +120,7 @@ OUTPUT_OPTIONS = tuple(("--" + key.replace("_", "-"), key) for key in WRITTEN_KE
 WRITE_ORDER = ("timeline", "csv", "steps_csv", "plot", "breakdown")  # the order --json has always listed them
 
 
-@dataclass(frozen=True)
-class Options:
+class Options(msgspec.Struct, frozen=True):
     """The command line after every check, made before any file is loaded."""
 
     files: list[Path]

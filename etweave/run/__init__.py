@@ -48,9 +48,10 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+from msgspec.structs import replace
 
 from etweave import progress as progress_ui  # `progress` is a flag here
 from etweave.errors import BadInput, CheckFailed

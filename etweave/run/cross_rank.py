@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+import msgspec
+from msgspec.structs import replace
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.accepts import COMM_NODE_TYPES, comm_type_name
@@ -35,8 +37,7 @@ _MISMATCH_RULES = frozenset({"coll-mismatch", "p2p-match"})
 _SHOWN = 10
 
 
-@dataclass(slots=True)
-class CollSig:
+class CollSig(msgspec.Struct):
     """What one rank has at one position of a group's collective sequence."""
 
     node: int
@@ -113,8 +114,7 @@ def _load(stream: bytes | Path) -> bytes:
     return stream.read_bytes() if isinstance(stream, Path) else stream
 
 
-@dataclass(slots=True)
-class RunResult:
+class RunResult(msgspec.Struct):
     ranks: RankStreams
     comm_group: CommGroups  # what comm_group.json holds (`to_json()`)
     report: dict[str, Any]
@@ -295,34 +295,31 @@ def _cut_parts(parts: Sequence[pb.Node], left: int, stats: Counter[str]) -> None
             stats["parts_adjusted"] += 1
 
 
-@dataclass(slots=True)
-class _FirstPass:
+class _FirstPass(msgspec.Struct):
     """What pass 1 keeps of the ranks: only the nodes and facts the cross-rank work needs (the comm nodes with
     run-wide pg names, edited in place by `_adjust`, then put in place of their originals by pass 2)."""
 
-    streams: dict[int, bytes | Path] = field(default_factory=dict)  # rank -> its stream as converted
-    starts: dict[int, int] = field(default_factory=dict)  # rank -> its first measured start (0: none)
+    streams: dict[int, bytes | Path] = msgspec.field(default_factory=dict)  # rank -> its stream as converted
+    starts: dict[int, int] = msgspec.field(default_factory=dict)  # rank -> its first measured start (0: none)
     rewritten: int = 0  # pg_name attrs rewritten to the run-wide id
     # group id -> rank -> its collectives in ascending id (the order the simulator matches them in)
-    seqs: dict[str, dict[int, list[CollSig]]] = field(default_factory=dict)
-    collectives: dict[int, dict[int, pb.Node]] = field(default_factory=dict)  # rank -> comm node id -> node
-    comm_nodes: dict[int, list[pb.Node]] = field(default_factory=dict)  # rank -> every comm node (check_run's)
-    parts: dict[int, dict[int, list[pb.Node]]] = field(default_factory=dict)  # rank -> comm node id -> periods
+    seqs: dict[str, dict[int, list[CollSig]]] = msgspec.field(default_factory=dict)
+    collectives: dict[int, dict[int, pb.Node]] = msgspec.field(default_factory=dict)  # rank -> comm node id -> node
+    comm_nodes: dict[int, list[pb.Node]] = msgspec.field(default_factory=dict)  # rank -> every comm node (check_run's)
+    parts: dict[int, dict[int, list[pb.Node]]] = msgspec.field(default_factory=dict)  # rank -> comm node id -> periods
 
 
-@dataclass(slots=True)
-class _GroupsChecked:
+class _GroupsChecked(msgspec.Struct):
     """The collective sequences of every group, checked: the report entries, divergences, duration stats."""
 
-    report: list[dict[str, Any]] = field(default_factory=list)
-    messages: list[str] = field(default_factory=list)
+    report: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    messages: list[str] = msgspec.field(default_factory=list)
     consistent: bool = True
-    stats: Counter[str] = field(default_factory=Counter)
-    biggest: list[int] = field(default_factory=lambda: [0])  # the largest cut, µs (a cell `_adjust` updates)
+    stats: Counter[str] = msgspec.field(default_factory=Counter)
+    biggest: list[int] = msgspec.field(default_factory=lambda: [0])  # the largest cut, µs (a cell `_adjust` updates)
 
 
-@dataclass(slots=True)
-class _Checked:
+class _Checked(msgspec.Struct):
     """Pass 2's result: the final streams, rank start offsets and the violations of the run's checks."""
 
     ranks: RankStreams

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 import zlib
-from dataclasses import dataclass, field
 from pathlib import Path
+
+import msgspec
 
 from etweave.errors import BadInput
 from etweave.read import widths
@@ -19,17 +20,15 @@ _KINETO_MARK = re.compile(rb'"(?:traceEvents|schemaVersion|deviceProperties|dist
 _HOST_MARK = re.compile(rb'"(?:schema|nodes)"\s*:')
 
 
-@dataclass(slots=True)
-class RankFiles:
+class RankFiles(msgspec.Struct):
     rank: int | None  # None: a one-rank folder whose rank the Kineto trace tells
     host: Path | None = None
     kineto: Path | None = None
 
 
-@dataclass(slots=True)
-class Discovery:
+class Discovery(msgspec.Struct):
     ranks: list[RankFiles]
-    ignored: list[str] = field(default_factory=list)  # readable JSON files that are no trace
+    ignored: list[str] = msgspec.field(default_factory=list)  # readable JSON files that are no trace
 
 
 def sniff(path: Path) -> str | None:
@@ -91,11 +90,10 @@ def discover(run_dir: Path) -> Discovery:
     return Discovery([finder.found[r] for r in sorted(finder.found)], finder.ignored)
 
 
-@dataclass(slots=True)
-class _Finder:
+class _Finder(msgspec.Struct):
     run_dir: Path
-    found: dict[int, RankFiles] = field(default_factory=dict)
-    ignored: list[str] = field(default_factory=list)
+    found: dict[int, RankFiles] = msgspec.field(default_factory=dict)
+    ignored: list[str] = msgspec.field(default_factory=list)
 
     def add(self, rank: int, path: Path) -> None:
         """`path` is a trace of `rank`: its host ET or its Kineto trace by its content; ignored when neither."""

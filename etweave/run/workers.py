@@ -6,9 +6,10 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from etweave.chakra.io import serialize_encoded
 from etweave.convert import run_pipeline
@@ -21,8 +22,7 @@ from etweave.read.kineto import KinetoTrace, read_kineto
 from etweave.run.discover import RankFiles
 
 
-@dataclass(frozen=True, slots=True)
-class ConvertedRank:
+class ConvertedRank(msgspec.Struct, frozen=True):
     """One rank converted: plain, picklable data, the same whether converted here, in a process pool or on Dask."""
 
     rank: int  # the rank the converter wrote (GlobalMetadata attr `rank`)
@@ -38,8 +38,7 @@ class ConvertedRank:
     kineto: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class RankFailure:
+class RankFailure(msgspec.Struct, frozen=True):
     """A rank that could not be converted. Exceptions do not cross the boundary: BadInput does not survive pickling
     (its constructor takes two arguments), so the failure travels as data and is raised in the caller."""
 
