@@ -47,7 +47,7 @@ Warnings (the file runs, but not as measured), by rule:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
@@ -303,12 +303,18 @@ class NodeChecker:
         return self.out + _graph_violations(self.shapes, self.where)
 
 
-def check_nodes(nodes: Sequence[pb.Node], where: str, warnings: list[Violation] | None = None) -> list[Violation]:
+def check_nodes(nodes: Sequence[pb.Node], where: str, warnings: list[Violation] | None = None,
+                in_full: Container[int] | None = None) -> list[Violation]:
     """Violations within one rank's nodes: ids, edges, cycles, attr types, comm node requirements. Warnings go
-    to `warnings` when given."""
+    to `warnings` when given. `in_full`: the ids of the nodes whose own attrs and type to check; the others only
+    take part in the graph checks (a whole-run conversion's nodes were each checked when their rank was
+    converted, and it checks again only those it changed since). None: every node."""
     checker = NodeChecker(where)
     for node in nodes:
-        checker.add(node)
+        if in_full is None or node.id in in_full:
+            checker.add(node)
+        else:
+            checker.shapes.add(node.id, node.name, tuple(node.data_deps), tuple(node.ctrl_deps))
     if warnings is not None:
         warnings.extend(checker.warnings)
     return checker.violations()

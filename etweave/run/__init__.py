@@ -34,7 +34,9 @@ ranks together (`assemble_run`):
     collective (before any divergence), each member's `duration_micros` becomes its end minus the latest start
     among the members, clamped to >= 0 (>= 1 when measured > 0) and never above its old value, and is also
     written to attr `transfer_duration_micros`; `measured_duration_micros` keeps the measured one.
-  - `check_nodes` per rank and `check_run` across ranks on the final nodes.
+  - `check_nodes` per rank and `check_run` across ranks on the final nodes: each rank's graph in full, and its
+    nodes' own attrs and types where this work changed them (every node was checked when its rank was
+    converted).
 Outputs are written only when all of that passed (a divergence passes only with `allow_mismatch`), all renamed
 into place together; a failed run writes nothing. The parent holds one rank's stream at a time: each converted
 rank's stream is spilled to a spool folder in OUT_DIR as it arrives, and each final stream is staged beside its

@@ -518,13 +518,16 @@ def _second_pass(first: _FirstPass, by_rank: Mapping[int, ConvertedRank], groups
     checked = _Checked(ranks, {}, [], [], [], [])
     for rank in sorted(by_rank):
         metadata, nodes = parse(_load(first.streams.pop(rank)))
-        nodes = _with_edits(nodes, first.comm_nodes[rank], first.parts.get(rank, {}))
+        comm, parts = first.comm_nodes[rank], first.parts.get(rank, {})
+        nodes = _with_edits(nodes, comm, parts)
+        # every node was checked when its rank was converted: again, in full, only those changed since
+        changed = {n.id for n in comm} | {n.id for periods in parts.values() for n in periods}
         if run_t0 is not None:
-            checked.offsets[rank] = _add_start_offset(nodes, first.starts[rank], run_t0)
+            checked.offsets[rank] = _add_start_offset(nodes, first.starts[rank], run_t0, changed)
             report = by_rank[rank].report
             if "nodes" in report:
                 report["nodes"] = len(nodes)  # the offset node is in the file: the report counts what it holds
-        checked.violations.extend(check_nodes(nodes, f"rank {rank}", checked.warnings))
+        checked.violations.extend(check_nodes(nodes, f"rank {rank}", checked.warnings, in_full=changed))
         checked.ranks.put(rank, metadata, nodes)
         del metadata, nodes
     across = check_run(first.comm_nodes, groups.members, checked.notes, checked.warnings)
@@ -568,11 +571,12 @@ def _first_start(nodes: Sequence[pb.Node]) -> int:
     return min((n.start_time_micros for n in nodes if n.start_time_micros > 0), default=0)
 
 
-def _add_start_offset(nodes: list[pb.Node], start: int, run_t0: int) -> int:
+def _add_start_offset(nodes: list[pb.Node], start: int, run_t0: int, changed: set[int]) -> int:
     """Ranks start their recorded work at different times (dlrm's up to 7 ms apart). A rank that started later
     than the run's first measured instant (`run_t0`) gets a `[rank start offset]` delay node that its sources
     (the nodes whose only predecessor is the process root, or none) wait for, so a replay starts every rank
-    where it started, on one clock. Returns the rank's offset in µs."""
+    where it started, on one clock. Returns the rank's offset in µs; the ids of the nodes it adds or changes go
+    into `changed`."""
     offset = start - run_t0 if start > 0 else 0
     if offset <= 0:
         return offset
@@ -594,7 +598,9 @@ def _add_start_offset(nodes: list[pb.Node], start: int, run_t0: int) -> int:
                 n.id in markers and n.id not in roots and set(n.data_deps) <= roots):
             n.data_deps.append(delay.id)
             _add_evidence(n, Evidence.RANK_START_OFFSET.value)
+            changed.add(n.id)
     nodes.append(delay)
+    changed.add(delay.id)
     return offset
 
 

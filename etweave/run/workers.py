@@ -26,8 +26,8 @@ class ConvertedRank(msgspec.Struct, frozen=True):
     """One rank converted: plain, picklable data, the same whether converted here, in a process pool or on Dask."""
 
     rank: int  # the rank the converter wrote (GlobalMetadata attr `rank`)
-    # the .et stream; or, in the parent, the file it was spilled to as it arrived (`convert_ranks`' `keep`), so a
-    # run's parent never holds every rank's bytes at once
+    # the .et stream, every node checked (`Result.encoded_nodes`); or, in the parent, the file it was spilled to as
+    # it arrived (`convert_ranks`' `keep`), so a run's parent never holds every rank's bytes at once
     et: bytes | Path
     report: dict[str, Any]  # etweave.report's per-rank audit (JSON-shaped; assemble_run corrects `nodes`)
     local_groups: dict[str, str]  # trace pg name -> the comm-group id this rank's converter wrote
