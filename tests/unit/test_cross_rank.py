@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 
+import msgspec
 import pytest
 
 from etweave.chakra import et_def_pb2 as pb
@@ -95,3 +96,28 @@ def test_assemble_run_reports_divergence() -> None:
 def test_assemble_run_refuses_a_rank_twice() -> None:
     with pytest.raises(BadInput, match="two inputs convert to the same rank"):
         assemble_run([converted(0, "1", 100, 10), converted(0, "1", 100, 10)])
+
+
+def _with_extra(out: ConvertedRank, extra: list[pb.Node], comm_edit: str | None = None) -> ConvertedRank:
+    """`out` with more nodes after its own, its all-reduce's attr `comm_edit` removed when given."""
+    from etweave.chakra.io import parse
+
+    assert isinstance(out.et, bytes)
+    metadata, nodes = parse(out.et)
+    if comm_edit is not None:
+        kept = [a for a in nodes[1].attr if a.name != comm_edit]
+        del nodes[1].attr[:]
+        nodes[1].attr.extend(kept)
+    return msgspec.structs.replace(out, et=serialize(metadata, [*nodes, *extra]))
+
+
+def test_the_cross_rank_pass_checks_what_it_changed_in_full_and_every_graph() -> None:
+    """Each rank's nodes were checked when converted: the cross-rank pass checks again in full the nodes it
+    changes (here the all-reduce, whose duration it cuts), and the graph of every node (a dangling dep in a node
+    it left alone is still found)."""
+    no_size = [_with_extra(converted(r, "1", 100 + 30 * r, 50), [], comm_edit="comm_size") for r in (0, 1)]
+    with pytest.raises(CheckFailed, match="comm-missing-attr"):
+        assemble_run(no_size)
+    dangling = pb.Node(id=3, name="op", type=pb.COMP_NODE, data_deps=[99])
+    with pytest.raises(CheckFailed, match="dangling-data-dep"):
+        assemble_run([_with_extra(converted(0, "1", 100, 50), [dangling]), converted(1, "1", 130, 22)])
