@@ -141,13 +141,14 @@ class EventTable(Sequence[Event]):
     (NO_INDEX: none), `Sequence number` `seq` (-1: none) and `Record function id` `rf_id` (0: none); an id
     beyond 64 bits (a string can spell one) is held as the nearest 64-bit bound: present, matching nothing real."""
 
-    __slots__ = ("_cache", "_events", "_raws", "correlation", "cpu", "dur", "ev_idx", "gpu", "name", "rf_id",
-                 "runtime", "seq", "sync", "tid", "ts")
+    __slots__ = ("_cache", "_events", "_raws", "_released", "correlation", "cpu", "dur", "ev_idx", "gpu", "name",
+                 "rf_id", "runtime", "seq", "sync", "tid", "ts")
 
     def __init__(self, events: list[Event] | None = None, raws: list[msgspec.Raw] | None = None) -> None:
         self._events = events
         self._raws = raws
         self._cache: dict[int, Event] = {}
+        self._released: int | None = None  # the number of events, once they were let go (`release`)
         self.cpu, self.runtime, self.gpu, self.sync = array("q"), array("q"), array("q"), array("q")
         self.ts, self.dur = array("d"), array("d")
         self.correlation, self.ev_idx, self.seq, self.rf_id = array("q"), array("q"), array("q"), array("q")
@@ -191,12 +192,23 @@ class EventTable(Sequence[Event]):
         idx = self.ev_idx[i]
         return (self.ts[i], idx if idx != NO_INDEX else -self.dur[i], i)
 
+    def release(self) -> None:
+        """Let go of the events (decoded, or their raw JSON), keeping the columns: for a conversion that read the
+        trace itself, once its graph is built (no later stage reads an event). Reading an event after it is a bug."""
+        self._released = len(self)
+        self._events, self._raws = None, None
+        self._cache.clear()
+
     def __len__(self) -> int:
+        if self._released is not None:
+            return self._released
         return len(self._events) if self._events is not None else len(self._raws or ())
 
     def __getitem__(self, i: int) -> Event:  # type: ignore[override]  # by index only: no slices of the table
         if self._events is not None:
             return self._events[i]
+        if self._released is not None:
+            raise RuntimeError("a Kineto event was read after the events were let go (EventTable.release)")
         ev = self._cache.get(i)
         if ev is None:
             if len(self._cache) >= _CACHE:
@@ -209,6 +221,8 @@ class EventTable(Sequence[Event]):
     def __iter__(self) -> Iterator[Event]:
         if self._events is not None:
             yield from self._events
+        elif self._released is not None:
+            raise RuntimeError("the Kineto events were read after they were let go (EventTable.release)")
         else:
             for raw in self._raws or ():  # a pass over everything: decode without filling the cache
                 yield _normalized(_event_decoder.decode(raw))

@@ -133,3 +133,15 @@ def test_a_mistyped_field_of_another_phase_is_bad_input(tmp_path: Path, monkeypa
     for odd in ({"ph": "f", "name": 5}, {"ph": "i", "args": None}, {"ph": "M", "args": {"Process Group Name": 1}}):
         with pytest.raises(BadInput, match=r"not a Kineto trace: .*\(in traceEvents\[4\]\)"):
             _read(tmp_path, kineto_trace([*EVENTS, odd]))
+
+
+@pytest.mark.parametrize("eager_bytes", ["", "0"])
+def test_released_events_keep_their_columns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            eager_bytes: str) -> None:
+    monkeypatch.setenv("ETWEAVE_EAGER_BYTES", eager_bytes)
+    table = _read(tmp_path, kineto_trace(EVENTS)).events
+    table.release()
+    assert len(table) == 3 and table.name == ["aten::mm", "cudaLaunchKernel", "gemm"] and list(table.gpu) == [2]
+    for read in (lambda: table[1], lambda: list(table)):
+        with pytest.raises(RuntimeError, match="let go"):
+            read()
