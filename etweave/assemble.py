@@ -88,8 +88,9 @@ def _device_items(kineto: KinetoTrace, device: DeviceSelection, ids: Ids) -> lis
     events = kineto.events
     # Fresh ids (above every host id), in measured order so that ids (the simulator's issue order) follow time.
     # (start, outer before inner, runtime before GPU): the same order the thread and stream chains use.
-    chosen = sorted(device.runtime + device.gpu,
-                    key=lambda i: (events[i].ts, -events[i].dur, events[i].cat in _GPU_KIND, i))
+    # (from the columns: the GPU events are the selection's `gpu`, their categories those of _GPU_KIND)
+    ts, dur, gpu = events.ts, events.dur, set(device.gpu)
+    chosen = sorted(device.runtime + device.gpu, key=lambda i: (ts[i], -dur[i], i in gpu, i))
     id_of = {i: ids.next() for i in chosen}
     items: list[Item] = []
     for i in chosen:

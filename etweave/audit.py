@@ -9,9 +9,17 @@ from etweave.collectives import CollectiveStats
 from etweave.conversion import Conversion, need
 from etweave.deps import Dependencies, by_name
 from etweave.deps.evidence import Evidence
-from etweave.fidelity import DelayShare, PathNode, Successors, longest_path, share_of_path
+from etweave.fidelity import (
+    NO_OP_KINDS,
+    RANK_START_OFFSET,
+    DelayShare,
+    PathNode,
+    Successors,
+    longest_path,
+    share_of_path,
+)
 from etweave.link import DeviceSelection, HostLink, LeftOut
-from etweave.model import DELAY, GPU_KINDS, HOST_OP, RUNTIME, THREAD_ROOT, UNTRACED, WAKEUP, Graph
+from etweave.model import DELAY, GPU_KINDS, HOST_OP, RUNTIME, THREAD_ROOT, UNTRACED, WAKEUP, Graph, Item
 from etweave.nodes import duration
 from etweave.read.host_et import PG_INIT_NAME
 from etweave.read.kineto import KinetoTrace
@@ -150,17 +158,16 @@ def _roofline(g: Graph, rf: Roofline | None) -> RooflineSummary:
 def delays(g: Graph, deps: Dependencies) -> Delays:
     """The delay share of the critical path (fidelity.delay_share), every delay on it of LONG_DELAY µs or more with
     the evidence that nothing was awaited, and the distribution of wake-up latencies."""
-    ds = _delay_share(g, deps)
+    ds, no_op_on_path = _delay_share(g, deps)
     long = []
     evidence: NoWaitEvidence | None = None
-    for i in ds.on_path:
-        it = g.by_id[i]
+    for it in no_op_on_path:
         if it.kind not in (DELAY, UNTRACED):
             continue
         d = duration(it)
         if d >= LONG_DELAY:
             evidence = evidence or NoWaitEvidence(g)
-            long.append(LongDelay(i, it.name, it.kind, it.stream, str(it.tid) if it.stream is None else None,
+            long.append(LongDelay(it.id, it.name, it.kind, it.stream, str(it.tid) if it.stream is None else None,
                                   round(it.start), d, evidence.of(it)))
     wakeups = sorted(duration(it) for it in g.items if it.kind == WAKEUP)
     return Delays(
@@ -173,8 +180,10 @@ def delays(g: Graph, deps: Dependencies) -> Delays:
     )
 
 
-def _delay_share(g: Graph, deps: Dependencies) -> DelayShare:
-    """`fidelity.delay_share` of the nodes the items become, read from the items and edges (no node per item)."""
+def _delay_share(g: Graph, deps: Dependencies) -> tuple[DelayShare, list[Item]]:
+    """`fidelity.delay_share` of the nodes the items become, read from the items and edges (no node per item), and
+    the critical path's items that stand for no op, in path order: the only ones whose kind and duration the share
+    adds up (`share_of_path`), so the only ones it is given (its `on_path` lists them alone)."""
     items = g.items
     index = {it.id: k for k, it in enumerate(items)}
     src, dst = array("q"), array("q")
@@ -186,10 +195,11 @@ def _delay_share(g: Graph, deps: Dependencies) -> DelayShare:
                 src.append(index[e.src])
                 dst.append(k)
     del index
-    cp, path = longest_path([it.id for it in items], [float(duration(it)) for it in items],
-                            Successors.of(len(items), src, dst))
-    on_path = [items[k] for k in path]
-    return share_of_path(cp, [PathNode(it.id, it.name, it.kind, float(duration(it)), ()) for it in on_path])
+    durations = [float(duration(it)) for it in items]
+    cp, path = longest_path([it.id for it in items], durations, Successors.of(len(items), src, dst))
+    no_op = [k for k in path if items[k].kind in NO_OP_KINDS or items[k].name == RANK_START_OFFSET]
+    share = share_of_path(cp, [PathNode(items[k].id, items[k].name, items[k].kind, durations[k], ()) for k in no_op])
+    return share, [items[k] for k in no_op]
 
 
 def collectives_without_dependents(g: Graph, deps: Dependencies) -> list[CollectiveWithoutDependents]:

@@ -192,19 +192,34 @@ STAGES: list[Stage] = [
 
 
 def run_pipeline(host: HostTrace | None, kineto: KinetoTrace | None, rank: int | None = None,
-                 select: Selection | None = None, allow_mismatch: bool = False) -> Result:
-    """The stages in turn on one conversion of these inputs (see `Conversion.start` and `link`)."""
+                 select: Selection | None = None, allow_mismatch: bool = False, release_inputs: bool = False
+                 ) -> Result:
+    """The stages in turn on one conversion of these inputs (see `Conversion.start` and `link`). `release_inputs`:
+    the caller hands the traces over, and what only the stages up to assemble read is let go once the graph is
+    built (`release_inputs`)."""
     c = Conversion.start(host, kineto, rank, select, allow_mismatch)
-    run_stages(c)
+    run_stages(c, release=release_inputs)
     return Result.of(c)
 
 
-def run_stages(c: Conversion, stages: Sequence[Stage] = STAGES) -> None:
-    """Each stage in turn, under its progress line."""
+def run_stages(c: Conversion, stages: Sequence[Stage] = STAGES, release: bool = False) -> None:
+    """Each stage in turn, under its progress line; with `release`, the inputs' events and ops are let go after
+    the graph is built."""
     for label, in_turn in itertools.groupby(stages, key=lambda s: s.progress):
         with progress.stage(label):
             for s in in_turn:
                 s.run(c)
+                if release and s.run is build_graph:
+                    release_inputs(c)
+
+
+def release_inputs(c: Conversion) -> None:
+    """Let go of the Kineto trace's events (its columns stay) and of the ops the graph was built from: every item
+    carries what later stages read of them (README "Layout", assemble), and on a Kineto-only trace they are most of
+    the memory held until the nodes are written. The host ET's ops stay (the audit counts them)."""
+    if c.kineto is not None:
+        c.kineto.events.release()
+    c.ops = []
 
 
 def convert_files(host: Path | None, device: Path | None, rank: int | None = None, select: Selection | None = None,
@@ -214,7 +229,7 @@ def convert_files(host: Path | None, device: Path | None, rank: int | None = Non
         host_trace = read_host_et(Path(host)) if host is not None else None
     with progress.stage("reading the Kineto trace"):
         kineto = read_kineto(Path(device)) if device is not None else None
-    return run_pipeline(host_trace, kineto, rank, select, allow_mismatch)
+    return run_pipeline(host_trace, kineto, rank, select, allow_mismatch, release_inputs=True)
 
 
 def convert(host: Path | None, device: Path | None, out: Path, report_path: Path | None = None,

@@ -49,15 +49,15 @@ def by_name(counts: Counter[Evidence]) -> dict[str, int]:
 
 
 def infer(g: Graph, applied: Iterable[Source] | None = None) -> Dependencies:
+    by_id = g.by_id
     for chain in (*g.threads.values(), *g.streams.values()):
         for pos, i in enumerate(chain):
-            g.by_id[i].pos = pos
+            by_id[i].pos = pos
     deps = Dependencies(preds={})
     seen: set[tuple[int, int]] = set()
     # an edge's source must start no later than its target (the order keys make the union acyclic); the whole
     # key is built only on equal starts
-    by_id = g.by_id
-    preds = deps.preds
+    preds, per_source, inferred = deps.preds, deps.per_source, deps.inferred
     for source in SOURCES.values() if applied is None else applied:
         for e in source(g):
             src, dst = e.src, e.dst
@@ -69,17 +69,21 @@ def infer(g: Graph, applied: Iterable[Source] | None = None) -> Dependencies:
                 deps.rejected[e.source] += 1
                 continue
             seen.add(pair)
-            if e.source.waits and a.start + a.dur > b.start + WAIT_TOLERANCE:  # it ended after its target began
-                deps.late[e.source] += 1
+            evidence = e.source
+            if _WAITS[evidence] and a.start + a.dur > b.start + WAIT_TOLERANCE:  # it ended after its target began
+                deps.late[evidence] += 1
             edges = preds.get(dst)
             if edges is None:
                 preds[dst] = [e]
             else:
                 edges.append(e)
-            deps.per_source[e.source] += 1
+            per_source[evidence] += 1
             if e.inferred:
-                deps.inferred[e.source] += 1
+                inferred[evidence] += 1
     return deps
+
+
+_WAITS = {evidence: evidence.waits for evidence in Evidence}  # (a dict lookup: the property costs a call per edge)
 
 
 def order_key(it: Item) -> tuple[float, int, int, int]:

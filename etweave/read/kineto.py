@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import operator
 import os
 import sys
 from array import array
@@ -59,7 +61,8 @@ _MAX_TIME = widths.MAX_TIME_MICROS
 
 
 class Event(msgspec.Struct, gc=False):
-    ph: str = ""
+    """A duration event ("X"): the fields etweave reads. (Its phase is read by the decoders below.)"""
+
     cat: str = ""
     name: str = ""
     pid: int | str = 0
@@ -70,15 +73,50 @@ class Event(msgspec.Struct, gc=False):
     args: Args = _NO_ARGS
 
 
+class _Phased(Event):
+    """Any event, its phase read: what each raw view decodes to, the duration ones kept."""
+
+    ph: str = ""
+
+
+class _Duration(Event, tag_field="ph", tag="X"):
+    """A duration event as the whole-file decode reads it: one member of the union of every phase."""
+
+
+class _CheckedArgs(msgspec.Struct, frozen=True, gc=False):
+    """The typed fields of `Args` (the others take any value)."""
+
+    collective_name: str | None = msgspec.field(default=None, name="Collective name")
+    dtype: str | None = None
+    pg_name: str | None = msgspec.field(default=None, name="Process Group Name")
+    sync_kind: str | None = msgspec.field(default=None, name="cuda_sync_kind")
+
+
+class _Other(Event):
+    """An event of another phase in the whole-file decode: its fields checked as `Event`'s (a wrong one is bad
+    input there too), its args' only as far as they are typed (the rest would be kept for nothing), dropped."""
+
+    args: _CheckedArgs = _CheckedArgs()  # type: ignore[assignment]  # a narrower view of the same JSON object
+
+
+# The phases of the Chrome trace format but "X". An event of any other phase (or none) fails the whole-file decode,
+# which then reads the trace by raw views, as it does when anything else does not decode.
+_OTHER_PHASES = ("B", "E", "i", "I", "C", "b", "n", "e", "s", "t", "f", "P", "N", "O", "D", "M", "V", "v", "R", "c")
+_OTHERS = tuple(msgspec.defstruct(f"_Other_{phase}", [], bases=(_Other,), tag_field="ph", tag=phase, gc=False)
+                for phase in _OTHER_PHASES)
+_ANY_PHASE: Any = functools.reduce(operator.or_, _OTHERS, _Duration)  # _Duration | _Other_B | ...
+
+
 class _File(msgspec.Struct):
     # Raw: views into the input buffer, decoded one at a time (validated once, kept decoded or re-decoded later)
     traceEvents: list[msgspec.Raw] = msgspec.field(default_factory=list)
     distributedInfo: dict[str, Any] | None = None
 
 
-class _TypedFile(msgspec.Struct):
-    traceEvents: list[Event] = msgspec.field(default_factory=list)
-    distributedInfo: dict[str, Any] | None = None
+# The whole file typed: each event one member of the union, by its "ph".
+_TypedFile: Any = msgspec.defstruct("_TypedFile", [
+    ("traceEvents", list[_ANY_PHASE], msgspec.field(default_factory=list)),
+    ("distributedInfo", dict[str, Any] | None, None)])
 
 
 # Inputs up to this size are decoded once and kept as objects (fastest); larger ones keep each event's raw JSON
@@ -102,20 +140,21 @@ class EventTable(Sequence[Event]):
     (NO_INDEX: none), `Sequence number` `seq` (-1: none) and `Record function id` `rf_id` (0: none); an id
     beyond 64 bits (a string can spell one) is held as the nearest 64-bit bound: present, matching nothing real."""
 
-    __slots__ = ("_cache", "_events", "_raws", "correlation", "cpu", "dur", "ev_idx", "gpu", "name", "rf_id",
-                 "runtime", "seq", "sync", "tid", "ts")
+    __slots__ = ("_cache", "_events", "_raws", "_released", "correlation", "cpu", "dur", "ev_idx", "gpu", "name",
+                 "rf_id", "runtime", "seq", "sync", "tid", "ts")
 
     def __init__(self, events: list[Event] | None = None, raws: list[msgspec.Raw] | None = None) -> None:
         self._events = events
         self._raws = raws
         self._cache: dict[int, Event] = {}
+        self._released: int | None = None  # the number of events, once they were let go (`release`)
         self.cpu, self.runtime, self.gpu, self.sync = array("q"), array("q"), array("q"), array("q")
         self.ts, self.dur = array("d"), array("d")
         self.correlation, self.ev_idx, self.seq, self.rf_id = array("q"), array("q"), array("q"), array("q")
         self.tid: list[int | str] = []
         self.name: list[str] = []
 
-    def _add_columns(self, evs: list[Event], interned: dict[Any, Any] | None) -> None:
+    def _add_columns(self, evs: Sequence[Event], interned: dict[Any, Any] | None) -> None:
         """Append the columns of these (normalized) events: whole-list passes, no method call per event.
         `interned`: one object per distinct thread id and name, shared by every chunk of one trace (None: the
         events are kept, and hold them anyway)."""
@@ -152,12 +191,23 @@ class EventTable(Sequence[Event]):
         idx = self.ev_idx[i]
         return (self.ts[i], idx if idx != NO_INDEX else -self.dur[i], i)
 
+    def release(self) -> None:
+        """Let go of the events (decoded, or their raw JSON), keeping the columns: for a conversion that read the
+        trace itself, once its graph is built (no later stage reads an event). Reading an event after it is a bug."""
+        self._released = len(self)
+        self._events, self._raws = None, None
+        self._cache.clear()
+
     def __len__(self) -> int:
+        if self._released is not None:
+            return self._released
         return len(self._events) if self._events is not None else len(self._raws or ())
 
     def __getitem__(self, i: int) -> Event:  # type: ignore[override]  # by index only: no slices of the table
         if self._events is not None:
             return self._events[i]
+        if self._released is not None:
+            raise RuntimeError("a Kineto event was read after the events were let go (EventTable.release)")
         ev = self._cache.get(i)
         if ev is None:
             if len(self._cache) >= _CACHE:
@@ -170,6 +220,8 @@ class EventTable(Sequence[Event]):
     def __iter__(self) -> Iterator[Event]:
         if self._events is not None:
             yield from self._events
+        elif self._released is not None:
+            raise RuntimeError("the Kineto events were read after they were let go (EventTable.release)")
         else:
             for raw in self._raws or ():  # a pass over everything: decode without filling the cache
                 yield _normalized(_event_decoder.decode(raw))
@@ -189,9 +241,9 @@ NO_INDEX = -(1 << 63)
 _CACHE = 1 << 14
 _decoder = msgspec.json.Decoder(_File)
 _list_decoder = msgspec.json.Decoder(list[msgspec.Raw])
-_event_decoder = msgspec.json.Decoder(Event)
+_event_decoder = msgspec.json.Decoder(_Phased)
 _typed_decoder = msgspec.json.Decoder(_TypedFile)
-_typed_list_decoder = msgspec.json.Decoder(list[Event])
+_typed_list_decoder = msgspec.json.Decoder(list[_ANY_PHASE])
 
 
 def _normalized(ev: Event) -> Event:
@@ -223,7 +275,7 @@ def read_kineto(path: Path) -> KinetoTrace:
         doc = _outer(path, data, stripped)
         info, raws, evs = doc.distributedInfo, doc.traceEvents, None
     else:
-        info, raws, evs = typed.distributedInfo, None, typed.traceEvents
+        (info, evs), raws = typed, None
         del typed
     if stripped == b"{" and b'"traceEvents"' not in data:
         if b'"nodes"' in data:
@@ -236,14 +288,16 @@ def read_kineto(path: Path) -> KinetoTrace:
     return KinetoTrace(path=str(path), events=events, distributed=distributed, warnings=warnings)
 
 
-def _decoded(data: bytes | bytearray, stripped: bytes) -> _TypedFile | None:
-    """The whole trace decoded typed, or None when anything in it does not decode."""
+def _decoded(data: bytes | bytearray, stripped: bytes) -> tuple[dict[str, Any] | None, list[Event]] | None:
+    """The whole trace decoded typed (its distributedInfo and its events, those of other phases than "X" as
+    `_Other`s), or None when anything in it does not decode."""
     try:
         if stripped == b"[":
-            return _TypedFile(traceEvents=_typed_list_decoder.decode(data))
-        return _typed_decoder.decode(data)
+            return None, _typed_list_decoder.decode(data)
+        typed = _typed_decoder.decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
         return None
+    return typed.distributedInfo, typed.traceEvents
 
 
 def _outer(path: Path, data: bytes | bytearray, stripped: bytes) -> _File:
@@ -325,7 +379,7 @@ def _validated(path: Path, data: bytes | bytearray, raws: list[msgspec.Raw] | No
 
 def _from_decoded(evs: list[Event], data: bytes | bytearray, warnings: dict[str, int]) -> EventTable:
     """The eager path over the decoded events; _Irregular when a check fails."""
-    is_x = [e.ph == "X" for e in evs]  # a comprehension reads the attribute faster than map(attrgetter)
+    is_x = [type(e) is _Duration for e in evs]
     xs = list(compress(evs, is_x))
     del evs
     flags: dict[int, str] = {}
@@ -403,7 +457,7 @@ def _without_duplicates(table: EventTable, kept: list[Event] | None, kept_raws: 
     return table
 
 
-def _check_widths(table: EventTable, base: int, evs: list[Event]) -> None:
+def _check_widths(table: EventTable, base: int, evs: Sequence[Event]) -> None:
     """_Irregular when a number of these events (the table's from `base`) that reaches the output does not fit it
     (see `_check_event`). The durations are normalized already: a missing or negative one is never too large."""
     ts, dur = table.ts[base:], table.dur[base:]
@@ -445,7 +499,7 @@ def _repeated_hashes(raws: list[msgspec.Raw]) -> list[int]:
     return sorted(suspects)
 
 
-def _note_durations(evs: list[Event], base: int, flags: dict[int, str]) -> None:
+def _note_durations(evs: Sequence[Event], base: int, flags: dict[int, str]) -> None:
     """Flag and zero the negative and missing (NaN) durations."""
     durations = [e.dur for e in evs]
     total = sum(durations)
@@ -465,7 +519,7 @@ def _raise_first_problem(path: Path, raws: list[msgspec.Raw]) -> None:
             _check_event(path, n, ev)
 
 
-def _decode_event(path: Path, n: int, raw: msgspec.Raw) -> Event:
+def _decode_event(path: Path, n: int, raw: msgspec.Raw) -> _Phased:
     try:
         return _event_decoder.decode(raw)
     except msgspec.ValidationError as exc:

@@ -114,7 +114,9 @@ def read_bytes(path: Path, limit: int | None = None) -> bytes | bytearray:
         thread.join()
         if "error" in box:
             raise box["error"]
-        data: bytes | bytearray = box["data"]
+        # popped, not read: the generator of `reading_ahead` holds its last box until it exits (after the
+        # whole command), and would hold the file's bytes with it
+        data: bytes | bytearray = box.pop("data")
         return data
     return _read_now(path, input_limit() if limit is None else limit)
 

@@ -110,7 +110,6 @@ def test_kineto_args_decoded_once() -> None:
 
 
 def test_sync_record_defaults() -> None:
-    ev = Event(ph="X", cat="cuda_sync", args=Args(sync_kind="Event Sync", wait_on_stream="3",
-                                                  wait_on_event_corr="x"))
+    ev = Event(cat="cuda_sync", args=Args(sync_kind="Event Sync", wait_on_stream="3", wait_on_event_corr="x"))
     assert sync_record(ev) == SyncRecord(correlation=None, kind="Event Sync", device=0, stream=None,
                                          wait_on_stream=3, wait_on_event_corr=None)

@@ -162,3 +162,16 @@ def test_report_parts_write_todays_json() -> None:
 def test_ids_hand_out_each_id_once() -> None:
     ids = Ids(4)
     assert [ids.next(), ids.next(), ids.peek(), ids.next()] == [4, 5, 6, 6]
+
+
+@pytest.mark.parametrize("kineto_only", [False, True])
+def test_inputs_handed_over_are_let_go_once_the_graph_is_built(tmp_path: Path, kineto_only: bool) -> None:
+    """`release_inputs`: the same nodes and report, the Kineto events gone (their columns kept) and the ops too."""
+    kept = run_pipeline(None if kineto_only else host_trace(), kineto_trace(tmp_path))
+    kineto = kineto_trace(tmp_path)
+    handed = run_pipeline(None if kineto_only else host_trace(), kineto, release_inputs=True)
+    assert [n.SerializeToString() for n in handed.nodes] == [n.SerializeToString() for n in kept.nodes]
+    assert handed.report == kept.report
+    assert len(kineto.events) == 6 and list(kineto.events.cpu) == [0, 2, 3, 5]
+    with pytest.raises(RuntimeError, match="let go"):
+        kineto.events[0]

@@ -111,3 +111,37 @@ def test_the_first_bad_event_is_named(tmp_path: Path, monkeypatch: pytest.Monkey
     ]:
         with pytest.raises(BadInput, match=message):
             _read(tmp_path, kineto_trace(events))
+
+
+@pytest.mark.parametrize("eager_bytes", ["", "0"])
+def test_events_of_any_phase_or_none_are_read_past(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   eager_bytes: str) -> None:
+    """The whole-file decode knows the Chrome trace phases; an unknown phase, or none, is read by raw views."""
+    monkeypatch.setenv("ETWEAVE_EAGER_BYTES", eager_bytes)
+    flow = {"ph": "s", "id": 3, "pid": 1, "tid": 1, "ts": 100.0, "cat": "ac2g", "name": "ac2g"}
+    instant = {"ph": "i", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": 101.0,
+               "args": {"Ev Idx": 9, "Bytes": 512, "Collective name": None}}
+    for odd in ([], [{"ph": "Q", "ts": 1.0}], [{"name": "no phase"}]):
+        trace = _read(tmp_path, kineto_trace([*EVENTS, flow, instant, *odd]))
+        assert [e.name for e in trace.events] == ["aten::mm", "cudaLaunchKernel", "gemm"]
+
+
+@pytest.mark.parametrize("eager_bytes", ["", "0"])
+def test_a_mistyped_field_of_another_phase_is_bad_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        eager_bytes: str) -> None:
+    monkeypatch.setenv("ETWEAVE_EAGER_BYTES", eager_bytes)
+    for odd in ({"ph": "f", "name": 5}, {"ph": "i", "args": None}, {"ph": "M", "args": {"Process Group Name": 1}}):
+        with pytest.raises(BadInput, match=r"not a Kineto trace: .*\(in traceEvents\[4\]\)"):
+            _read(tmp_path, kineto_trace([*EVENTS, odd]))
+
+
+@pytest.mark.parametrize("eager_bytes", ["", "0"])
+def test_released_events_keep_their_columns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            eager_bytes: str) -> None:
+    monkeypatch.setenv("ETWEAVE_EAGER_BYTES", eager_bytes)
+    table = _read(tmp_path, kineto_trace(EVENTS)).events
+    table.release()
+    assert len(table) == 3 and table.name == ["aten::mm", "cudaLaunchKernel", "gemm"] and list(table.gpu) == [2]
+    for read in (lambda: table[1], lambda: list(table)):
+        with pytest.raises(RuntimeError, match="let go"):
+            read()
