@@ -68,12 +68,12 @@ def _convert_rank(rank: int | None, host: str | None, kineto: str | None, allow_
     try:
         host_trace = read_host_et(Path(host)) if host is not None else None
         kineto_trace = read_kineto(Path(kineto)) if kineto is not None else None
-        result = run_pipeline(host_trace, kineto_trace, rank, allow_mismatch=allow_mismatch)
+        groups = tuple(describe_groups(host_trace, kineto_trace))  # before the pipeline lets the events go
+        result = run_pipeline(host_trace, kineto_trace, rank, allow_mismatch=allow_mismatch, release_inputs=True)
     except BadInput as exc:
         return RankFailure(rank, exc.where, exc.problem)
     except CheckFailed as exc:
         return RankFailure(rank, "", str(exc), mismatch=True)
-    groups = tuple(describe_groups(host_trace, kineto_trace))
     return ConvertedRank(rank=result.graph.rank, et=serialize_encoded(result.metadata_bytes, result.encoded_nodes()),
                          report=result.report, local_groups=result.group_ids, groups=groups,
                          world_size=_world_size(kineto_trace, groups),
