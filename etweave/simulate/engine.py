@@ -29,10 +29,11 @@ import heapq
 from array import array
 from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, MutableSequence, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, chain, compress
 from operator import not_
+from typing import NoReturn
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.matching import Channel, collective_instances, group_members, issue_order, match_p2p
@@ -123,16 +124,48 @@ class GraphError(ValueError):
         self.problem = problem
 
 
-def dep_positions(ri: int, node_id: int, deps: tuple[int, ...], position: Callable[[int], int | None]) -> list[int]:
-    """The positions of a node's dependencies, each once (a repeated dep is one edge; in the set's order, as
-    ever): the one rule both replays (this engine and the astra-sim model) index a rank's edges by."""
-    out = []
-    for d in set(deps) if len(deps) > 1 else deps:
-        p = position(d)
-        if p is None:
-            raise GraphError(ri, f"node {node_id} depends on node {d}, which is not in the file")
-        out.append(p)
-    return out
+def rank_edges(ri: int, ids: Sequence[int], deps: Iterable[tuple[int, ...]], base: int,
+               indeg: MutableSequence[int]) -> list[list[int]]:
+    """A rank's dependency edges grouped by source: per node index of the rank (file order), the global indices
+    (base + node index) of its children; `indeg[g]` set to each node's count of distinct parents. A repeated dep
+    is one edge; a missing one is a GraphError. The one rule both replays (this engine and the astra-sim model)
+    index a rank's edges by; one call per rank, the usual node of one dep written out (this runs for every node)."""
+    get = node_positions(ri, ids).get
+    children: list[list[int]] = [[] for _ in ids]
+    for g, node_deps in enumerate(deps, base):
+        if not node_deps:
+            continue
+        if len(node_deps) == 1:
+            p = get(node_deps[0])
+            if p is None:
+                _raise_missing(ri, ids[g - base], node_deps[0])
+            children[p].append(g)
+            indeg[g] = 1
+            continue
+        parents = set(node_deps)
+        for d in parents:
+            p = get(d)
+            if p is None:
+                _raise_missing(ri, ids[g - base], d)
+            children[p].append(g)
+        indeg[g] = len(parents)
+    return children
+
+
+def node_positions(ri: int, ids: Sequence[int]) -> dict[int, int]:
+    """Node id -> its index in `ids` (one rank's); a repeated id is a GraphError naming the first to repeat."""
+    pos = dict(zip(ids, range(len(ids)), strict=True))
+    if len(pos) != len(ids):
+        seen: set[int] = set()
+        for node_id in ids:
+            if node_id in seen:
+                raise GraphError(ri, f"node id {node_id} appears twice")
+            seen.add(node_id)
+    return pos
+
+
+def _raise_missing(ri: int, node_id: int, dep: int) -> NoReturn:
+    raise GraphError(ri, f"node {node_id} depends on node {dep}, which is not in the file")
 
 
 class UnknownGroup(GraphError):
@@ -228,34 +261,15 @@ def _index_rank(graph: _Graph, ri: int, rg: RankGraph) -> None:
     nodes, base = rg.nodes, graph.offset[ri]
     end = base + len(nodes)
     ids = [nd.id for nd in nodes]
-    pos = dict(zip(ids, range(base, end), strict=True))  # node id -> g, this rank's only (~100 B/node for all)
-    if len(pos) != len(ids):
-        _raise_repeated_id(ri, ids)
     graph.dur[base:end] = [nd.duration for nd in nodes]
     graph.kind[base:end] = [_KIND.get(nd.type, _PLAIN) for nd in nodes]
     graph.node_id[base:end] = ids
     graph.res[base:end] = _resource_indices(graph, ri, [nd.resource for nd in nodes])
-    children: list[list[int]] = [[] for _ in nodes]  # this rank's only, by node index, flattened below
-    indeg, get = graph.indeg, pos.get
-    for g, nd in enumerate(nodes, base):
-        if not nd.deps:
-            continue
-        parents = dep_positions(ri, nd.id, nd.deps, get)
-        for p in parents:
-            children[p - base].append(g)
-        indeg[g] = len(parents)
+    children = rank_edges(ri, ids, [nd.deps for nd in nodes], base, graph.indeg)
     at = accumulate(map(len, children), initial=graph.child_at[-1])
     next(at)  # the initial value: already there
     graph.child_at.extend(at)
     graph.child_list.extend(chain.from_iterable(children))
-
-
-def _raise_repeated_id(ri: int, ids: list[int]) -> None:
-    seen: set[int] = set()
-    for node_id in ids:
-        if node_id in seen:
-            raise GraphError(ri, f"node id {node_id} appears twice")
-        seen.add(node_id)
 
 
 def _resource_indices(graph: _Graph, ri: int, labels: list[str | None]) -> list[int]:
@@ -394,7 +408,8 @@ class _EventLoop:
     and why, when it was issued, started and ended, and `pred`, what determined its timing (the critical path
     walks it back); per resource: its holder and a queue of ready nodes (ready time, node id, g)."""
 
-    __slots__ = ("arrived", "child_at", "child_list", "done", "dur", "end", "events", "expected", "holder", "indeg",
+    __slots__ = ("arrived", "child_at", "child_list", "done", "dur", "end", "events", "expected", "g_bits", "holder",
+                 "indeg",
                  "instance_of", "instances", "issue_cause", "issue_t", "kind", "last_holder", "node_id", "offset",
                  "peer", "pred", "queue", "ready_at", "ready_cause", "res", "start", "touched")
 
@@ -417,7 +432,10 @@ class _EventLoop:
         self.last_holder = [-1] * resources
         self.queue: list[list[tuple[int, int, int]]] = [[] for _ in range(resources)]
         self.arrived = [0] * len(colls.instances)
-        self.events: list[tuple[int, int]] = []
+        # a completion is one int, (end time << g_bits) | g: ordered as the pair (end time, g) is, and a heap of
+        # ints compares in C, not through a call per tuple element
+        self.g_bits = max(n, 1).bit_length()
+        self.events: list[int] = []
         self.touched: list[int] = []  # resources whose holder or queue changed since the last dispatch
 
     def run(self) -> None:
@@ -438,11 +456,14 @@ class _EventLoop:
             self.ready_at, self.ready_cause, self.issue_t, self.issue_cause, self.start, self.end, self.pred,
             self.node_id)
         issue, dispatch, pop, push = self._issue, self._dispatch, _pop, _push
+        g_bits = self.g_bits
+        g_mask = (1 << g_bits) - 1
         while events:
-            t = events[0][0]
+            t = events[0] >> g_bits
+            after = (t + 1) << g_bits
             # drain every completion at time t before issuing, so the ready-first/lowest-id rule sees them all
-            while events and events[0][0] == t:
-                _, g = pop(events)
+            while events and events[0] < after:
+                g = pop(events) & g_mask
                 done[g] = True
                 r = res[g]
                 if r >= 0:
@@ -464,7 +485,7 @@ class _EventLoop:
                         issue_t[c] = start[c] = t
                         issue_cause[c] = pred[c] = g
                         end[c] = e = t + dur[c]
-                        push(events, (e, c))
+                        push(events, (e << g_bits) | c)
                     else:
                         issue(c, t, g)
             dispatch(t)
@@ -492,7 +513,7 @@ class _EventLoop:
                     self.issue_t[g] = self.start[g] = t
                     self.issue_cause[g] = self.pred[g] = cause
                     self.end[g] = end = t + self.dur[g]
-                    _push(self.events, (end, g))
+                    _push(self.events, (end << self.g_bits) | g)
                 else:
                     self._issue(g, t, cause)
         self.touched.clear()
@@ -508,7 +529,7 @@ class _EventLoop:
             self.start[g] = t
             self.end[g] = end = t + self.dur[g]
             self.pred[g] = cause
-            _push(self.events, (end, g))
+            _push(self.events, (end << self.g_bits) | g)
         elif k == _COLL:
             self._arrive(g, t, cause)
         else:
@@ -519,7 +540,7 @@ class _EventLoop:
         self.start[g] = t
         self.end[g] = end = t + self.dur[g]
         self.pred[g] = cause
-        _push(self.events, (end, g))
+        _push(self.events, (end << self.g_bits) | g)
 
     def _message(self, g: int, t: int, cause: int) -> None:
         """A send runs its own duration (eager) and may finish its recv; a recv waits for its send, if it has
@@ -545,7 +566,7 @@ class _EventLoop:
                 start[m] = t
                 end[m] = t + dur[m]
                 pred[m] = cause  # the last arriver's cause: the path skips the waiting
-                _push(self.events, (end[m], m))
+                _push(self.events, (end[m] << self.g_bits) | m)
 
     def _finish_recv(self, g: int, s: int) -> None:
         """Recv g ends at the later of its own end and its send's end."""
@@ -554,7 +575,7 @@ class _EventLoop:
             self.end[g], self.pred[g] = self.end[s], s
         else:
             self.end[g], self.pred[g] = own_end, self.issue_cause[g]
-        _push(self.events, (self.end[g], g))
+        _push(self.events, (self.end[g] << self.g_bits) | g)
 
 
 # --- results: the critical path, or why nodes never ran
