@@ -27,7 +27,7 @@ from array import array
 from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate, chain, compress, count, islice
+from itertools import compress, count, islice
 from operator import lt, not_
 from pathlib import Path
 from sys import intern
@@ -269,11 +269,7 @@ def _flatten_rank(flat: _Flat, ri: int, rg: AstraRank, slotless_kinds: Collectio
     flat.node_id[base:end] = ids
     flat.owner[base:end] = [ri] * len(nodes)
     flat.kind_name[base:end] = [nd.kind or node_type_name(nd.type) for nd in nodes]
-    children = rank_edges(ri, ids, [nd.deps for nd in nodes], base, flat.indeg)
-    at = accumulate(map(len, children), initial=flat.child_at[-1])
-    next(at)  # the initial value: already there
-    flat.child_at.extend(at)
-    flat.child_list.extend(chain.from_iterable(children))
+    rank_edges(ri, ids, [nd.deps for nd in nodes], base, flat.indeg, flat.child_at, flat.child_list)
 
 
 def _first_error(ri: int, rg: AstraRank) -> None:

@@ -29,7 +29,7 @@ import heapq
 from array import array
 from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, MutableSequence, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, chain, compress
 from operator import not_
@@ -124,12 +124,13 @@ class GraphError(ValueError):
         self.problem = problem
 
 
-def rank_edges(ri: int, ids: Sequence[int], deps: Iterable[tuple[int, ...]], base: int,
-               indeg: MutableSequence[int]) -> list[list[int]]:
-    """A rank's dependency edges grouped by source: per node index of the rank (file order), the global indices
-    (base + node index) of its children; `indeg[g]` set to each node's count of distinct parents. A repeated dep
-    is one edge; a missing one is a GraphError. The one rule both replays (this engine and the astra-sim model)
-    index a rank's edges by; one call per rank, the usual node of one dep written out (this runs for every node)."""
+def rank_edges(ri: int, ids: Sequence[int], deps: Iterable[tuple[int, ...]], base: int, indeg: array[int],
+               child_at: array[int], child_list: array[int]) -> None:
+    """Append a rank's dependency edges, grouped by source, to `child_at`/`child_list`: the children of global
+    index g (= base + node index, file order) are child_list[child_at[g]:child_at[g + 1]], ascending; set
+    `indeg[g]` to each node's count of distinct parents. A repeated dep is one edge; a missing one a GraphError.
+    The one rule both replays (this engine and the astra-sim model) index a rank's edges by; one call per rank,
+    the usual node of one dep written out (this runs for every node)."""
     get = node_positions(ri, ids).get
     children: list[list[int]] = [[] for _ in ids]
     for g, node_deps in enumerate(deps, base):
@@ -149,7 +150,10 @@ def rank_edges(ri: int, ids: Sequence[int], deps: Iterable[tuple[int, ...]], bas
                 _raise_missing(ri, ids[g - base], d)
             children[p].append(g)
         indeg[g] = len(parents)
-    return children
+    at = accumulate(map(len, children), initial=child_at[-1])
+    next(at)  # the initial value: there already
+    child_at.extend(at)
+    child_list.extend(chain.from_iterable(children))
 
 
 def node_positions(ri: int, ids: Sequence[int]) -> dict[int, int]:
@@ -265,11 +269,7 @@ def _index_rank(graph: _Graph, ri: int, rg: RankGraph) -> None:
     graph.kind[base:end] = [_KIND.get(nd.type, _PLAIN) for nd in nodes]
     graph.node_id[base:end] = ids
     graph.res[base:end] = _resource_indices(graph, ri, [nd.resource for nd in nodes])
-    children = rank_edges(ri, ids, [nd.deps for nd in nodes], base, graph.indeg)
-    at = accumulate(map(len, children), initial=graph.child_at[-1])
-    next(at)  # the initial value: already there
-    graph.child_at.extend(at)
-    graph.child_list.extend(chain.from_iterable(children))
+    rank_edges(ri, ids, [nd.deps for nd in nodes], base, graph.indeg, graph.child_at, graph.child_list)
 
 
 def _resource_indices(graph: _Graph, ri: int, labels: list[str | None]) -> list[int]:
