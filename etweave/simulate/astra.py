@@ -48,6 +48,7 @@ _WANTED = frozenset({"kind", "is_cpu_op", "comm_type", "comm_size", "pg_name", "
                      "measured_duration_micros"})
 # engine-internal node kinds
 _COMP, _COLL, _BCAST, _SEND, _RECV = 0, 1, 2, 3, 4
+_P2P = frozenset({_SEND, _RECV})
 _ALONE, _NEVER = -1, -2  # send/recv peer markers, as in engine.py
 
 
@@ -296,9 +297,8 @@ def _collective_instances(ranks: Sequence[AstraRank], flat: _Flat, groups: Mappi
                           index_of_rank: Mapping[int, int]) -> _Instances:
     instances = _Instances(of=[-1] * len(flat.kind))
     per_pg: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
-    for g, k in enumerate(flat.kind):
-        if k == _COLL:
-            per_pg[flat.node(ranks, g).pg][flat.owner[g]].append(g)
+    for g in compress(range(len(flat.kind)), map(_COLL.__eq__, flat.kind)):  # picked in C: a pass over every node
+        per_pg[flat.node(ranks, g).pg][flat.owner[g]].append(g)
     for pg, by_rank in sorted(per_pg.items()):
         members = _members(ranks, flat, pg, by_rank, groups, index_of_rank)
         for lst in by_rank.values():
@@ -337,12 +337,11 @@ def _send_recv_peers(ranks: Sequence[AstraRank], flat: _Flat,
     peer = [_ALONE] * len(flat.kind)
     sends: dict[tuple[int, int, int], list[int]] = defaultdict(list)
     recvs: dict[tuple[int, int, int], list[int]] = defaultdict(list)
-    for g, k in enumerate(flat.kind):
-        if k in (_SEND, _RECV):
-            nd = flat.node(ranks, g)
-            if nd.comm_src is None or nd.comm_dst is None or nd.comm_tag is None:
-                raise GraphError(flat.owner[g], f"send/recv node {nd.id} lacks comm_src, comm_dst or comm_tag")
-            (sends if k == _SEND else recvs)[(nd.comm_src, nd.comm_dst, nd.comm_tag)].append(g)
+    for g in compress(range(len(flat.kind)), map(_P2P.__contains__, flat.kind)):  # picked in C
+        nd = flat.node(ranks, g)
+        if nd.comm_src is None or nd.comm_dst is None or nd.comm_tag is None:
+            raise GraphError(flat.owner[g], f"send/recv node {nd.id} lacks comm_src, comm_dst or comm_tag")
+        (sends if flat.kind[g] == _SEND else recvs)[(nd.comm_src, nd.comm_dst, nd.comm_tag)].append(g)
     alone = 0
     for table, other_table, peer_side in ((sends, recvs, 1), (recvs, sends, 0)):
         for key, lst in table.items():
