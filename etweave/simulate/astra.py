@@ -210,8 +210,7 @@ def _run(ranks: list[AstraRank], flat: _Flat, instances: _Instances, peer: list[
 class _Flat:
     """Every node of every rank at one global index g = offset[rank index] + its place in the rank's id order,
     in parallel columns: g ascends with node id within a rank, so a rank's ready nodes order by g alone (plain
-    ints in the heaps, not (id, g) pairs). Edges grouped by source: the children of g are
-    child_list[child_at[g]:child_at[g + 1]] (flat arrays, not a list per node)."""
+    ints in the heaps, not (id, g) pairs)."""
 
     offset: list[int]
     kind: list[int]  # _COMP, _COLL, ...
@@ -220,9 +219,10 @@ class _Flat:
     node_id: list[int]
     owner: list[int]  # rank index
     kind_name: list[str]  # attr kind, else the node type's name: the contention breakdown's key
-    indeg: array[int]
-    child_at: array[int] = field(default_factory=lambda: array("q", [0]))
-    child_list: array[int] = field(default_factory=lambda: array("q"))
+    indeg: list[int]
+    # per g its children: a list each (the event loop runs over them; a flat array's slices and items would be
+    # new objects at every event)
+    children: list[list[int]] = field(default_factory=list)
     file_index: dict[int, list[int]] = field(default_factory=dict)  # rank index -> node index by place, when not
     # in id order already (etweave writes nodes in id order)
 
@@ -239,7 +239,7 @@ def _flatten(ranks: Sequence[AstraRank], slots: bool, slotless_kinds: Collection
         offset.append(n)
         n += len(rg.nodes)
     flat = _Flat(offset=offset, kind=[_COMP] * n, slot=[CPU] * n, dur_ns=[0] * n, node_id=[0] * n, owner=[0] * n,
-                 kind_name=[""] * n, indeg=array("q", bytes(8 * n)))
+                 kind_name=[""] * n, indeg=[0] * n)
     for ri, rg in enumerate(ranks):
         try:
             _flatten_rank(flat, ri, rg, slotless_kinds)
@@ -270,7 +270,7 @@ def _flatten_rank(flat: _Flat, ri: int, rg: AstraRank, slotless_kinds: Collectio
     flat.node_id[base:end] = ids
     flat.owner[base:end] = [ri] * len(nodes)
     flat.kind_name[base:end] = [nd.kind or node_type_name(nd.type) for nd in nodes]
-    rank_edges(ri, ids, [nd.deps for nd in nodes], base, flat.indeg, flat.child_at, flat.child_list)
+    flat.children += rank_edges(ri, ids, [nd.deps for nd in nodes], base, flat.indeg)
 
 
 def _first_error(ri: int, rg: AstraRank) -> None:
@@ -365,7 +365,7 @@ class _EventLoop:
     def __init__(self, ranks: Sequence[AstraRank], flat: _Flat, instances: _Instances, peer: list[int],
                  network: Network, collectives: str) -> None:
         n = len(flat.kind)
-        self.indeg = array("q", flat.indeg)  # counted down here: the flat columns serve every run
+        self.indeg = flat.indeg.copy()  # counted down here: the flat columns serve every run
         self.ranks, self.flat, self.instances, self.peer = ranks, flat, instances, peer
         self.network, self.collectives = network, collectives
         # machine ints, not an int object per node: memory stays near the graph's at 1000 ranks
@@ -402,9 +402,8 @@ class _EventLoop:
         """Every completion in time order (`issue_ready` and `make_ready` written out, and `issue` of a compute
         node: they run per node)."""
         flat = self.flat
-        indeg, child_at, child_list, slot, owner, kind, dur_ns, kind_name = (
-            self.indeg, flat.child_at, flat.child_list, flat.slot, flat.owner, flat.kind, flat.dur_ns,
-            flat.kind_name)
+        indeg, children, slot, owner, kind, dur_ns, kind_name = (self.indeg, flat.children, flat.slot, flat.owner,
+                                                                 flat.kind, flat.dur_ns, flat.kind_name)
         events, done, ready_t, issue_t, end, holder, ready, since, blocked, slot_wait = (
             self.events, self.done, self.ready_t, self.issue_t, self.end, self.holder, self.ready, self.since,
             self.blocked, self.slot_wait)
@@ -430,7 +429,7 @@ class _EventLoop:
             at[CPU] = at[GPU] = at[COMM] = t
             if slot[g] != FREE:
                 hold[slot[g]] = -1
-            for c in child_list[child_at[g]:child_at[g + 1]]:
+            for c in children[g]:
                 indeg[c] -= 1
                 if indeg[c] == 0:
                     ready_t[c] = t

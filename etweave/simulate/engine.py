@@ -29,9 +29,9 @@ import heapq
 from array import array
 from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, MutableSequence, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate, chain, compress
+from itertools import compress
 from operator import not_
 from typing import NoReturn
 
@@ -124,13 +124,13 @@ class GraphError(ValueError):
         self.problem = problem
 
 
-def rank_edges(ri: int, ids: Sequence[int], deps: Iterable[tuple[int, ...]], base: int, indeg: array[int],
-               child_at: array[int], child_list: array[int]) -> None:
-    """Append a rank's dependency edges, grouped by source, to `child_at`/`child_list`: the children of global
-    index g (= base + node index, file order) are child_list[child_at[g]:child_at[g + 1]], ascending; set
-    `indeg[g]` to each node's count of distinct parents. A repeated dep is one edge; a missing one a GraphError.
-    The one rule both replays (this engine and the astra-sim model) index a rank's edges by; one call per rank,
-    the usual node of one dep written out (this runs for every node)."""
+def rank_edges(ri: int, ids: Sequence[int], deps: Iterable[tuple[int, ...]], base: int,
+               indeg: MutableSequence[int]) -> list[list[int]]:
+    """A rank's dependency edges grouped by source: per node index of the rank (file order), the global indices
+    (base + node index) of its children, ascending; `indeg[g]` set to each node's count of distinct parents. A
+    repeated dep is one edge; a missing one is a GraphError. The one rule both replays (this engine and the
+    astra-sim model) index a rank's edges by; one call per rank, the usual node of one dep written out (this runs
+    for every node)."""
     get = node_positions(ri, ids).get
     children: list[list[int]] = [[] for _ in ids]
     for g, node_deps in enumerate(deps, base):
@@ -150,10 +150,7 @@ def rank_edges(ri: int, ids: Sequence[int], deps: Iterable[tuple[int, ...]], bas
                 _raise_missing(ri, ids[g - base], d)
             children[p].append(g)
         indeg[g] = len(parents)
-    at = accumulate(map(len, children), initial=child_at[-1])
-    next(at)  # the initial value: there already
-    child_at.extend(at)
-    child_list.extend(chain.from_iterable(children))
+    return children
 
 
 def node_positions(ri: int, ids: Sequence[int]) -> dict[int, int]:
@@ -207,9 +204,10 @@ def replay(ranks: Sequence[RankGraph], groups: Mapping[str, Sequence[int]]) -> R
 
 @dataclass(slots=True)
 class _Graph:
-    """Every rank's nodes under one global index g = offset[rank index] + node index, as flat int arrays (the
+    """Every rank's nodes under one global index g = offset[rank index] + node index, as flat int columns (the
     event loop compares and indexes plain ints). Dependency edges are grouped by their source: the children of g
-    are child_list[child_at[g]:child_at[g + 1]] (one flat array instead of a list object per node)."""
+    are children[g], a list each (the event loop runs over them at every completion: slices and items of one flat
+    array would be new objects each time, which cost more than the lists' memory, ~70 B a node)."""
 
     ranks: list[RankGraph]
     rank_of: list[int]  # rank index -> global rank
@@ -219,10 +217,9 @@ class _Graph:
     kind: list[int]  # _PLAIN, _COLL, _SEND, _RECV
     res: list[int]  # resource index, -1 = takes no resource
     node_id: list[int]
-    indeg: array[int]  # machine ints, not int objects: memory per node stays small at 1000 ranks
+    indeg: list[int]
     res_names: list[tuple[int, str]]  # resource index -> (rank index, label)
-    child_at: array[int] = field(default_factory=lambda: array("q"))
-    child_list: array[int] = field(default_factory=lambda: array("q"))
+    children: list[list[int]] = field(default_factory=list)
 
     def rank_index(self, g: int) -> int:
         """The rank of global index g: the last one whose offset is <= g (a rank with no nodes shares its
@@ -252,8 +249,7 @@ def _index(ranks: list[RankGraph]) -> _Graph:
         offset.append(n)
         n += len(rg.nodes)
     graph = _Graph(ranks, [rg.rank for rg in ranks], index_of_rank, offset, dur=[0] * n, kind=[_PLAIN] * n,
-                   res=[-1] * n, node_id=[0] * n, indeg=array("q", bytes(8 * n)), res_names=[])
-    graph.child_at.append(0)
+                   res=[-1] * n, node_id=[0] * n, indeg=[0] * n, res_names=[])
     for ri, rg in enumerate(ranks):
         _index_rank(graph, ri, rg)
     return graph
@@ -269,7 +265,7 @@ def _index_rank(graph: _Graph, ri: int, rg: RankGraph) -> None:
     graph.kind[base:end] = [_KIND.get(nd.type, _PLAIN) for nd in nodes]
     graph.node_id[base:end] = ids
     graph.res[base:end] = _resource_indices(graph, ri, [nd.resource for nd in nodes])
-    rank_edges(ri, ids, [nd.deps for nd in nodes], base, graph.indeg, graph.child_at, graph.child_list)
+    graph.children += rank_edges(ri, ids, [nd.deps for nd in nodes], base, graph.indeg)
 
 
 def _resource_indices(graph: _Graph, ri: int, labels: list[str | None]) -> list[int]:
@@ -408,15 +404,14 @@ class _EventLoop:
     and why, when it was issued, started and ended, and `pred`, what determined its timing (the critical path
     walks it back); per resource: its holder and a queue of ready nodes (ready time, node id, g)."""
 
-    __slots__ = ("arrived", "child_at", "child_list", "done", "dur", "end", "events", "expected", "g_bits", "holder",
-                 "indeg",
+    __slots__ = ("arrived", "children", "done", "dur", "end", "events", "expected", "g_bits", "holder", "indeg",
                  "instance_of", "instances", "issue_cause", "issue_t", "kind", "last_holder", "node_id", "offset",
                  "peer", "pred", "queue", "ready_at", "ready_cause", "res", "start", "touched")
 
     def __init__(self, graph: _Graph, colls: _Collectives, messages: _Messages) -> None:
         n, resources = len(graph.dur), len(graph.res_names)
         self.dur, self.kind, self.res, self.node_id = graph.dur, graph.kind, graph.res, graph.node_id
-        self.indeg, self.child_at, self.child_list = graph.indeg, graph.child_at, graph.child_list
+        self.indeg, self.children = graph.indeg, graph.children
         self.offset = graph.offset
         self.peer = messages.peer
         self.instance_of, self.instances, self.expected = colls.instance_of, colls.instances, colls.expected
@@ -448,8 +443,7 @@ class _EventLoop:
     def _loop(self) -> None:
         """Every completion in time order. What `_make_ready`, `_dispatch` and `_issue` do, written out for the
         plain nodes (most of them): a method call per node costs as much as the rest of its work."""
-        indeg, child_at, child_list, res, done, kind, dur = (self.indeg, self.child_at, self.child_list, self.res,
-                                                             self.done, self.kind, self.dur)
+        indeg, children, res, done, kind, dur = self.indeg, self.children, self.res, self.done, self.kind, self.dur
         holder, last_holder, events, touched, queue = (self.holder, self.last_holder, self.events, self.touched,
                                                        self.queue)
         ready_at, ready_cause, issue_t, issue_cause, start, end, pred, node_id = (
@@ -470,7 +464,7 @@ class _EventLoop:
                     holder[r] = -1
                     last_holder[r] = g
                     touched.append(r)
-                for c in child_list[child_at[g]:child_at[g + 1]]:
+                for c in children[g]:
                     indeg[c] -= 1
                     if indeg[c]:
                         continue
