@@ -389,9 +389,8 @@ class _EventLoop:
         return (t << self.time_shift) | (next(self.seq) << self.g_bits) | g
 
     def run(self) -> None:
-        for g in range(len(self.flat.kind)):
-            if self.indeg[g] == 0:
-                self.make_ready(g, 0)
+        for g in compress(range(len(self.indeg)), map(not_, self.indeg)):  # the roots, picked in C
+            self.make_ready(g, 0)
         for ri in range(len(self.ranks)):
             self.issue_ready(ri, 0)
         self._loop()

@@ -434,9 +434,8 @@ class _EventLoop:
         self.touched: list[int] = []  # resources whose holder or queue changed since the last dispatch
 
     def run(self) -> None:
-        for g in range(len(self.indeg)):
-            if self.indeg[g] == 0:
-                self._make_ready(g, 0, -1)
+        for g in compress(range(len(self.indeg)), map(not_, self.indeg)):  # the roots, picked in C
+            self._make_ready(g, 0, -1)
         self._dispatch(0)
         self._loop()
 
