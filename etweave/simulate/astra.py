@@ -25,7 +25,7 @@ from __future__ import annotations
 import heapq
 from array import array
 from collections import defaultdict
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, MutableSequence, Sequence
 from dataclasses import dataclass, field
 from itertools import compress, count, islice
 from operator import lt, not_
@@ -191,8 +191,12 @@ def simulate_timings(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[i
 def _run(ranks: list[AstraRank], flat: _Flat, instances: _Instances, peer: list[int], network: Network,
          collectives: str, slots: bool, alone: int) -> AstraRun:
     notes = [f"{alone} send/recv nodes have no peer among the NPUs given: replayed alone"] if alone else []
-    loop = _EventLoop(ranks, flat, instances, peer, network, collectives)
-    loop.run()
+    try:
+        loop = _EventLoop(ranks, flat, instances, peer, network, collectives)
+        loop.run()
+    except OverflowError:  # a time past 2^63 ns (durations no real run has): the same run on Python ints
+        loop = _EventLoop(ranks, flat, instances, peer, network, collectives, machine_ints=False)
+        loop.run()
     n = len(flat.kind)
     finished: list[int | None] = []
     for ri, rg in enumerate(ranks):
@@ -220,9 +224,9 @@ class _Flat:
     owner: list[int]  # rank index
     kind_name: list[str]  # attr kind, else the node type's name: the contention breakdown's key
     indeg: list[int]
-    # per g its children: a list each (the event loop runs over them; a flat array's slices and items would be
+    # per g its children: a tuple each (the event loop runs over them; a flat array's slices and items would be
     # new objects at every event)
-    children: list[list[int]] = field(default_factory=list)
+    children: list[tuple[int, ...]] = field(default_factory=list)
     file_index: dict[int, list[int]] = field(default_factory=dict)  # rank index -> node index by place, when not
     # in id order already (etweave writes nodes in id order)
 
@@ -363,15 +367,15 @@ class _EventLoop:
     tuples through a call per element."""
 
     def __init__(self, ranks: Sequence[AstraRank], flat: _Flat, instances: _Instances, peer: list[int],
-                 network: Network, collectives: str) -> None:
+                 network: Network, collectives: str, machine_ints: bool = True) -> None:
         n = len(flat.kind)
         self.indeg = flat.indeg.copy()  # counted down here: the flat columns serve every run
         self.ranks, self.flat, self.instances, self.peer = ranks, flat, instances, peer
         self.network, self.collectives = network, collectives
-        # machine ints, not an int object per node: memory stays near the graph's at 1000 ranks
-        self.issue_t = array("q", [-1]) * n
-        self.ready_t = array("q", [-1]) * n
-        self.end = array("q", [-1]) * n
+        # machine ints, not an int object per node and time: memory stays near the graph's at 1000 ranks
+        times: Callable[[], MutableSequence[int]] = ((lambda: array("q", [-1]) * n) if machine_ints
+                                                     else (lambda: [-1] * n))
+        self.issue_t, self.ready_t, self.end = times(), times(), times()
         self.done = [False] * n
         self.ready: list[list[list[int]]] = [[[] for _ in range(4)] for _ in ranks]  # per rank and slot: g, a heap
         self.arrived = [0] * len(instances.nodes)

@@ -125,9 +125,10 @@ class GraphError(ValueError):
 
 
 def rank_edges(ri: int, ids: Sequence[int], deps: Iterable[tuple[int, ...]], base: int,
-               indeg: MutableSequence[int]) -> list[list[int]]:
+               indeg: MutableSequence[int]) -> list[tuple[int, ...]]:
     """A rank's dependency edges grouped by source: per node index of the rank (file order), the global indices
-    (base + node index) of its children, ascending; `indeg[g]` set to each node's count of distinct parents. A
+    (base + node index) of its children, ascending, as a tuple (half a list's memory; a leaf's is the one empty
+    tuple); `indeg[g]` set to each node's count of distinct parents. A
     repeated dep is one edge; a missing one is a GraphError. The one rule both replays (this engine and the
     astra-sim model) index a rank's edges by; one call per rank, the usual node of one dep written out (this runs
     for every node)."""
@@ -150,7 +151,7 @@ def rank_edges(ri: int, ids: Sequence[int], deps: Iterable[tuple[int, ...]], bas
                 _raise_missing(ri, ids[g - base], d)
             children[p].append(g)
         indeg[g] = len(parents)
-    return children
+    return list(map(tuple, children))
 
 
 def node_positions(ri: int, ids: Sequence[int]) -> dict[int, int]:
@@ -206,8 +207,8 @@ def replay(ranks: Sequence[RankGraph], groups: Mapping[str, Sequence[int]]) -> R
 class _Graph:
     """Every rank's nodes under one global index g = offset[rank index] + node index, as flat int columns (the
     event loop compares and indexes plain ints). Dependency edges are grouped by their source: the children of g
-    are children[g], a list each (the event loop runs over them at every completion: slices and items of one flat
-    array would be new objects each time, which cost more than the lists' memory, ~70 B a node)."""
+    are children[g], a tuple each (the event loop runs over them at every completion: slices and items of one flat
+    array would be new objects each time, which cost more than the tuples' memory, ~50 B a node)."""
 
     ranks: list[RankGraph]
     rank_of: list[int]  # rank index -> global rank
@@ -219,7 +220,7 @@ class _Graph:
     node_id: list[int]
     indeg: list[int]
     res_names: list[tuple[int, str]]  # resource index -> (rank index, label)
-    children: list[list[int]] = field(default_factory=list)
+    children: list[tuple[int, ...]] = field(default_factory=list)
 
     def rank_index(self, g: int) -> int:
         """The rank of global index g: the last one whose offset is <= g (a rank with no nodes shares its
