@@ -113,7 +113,7 @@ def _command_word(words: Sequence[str]) -> str | None:
 # Commands that, run as a process (the command line, not `main(argv)`), exit without the interpreter's teardown:
 # their outputs are written, closed and renamed into place when they return, and freeing every object of a large
 # trace one by one on the way out costs more than some of their stages.
-_QUICK_EXIT = frozenset({"convert"})
+_QUICK_EXIT = frozenset({"convert", "simulate"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,11 +23,12 @@ The rules, as measured on the real simulator (docs/FACTS.md §A2, §A3, §A4):
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections import defaultdict
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, MutableSequence, Sequence
 from dataclasses import dataclass, field
-from itertools import compress, count
-from operator import not_
+from itertools import compress, count, islice
+from operator import lt, not_
 from pathlib import Path
 from sys import intern
 
@@ -36,7 +37,7 @@ from etweave.chakra.accepts import COMM_NODE_TYPES
 from etweave.chakra.io import node_type_name
 from etweave.errors import BadInput
 from etweave.runfolder import file_rank, lone_file_rank
-from etweave.simulate.engine import GraphError, dep_positions
+from etweave.simulate.engine import GraphError, node_positions, rank_edges
 from etweave.simulate.network import DEFAULT_NETWORK, NETWORK_TIMED, Network, collective_ns, send_ns
 from etweave.simulate.reader import read_nodes
 
@@ -47,6 +48,7 @@ _WANTED = frozenset({"kind", "is_cpu_op", "comm_type", "comm_size", "pg_name", "
                      "measured_duration_micros"})
 # engine-internal node kinds
 _COMP, _COLL, _BCAST, _SEND, _RECV = 0, 1, 2, 3, 4
+_P2P = frozenset({_SEND, _RECV})
 _ALONE, _NEVER = -1, -2  # send/recv peer markers, as in engine.py
 
 
@@ -113,10 +115,10 @@ def load_astra_rank(path: Path, default_rank: int | None = None) -> AstraRank:
     for node_id, name, ntype, deps, start, duration, attrs in nodes:
         kind = attrs.get("kind", "")
         measured = attrs.get("measured_duration_micros")
-        # interned: names and kinds repeat over nodes and ranks (memory per distinct string, as in load.py)
-        an = AstraNode(node_id, intern(name), ntype, deps, duration, bool(attrs.get("is_cpu_op", True)), None, 0, "",
+        # names (interned by the reader) and kinds repeat over nodes and ranks: memory per distinct string
+        an = AstraNode(node_id, name, ntype, deps, duration, bool(attrs.get("is_cpu_op", True)), None, 0, "",
                        None, None, None, start, start + (duration if measured is None else _as_int(measured, duration)),
-                       intern(kind if type(kind) is str else str(kind)))
+                       kind if type(kind) is str else intern(str(kind)))
         if ntype in comm_types:
             an.comm_size = _as_int(attrs.get("comm_size"))
             if "comm_type" in attrs:
@@ -183,15 +185,18 @@ def simulate_timings(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[i
     flat = _flatten(ranks, slots, slotless_kinds)
     instances = _collective_instances(ranks, flat, groups, index_of_rank)
     peer, alone = _send_recv_peers(ranks, flat, index_of_rank)
-    kind_name = [nd.kind or node_type_name(nd.type) for rg in ranks for nd in rg.nodes]
-    return [_run(ranks, flat, instances, peer, kind_name, network, timing, slots, alone) for timing in timings]
+    return [_run(ranks, flat, instances, peer, network, timing, slots, alone) for timing in timings]
 
 
-def _run(ranks: list[AstraRank], flat: _Flat, instances: _Instances, peer: list[int], kind_name: list[str],
-         network: Network, collectives: str, slots: bool, alone: int) -> AstraRun:
+def _run(ranks: list[AstraRank], flat: _Flat, instances: _Instances, peer: list[int], network: Network,
+         collectives: str, slots: bool, alone: int) -> AstraRun:
     notes = [f"{alone} send/recv nodes have no peer among the NPUs given: replayed alone"] if alone else []
-    loop = _EventLoop(ranks, flat, instances, peer, kind_name, network, collectives)
-    loop.run()
+    try:
+        loop = _EventLoop(ranks, flat, instances, peer, network, collectives)
+        loop.run()
+    except OverflowError:  # a time past 2^63 ns (durations no real run has): the same run on Python ints
+        loop = _EventLoop(ranks, flat, instances, peer, network, collectives, machine_ints=False)
+        loop.run()
     n = len(flat.kind)
     finished: list[int | None] = []
     for ri, rg in enumerate(ranks):
@@ -207,7 +212,9 @@ def _run(ranks: list[AstraRank], flat: _Flat, instances: _Instances, peer: list[
 
 @dataclass(slots=True)
 class _Flat:
-    """Every node of every rank at one global index g = offset[rank index] + node index, in parallel lists."""
+    """Every node of every rank at one global index g = offset[rank index] + its place in the rank's id order,
+    in parallel columns: g ascends with node id within a rank, so a rank's ready nodes order by g alone (plain
+    ints in the heaps, not (id, g) pairs)."""
 
     offset: list[int]
     kind: list[int]  # _COMP, _COLL, ...
@@ -215,12 +222,19 @@ class _Flat:
     dur_ns: list[int]  # own time: duration_micros × 1000, 0 → 1 ns
     node_id: list[int]
     owner: list[int]  # rank index
+    kind_name: list[str]  # attr kind, else the node type's name: the contention breakdown's key
     indeg: list[int]
-    children: list[list[int]]
+    # per g its children: a tuple each (the event loop runs over them; a flat array's slices and items would be
+    # new objects at every event)
+    children: list[tuple[int, ...]] = field(default_factory=list)
+    file_index: dict[int, list[int]] = field(default_factory=dict)  # rank index -> node index by place, when not
+    # in id order already (etweave writes nodes in id order)
 
     def node(self, ranks: Sequence[AstraRank], g: int) -> AstraNode:
         ri = self.owner[g]
-        return ranks[ri].nodes[g - self.offset[ri]]
+        i = g - self.offset[ri]
+        order = self.file_index.get(ri)
+        return ranks[ri].nodes[i if order is None else order[i]]
 
 
 def _flatten(ranks: Sequence[AstraRank], slots: bool, slotless_kinds: Collection[str]) -> _Flat:
@@ -229,12 +243,12 @@ def _flatten(ranks: Sequence[AstraRank], slots: bool, slotless_kinds: Collection
         offset.append(n)
         n += len(rg.nodes)
     flat = _Flat(offset=offset, kind=[_COMP] * n, slot=[CPU] * n, dur_ns=[0] * n, node_id=[0] * n, owner=[0] * n,
-                 indeg=[0] * n, children=[[] for _ in range(n)])
+                 kind_name=[""] * n, indeg=[0] * n)
     for ri, rg in enumerate(ranks):
         try:
             _flatten_rank(flat, ri, rg, slotless_kinds)
         except GraphError:
-            _first_error(ri, rg, offset[ri])  # the error the node-by-node rules meet first
+            _first_error(ri, rg)  # the error the node-by-node rules meet first
             raise
     if not slots:
         flat.slot = [FREE] * n
@@ -242,49 +256,36 @@ def _flatten(ranks: Sequence[AstraRank], slots: bool, slotless_kinds: Collection
 
 
 def _flatten_rank(flat: _Flat, ri: int, rg: AstraRank, slotless_kinds: Collection[str]) -> None:
-    """Rank `ri`'s part of the flat lists, column by column (this runs for every node of every rank)."""
+    """Rank `ri`'s part of the flat columns, column by column (this runs for every node of every rank)."""
     nodes, base = rg.nodes, flat.offset[ri]
     end = base + len(nodes)
-    pos = _positions(ri, rg, base)
+    ids = [nd.id for nd in nodes]
+    if not all(map(lt, ids, islice(ids, 1, None))):  # not in id order: place the nodes in it
+        order = sorted(range(len(nodes)), key=ids.__getitem__)
+        flat.file_index[ri] = order
+        nodes = [nodes[i] for i in order]
+        ids = [nd.id for nd in nodes]
     comp = pb.COMP_NODE
     kinds = [(_COMP, CPU if nd.is_cpu_op else GPU) if nd.type == comp else _kind_and_slot(nd, ri) for nd in nodes]
     flat.kind[base:end] = [k for k, _ in kinds]
     flat.slot[base:end] = ([FREE if nd.kind in slotless_kinds else s for nd, (_, s) in zip(nodes, kinds, strict=True)]
                            if slotless_kinds else [s for _, s in kinds])
     flat.dur_ns[base:end] = [max(1, nd.duration_us * 1000) for nd in nodes]
-    flat.node_id[base:end] = [nd.id for nd in nodes]
+    flat.node_id[base:end] = ids
     flat.owner[base:end] = [ri] * len(nodes)
-    children, indeg, get = flat.children, flat.indeg, pos.get
-    for g, nd in enumerate(nodes, base):
-        if not nd.deps:
-            continue
-        parents = dep_positions(ri, nd.id, nd.deps, get)
-        for p in parents:
-            children[p].append(g)
-        indeg[g] = len(parents)
+    flat.kind_name[base:end] = [nd.kind or node_type_name(nd.type) for nd in nodes]
+    flat.children += rank_edges(ri, ids, [nd.deps for nd in nodes], base, flat.indeg)
 
 
-def _first_error(ri: int, rg: AstraRank, base: int) -> None:
-    """Raise the GraphError that checking rank `ri` node by node (its type, then its deps) meets first."""
-    pos = _positions(ri, rg, base)
+def _first_error(ri: int, rg: AstraRank) -> None:
+    """Raise the GraphError that checking rank `ri` node by node (its ids, then each node's type and deps) meets
+    first."""
+    ids = node_positions(ri, [nd.id for nd in rg.nodes])
     for nd in rg.nodes:
         _kind_and_slot(nd, ri)
         for d in nd.deps:
-            if d not in pos:
+            if d not in ids:
                 raise GraphError(ri, f"node {nd.id} depends on node {d}, which is not in the file")
-
-
-def _positions(ri: int, rg: AstraRank, base: int) -> dict[int, int]:
-    """Node id -> global index, for one rank; a repeated id is a GraphError."""
-    ids = [nd.id for nd in rg.nodes]
-    pos = dict(zip(ids, range(base, base + len(ids)), strict=True))  # a column: this runs over every node
-    if len(pos) != len(ids):
-        seen: set[int] = set()
-        for node_id in ids:
-            if node_id in seen:
-                raise GraphError(ri, f"node id {node_id} appears twice")
-            seen.add(node_id)
-    return pos
 
 
 @dataclass(slots=True)
@@ -300,9 +301,8 @@ def _collective_instances(ranks: Sequence[AstraRank], flat: _Flat, groups: Mappi
                           index_of_rank: Mapping[int, int]) -> _Instances:
     instances = _Instances(of=[-1] * len(flat.kind))
     per_pg: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
-    for g, k in enumerate(flat.kind):
-        if k == _COLL:
-            per_pg[flat.node(ranks, g).pg][flat.owner[g]].append(g)
+    for g in compress(range(len(flat.kind)), map(_COLL.__eq__, flat.kind)):  # picked in C: a pass over every node
+        per_pg[flat.node(ranks, g).pg][flat.owner[g]].append(g)
     for pg, by_rank in sorted(per_pg.items()):
         members = _members(ranks, flat, pg, by_rank, groups, index_of_rank)
         for lst in by_rank.values():
@@ -341,12 +341,11 @@ def _send_recv_peers(ranks: Sequence[AstraRank], flat: _Flat,
     peer = [_ALONE] * len(flat.kind)
     sends: dict[tuple[int, int, int], list[int]] = defaultdict(list)
     recvs: dict[tuple[int, int, int], list[int]] = defaultdict(list)
-    for g, k in enumerate(flat.kind):
-        if k in (_SEND, _RECV):
-            nd = flat.node(ranks, g)
-            if nd.comm_src is None or nd.comm_dst is None or nd.comm_tag is None:
-                raise GraphError(flat.owner[g], f"send/recv node {nd.id} lacks comm_src, comm_dst or comm_tag")
-            (sends if k == _SEND else recvs)[(nd.comm_src, nd.comm_dst, nd.comm_tag)].append(g)
+    for g in compress(range(len(flat.kind)), map(_P2P.__contains__, flat.kind)):  # picked in C
+        nd = flat.node(ranks, g)
+        if nd.comm_src is None or nd.comm_dst is None or nd.comm_tag is None:
+            raise GraphError(flat.owner[g], f"send/recv node {nd.id} lacks comm_src, comm_dst or comm_tag")
+        (sends if flat.kind[g] == _SEND else recvs)[(nd.comm_src, nd.comm_dst, nd.comm_tag)].append(g)
     alone = 0
     for table, other_table, peer_side in ((sends, recvs, 1), (recvs, sends, 0)):
         for key, lst in table.items():
@@ -362,50 +361,60 @@ def _send_recv_peers(ranks: Sequence[AstraRank], flat: _Flat,
 
 
 class _EventLoop:
-    """The replay: events (time, sequence, g) complete in time order, equal times in the order they were
-    scheduled; whenever a node of a rank finishes, that rank's ready nodes issue as ASTRA-sim issues them."""
+    """The replay: events complete in time order, equal times in the order they were scheduled; whenever a node
+    of a rank finishes, that rank's ready nodes issue as ASTRA-sim issues them. An event is one int, (time,
+    sequence, g) packed so that ints order as those triples do (`_key`): a heap of ints compares in C, a heap of
+    tuples through a call per element."""
 
     def __init__(self, ranks: Sequence[AstraRank], flat: _Flat, instances: _Instances, peer: list[int],
-                 kind_name: list[str], network: Network, collectives: str) -> None:
+                 network: Network, collectives: str, machine_ints: bool = True) -> None:
         n = len(flat.kind)
-        self.indeg = flat.indeg.copy()  # counted down here: the flat lists serve every run
+        self.indeg = flat.indeg.copy()  # counted down here: the flat columns serve every run
         self.ranks, self.flat, self.instances, self.peer = ranks, flat, instances, peer
         self.network, self.collectives = network, collectives
-        self.issue_t = [-1] * n
-        self.ready_t = [-1] * n
-        self.end = [-1] * n
+        # machine ints, not an int object per node and time: memory stays near the graph's at 1000 ranks
+        times: Callable[[], MutableSequence[int]] = ((lambda: array("q", [-1]) * n) if machine_ints
+                                                     else (lambda: [-1] * n))
+        self.issue_t, self.ready_t, self.end = times(), times(), times()
         self.done = [False] * n
-        self.ready: list[list[list[tuple[int, int]]]] = [[[] for _ in range(4)] for _ in ranks]  # (node id, g)
+        self.ready: list[list[list[int]]] = [[[] for _ in range(4)] for _ in ranks]  # per rank and slot: g, a heap
         self.arrived = [0] * len(instances.nodes)
         self.slot_wait = [[0] * 3 for _ in ranks]  # per rank index and slot: ready → issue, summed
         self.holder = [[-1] * 3 for _ in ranks]
         self.since = [[0] * 3 for _ in ranks]  # when each slot's (holder, someone waiting) state was last accounted
         self.blocked: list[dict[tuple[int, str], int]] = [defaultdict(int) for _ in ranks]
-        self.kind_name = kind_name
-        self.events: list[tuple[int, int, int]] = []
-        self.seq = count(1)  # each event's place in the order of scheduling
+        self.events: list[int] = []  # _key(time, sequence, g), a heap
+        self.seq = count(1)  # each event's place in the order of scheduling: one per node at most
+        self.g_bits = max(n, 1).bit_length()
+        self.time_shift = self.g_bits + (2 * n + 2).bit_length()  # sequence numbers: n at most
+
+    def _key(self, t: int, g: int) -> int:
+        """The event of node g ending at t, scheduled now: (t, its sequence number, g) as one int."""
+        return (t << self.time_shift) | (next(self.seq) << self.g_bits) | g
 
     def run(self) -> None:
-        flat = self.flat
-        for g in range(len(flat.kind)):
-            if self.indeg[g] == 0:
-                self.make_ready(g, 0)
+        for g in compress(range(len(self.indeg)), map(not_, self.indeg)):  # the roots, picked in C
+            self.make_ready(g, 0)
         for ri in range(len(self.ranks)):
             self.issue_ready(ri, 0)
         self._loop()
+        if next(self.seq) >> (self.time_shift - self.g_bits):
+            raise AssertionError("more events than the packed sequence numbers hold")
 
     def _loop(self) -> None:
         """Every completion in time order (`issue_ready` and `make_ready` written out, and `issue` of a compute
         node: they run per node)."""
         flat = self.flat
-        indeg, children, slot, owner, node_id, kind, dur_ns = (self.indeg, flat.children, flat.slot, flat.owner,
-                                                               flat.node_id, flat.kind, flat.dur_ns)
-        events, done, ready_t, issue_t, end, holder, ready, since, blocked, slot_wait, kind_name = (
+        indeg, children, slot, owner, kind, dur_ns, kind_name = (self.indeg, flat.children, flat.slot, flat.owner,
+                                                                 flat.kind, flat.dur_ns, flat.kind_name)
+        events, done, ready_t, issue_t, end, holder, ready, since, blocked, slot_wait = (
             self.events, self.done, self.ready_t, self.issue_t, self.end, self.holder, self.ready, self.since,
-            self.blocked, self.slot_wait, self.kind_name)
+            self.blocked, self.slot_wait)
         pop, push, issue, tick = heapq.heappop, heapq.heappush, self.issue, self.seq.__next__
+        shift, g_bits, g_mask = self.time_shift, self.g_bits, (1 << self.g_bits) - 1
         while events:
-            t, _, g = pop(events)
+            key = pop(events)
+            t, g = key >> shift, key & g_mask
             done[g] = True
             ri = owner[g]
             hold, heaps, at = holder[ri], ready[ri], since[ri]
@@ -427,8 +436,8 @@ class _EventLoop:
                 indeg[c] -= 1
                 if indeg[c] == 0:
                     ready_t[c] = t
-                    push(heaps[slot[c]], (node_id[c], c))
-            for _, c in _pick(heaps, hold):
+                    push(heaps[slot[c]], c)
+            for c in _pick(heaps, hold):
                 s = slot[c]
                 if kind[c] != _COMP or s == FREE:
                     issue(c, t)
@@ -437,7 +446,7 @@ class _EventLoop:
                 hold[s] = c
                 slot_wait[ri][s] += t - ready_t[c]
                 end[c] = e = t + dur_ns[c]
-                push(events, (e, tick(), c))
+                push(events, (e << shift) | (tick() << g_bits) | c)
 
     def coll_ns(self, g: int) -> int:
         if self.collectives == "duration":
@@ -454,7 +463,7 @@ class _EventLoop:
 
     def finish_at(self, g: int, t: int) -> None:
         self.end[g] = t
-        heapq.heappush(self.events, (t, next(self.seq), g))
+        heapq.heappush(self.events, self._key(t, g))
 
     def recv_done(self, r: int, s: int) -> None:
         """Recv r issued, its send s issued: r ends when the message arrived."""
@@ -472,8 +481,7 @@ class _EventLoop:
             self.slot_wait[ri][s] += t - self.ready_t[g]
         k = flat.kind[g]
         if k in (_COMP, _BCAST):
-            self.end[g] = end = t + flat.dur_ns[g]  # finish_at, written out
-            heapq.heappush(self.events, (end, next(self.seq), g))
+            self.finish_at(g, t + flat.dur_ns[g])
         elif k == _COLL:
             self.arrive(g, t)
         elif k == _SEND:
@@ -497,18 +505,18 @@ class _EventLoop:
                 self.finish_at(m, t + self.coll_ns(m))
 
     def issue_ready(self, ri: int, t: int) -> None:
-        for _, g in _pick(self.ready[ri], self.holder[ri]):
+        for g in _pick(self.ready[ri], self.holder[ri]):
             self.issue(g, t)
 
     def make_ready(self, g: int, t: int) -> None:
         self.ready_t[g] = t
-        heapq.heappush(self.ready[self.flat.owner[g]][self.flat.slot[g]], (self.flat.node_id[g], g))
+        heapq.heappush(self.ready[self.flat.owner[g]][self.flat.slot[g]], g)
 
 
-def _pick(heaps: list[list[tuple[int, int]]], hold: list[int]) -> list[tuple[int, int]]:
-    """The ready nodes of a rank that issue now, as (node id, g) in id order. ASTRA-sim visits the ready nodes in
-    ascending id and issues each whose slot is free: per slot that is its lowest ready node; every slot-free node
-    issues (issued in id order, which orders equal-time events)."""
+def _pick(heaps: list[list[int]], hold: list[int]) -> list[int]:
+    """The ready nodes of a rank that issue now, in id order (g ascends with id within a rank). ASTRA-sim visits
+    the ready nodes in ascending id and issues each whose slot is free: per slot that is its lowest ready node;
+    every slot-free node issues (issued in id order, which orders equal-time events)."""
     picked = []
     if heaps[CPU] and hold[CPU] < 0:
         picked.append(heapq.heappop(heaps[CPU]))

@@ -29,10 +29,11 @@ import heapq
 from array import array
 from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, MutableSequence, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate, chain, compress
+from itertools import compress
 from operator import not_
+from typing import NoReturn
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.matching import Channel, collective_instances, group_members, issue_order, match_p2p
@@ -123,16 +124,50 @@ class GraphError(ValueError):
         self.problem = problem
 
 
-def dep_positions(ri: int, node_id: int, deps: tuple[int, ...], position: Callable[[int], int | None]) -> list[int]:
-    """The positions of a node's dependencies, each once (a repeated dep is one edge; in the set's order, as
-    ever): the one rule both replays (this engine and the astra-sim model) index a rank's edges by."""
-    out = []
-    for d in set(deps) if len(deps) > 1 else deps:
-        p = position(d)
-        if p is None:
-            raise GraphError(ri, f"node {node_id} depends on node {d}, which is not in the file")
-        out.append(p)
-    return out
+def rank_edges(ri: int, ids: Sequence[int], deps: Iterable[tuple[int, ...]], base: int,
+               indeg: MutableSequence[int]) -> list[tuple[int, ...]]:
+    """A rank's dependency edges grouped by source: per node index of the rank (file order), the global indices
+    (base + node index) of its children, ascending, as a tuple (half a list's memory; a leaf's is the one empty
+    tuple); `indeg[g]` set to each node's count of distinct parents. A
+    repeated dep is one edge; a missing one is a GraphError. The one rule both replays (this engine and the
+    astra-sim model) index a rank's edges by; one call per rank, the usual node of one dep written out (this runs
+    for every node)."""
+    get = node_positions(ri, ids).get
+    children: list[list[int]] = [[] for _ in ids]
+    for g, node_deps in enumerate(deps, base):
+        if not node_deps:
+            continue
+        if len(node_deps) == 1:
+            p = get(node_deps[0])
+            if p is None:
+                _raise_missing(ri, ids[g - base], node_deps[0])
+            children[p].append(g)
+            indeg[g] = 1
+            continue
+        parents = set(node_deps)
+        for d in parents:
+            p = get(d)
+            if p is None:
+                _raise_missing(ri, ids[g - base], d)
+            children[p].append(g)
+        indeg[g] = len(parents)
+    return list(map(tuple, children))
+
+
+def node_positions(ri: int, ids: Sequence[int]) -> dict[int, int]:
+    """Node id -> its index in `ids` (one rank's); a repeated id is a GraphError naming the first to repeat."""
+    pos = dict(zip(ids, range(len(ids)), strict=True))
+    if len(pos) != len(ids):
+        seen: set[int] = set()
+        for node_id in ids:
+            if node_id in seen:
+                raise GraphError(ri, f"node id {node_id} appears twice")
+            seen.add(node_id)
+    return pos
+
+
+def _raise_missing(ri: int, node_id: int, dep: int) -> NoReturn:
+    raise GraphError(ri, f"node {node_id} depends on node {dep}, which is not in the file")
 
 
 class UnknownGroup(GraphError):
@@ -170,9 +205,10 @@ def replay(ranks: Sequence[RankGraph], groups: Mapping[str, Sequence[int]]) -> R
 
 @dataclass(slots=True)
 class _Graph:
-    """Every rank's nodes under one global index g = offset[rank index] + node index, as flat int arrays (the
+    """Every rank's nodes under one global index g = offset[rank index] + node index, as flat int columns (the
     event loop compares and indexes plain ints). Dependency edges are grouped by their source: the children of g
-    are child_list[child_at[g]:child_at[g + 1]] (one flat array instead of a list object per node)."""
+    are children[g], a tuple each (the event loop runs over them at every completion: slices and items of one flat
+    array would be new objects each time, which cost more than the tuples' memory, ~50 B a node)."""
 
     ranks: list[RankGraph]
     rank_of: list[int]  # rank index -> global rank
@@ -182,10 +218,9 @@ class _Graph:
     kind: list[int]  # _PLAIN, _COLL, _SEND, _RECV
     res: list[int]  # resource index, -1 = takes no resource
     node_id: list[int]
-    indeg: array[int]  # machine ints, not int objects: memory per node stays small at 1000 ranks
+    indeg: list[int]
     res_names: list[tuple[int, str]]  # resource index -> (rank index, label)
-    child_at: array[int] = field(default_factory=lambda: array("q"))
-    child_list: array[int] = field(default_factory=lambda: array("q"))
+    children: list[tuple[int, ...]] = field(default_factory=list)
 
     def rank_index(self, g: int) -> int:
         """The rank of global index g: the last one whose offset is <= g (a rank with no nodes shares its
@@ -215,8 +250,7 @@ def _index(ranks: list[RankGraph]) -> _Graph:
         offset.append(n)
         n += len(rg.nodes)
     graph = _Graph(ranks, [rg.rank for rg in ranks], index_of_rank, offset, dur=[0] * n, kind=[_PLAIN] * n,
-                   res=[-1] * n, node_id=[0] * n, indeg=array("q", bytes(8 * n)), res_names=[])
-    graph.child_at.append(0)
+                   res=[-1] * n, node_id=[0] * n, indeg=[0] * n, res_names=[])
     for ri, rg in enumerate(ranks):
         _index_rank(graph, ri, rg)
     return graph
@@ -228,34 +262,11 @@ def _index_rank(graph: _Graph, ri: int, rg: RankGraph) -> None:
     nodes, base = rg.nodes, graph.offset[ri]
     end = base + len(nodes)
     ids = [nd.id for nd in nodes]
-    pos = dict(zip(ids, range(base, end), strict=True))  # node id -> g, this rank's only (~100 B/node for all)
-    if len(pos) != len(ids):
-        _raise_repeated_id(ri, ids)
     graph.dur[base:end] = [nd.duration for nd in nodes]
     graph.kind[base:end] = [_KIND.get(nd.type, _PLAIN) for nd in nodes]
     graph.node_id[base:end] = ids
     graph.res[base:end] = _resource_indices(graph, ri, [nd.resource for nd in nodes])
-    children: list[list[int]] = [[] for _ in nodes]  # this rank's only, by node index, flattened below
-    indeg, get = graph.indeg, pos.get
-    for g, nd in enumerate(nodes, base):
-        if not nd.deps:
-            continue
-        parents = dep_positions(ri, nd.id, nd.deps, get)
-        for p in parents:
-            children[p - base].append(g)
-        indeg[g] = len(parents)
-    at = accumulate(map(len, children), initial=graph.child_at[-1])
-    next(at)  # the initial value: already there
-    graph.child_at.extend(at)
-    graph.child_list.extend(chain.from_iterable(children))
-
-
-def _raise_repeated_id(ri: int, ids: list[int]) -> None:
-    seen: set[int] = set()
-    for node_id in ids:
-        if node_id in seen:
-            raise GraphError(ri, f"node id {node_id} appears twice")
-        seen.add(node_id)
+    graph.children += rank_edges(ri, ids, [nd.deps for nd in nodes], base, graph.indeg)
 
 
 def _resource_indices(graph: _Graph, ri: int, labels: list[str | None]) -> list[int]:
@@ -394,14 +405,14 @@ class _EventLoop:
     and why, when it was issued, started and ended, and `pred`, what determined its timing (the critical path
     walks it back); per resource: its holder and a queue of ready nodes (ready time, node id, g)."""
 
-    __slots__ = ("arrived", "child_at", "child_list", "done", "dur", "end", "events", "expected", "holder", "indeg",
+    __slots__ = ("arrived", "children", "done", "dur", "end", "events", "expected", "g_bits", "holder", "indeg",
                  "instance_of", "instances", "issue_cause", "issue_t", "kind", "last_holder", "node_id", "offset",
                  "peer", "pred", "queue", "ready_at", "ready_cause", "res", "start", "touched")
 
     def __init__(self, graph: _Graph, colls: _Collectives, messages: _Messages) -> None:
         n, resources = len(graph.dur), len(graph.res_names)
         self.dur, self.kind, self.res, self.node_id = graph.dur, graph.kind, graph.res, graph.node_id
-        self.indeg, self.child_at, self.child_list = graph.indeg, graph.child_at, graph.child_list
+        self.indeg, self.children = graph.indeg, graph.children
         self.offset = graph.offset
         self.peer = messages.peer
         self.instance_of, self.instances, self.expected = colls.instance_of, colls.instances, colls.expected
@@ -417,39 +428,43 @@ class _EventLoop:
         self.last_holder = [-1] * resources
         self.queue: list[list[tuple[int, int, int]]] = [[] for _ in range(resources)]
         self.arrived = [0] * len(colls.instances)
-        self.events: list[tuple[int, int]] = []
+        # a completion is one int, (end time << g_bits) | g: ordered as the pair (end time, g) is, and a heap of
+        # ints compares in C, not through a call per tuple element
+        self.g_bits = max(n, 1).bit_length()
+        self.events: list[int] = []
         self.touched: list[int] = []  # resources whose holder or queue changed since the last dispatch
 
     def run(self) -> None:
-        for g in range(len(self.indeg)):
-            if self.indeg[g] == 0:
-                self._make_ready(g, 0, -1)
+        for g in compress(range(len(self.indeg)), map(not_, self.indeg)):  # the roots, picked in C
+            self._make_ready(g, 0, -1)
         self._dispatch(0)
         self._loop()
 
     def _loop(self) -> None:
         """Every completion in time order. What `_make_ready`, `_dispatch` and `_issue` do, written out for the
         plain nodes (most of them): a method call per node costs as much as the rest of its work."""
-        indeg, child_at, child_list, res, done, kind, dur = (self.indeg, self.child_at, self.child_list, self.res,
-                                                             self.done, self.kind, self.dur)
+        indeg, children, res, done, kind, dur = self.indeg, self.children, self.res, self.done, self.kind, self.dur
         holder, last_holder, events, touched, queue = (self.holder, self.last_holder, self.events, self.touched,
                                                        self.queue)
         ready_at, ready_cause, issue_t, issue_cause, start, end, pred, node_id = (
             self.ready_at, self.ready_cause, self.issue_t, self.issue_cause, self.start, self.end, self.pred,
             self.node_id)
         issue, dispatch, pop, push = self._issue, self._dispatch, _pop, _push
+        g_bits = self.g_bits
+        g_mask = (1 << g_bits) - 1
         while events:
-            t = events[0][0]
+            t = events[0] >> g_bits
+            after = (t + 1) << g_bits
             # drain every completion at time t before issuing, so the ready-first/lowest-id rule sees them all
-            while events and events[0][0] == t:
-                _, g = pop(events)
+            while events and events[0] < after:
+                g = pop(events) & g_mask
                 done[g] = True
                 r = res[g]
                 if r >= 0:
                     holder[r] = -1
                     last_holder[r] = g
                     touched.append(r)
-                for c in child_list[child_at[g]:child_at[g + 1]]:
+                for c in children[g]:
                     indeg[c] -= 1
                     if indeg[c]:
                         continue
@@ -464,7 +479,7 @@ class _EventLoop:
                         issue_t[c] = start[c] = t
                         issue_cause[c] = pred[c] = g
                         end[c] = e = t + dur[c]
-                        push(events, (e, c))
+                        push(events, (e << g_bits) | c)
                     else:
                         issue(c, t, g)
             dispatch(t)
@@ -492,7 +507,7 @@ class _EventLoop:
                     self.issue_t[g] = self.start[g] = t
                     self.issue_cause[g] = self.pred[g] = cause
                     self.end[g] = end = t + self.dur[g]
-                    _push(self.events, (end, g))
+                    _push(self.events, (end << self.g_bits) | g)
                 else:
                     self._issue(g, t, cause)
         self.touched.clear()
@@ -508,7 +523,7 @@ class _EventLoop:
             self.start[g] = t
             self.end[g] = end = t + self.dur[g]
             self.pred[g] = cause
-            _push(self.events, (end, g))
+            _push(self.events, (end << self.g_bits) | g)
         elif k == _COLL:
             self._arrive(g, t, cause)
         else:
@@ -519,7 +534,7 @@ class _EventLoop:
         self.start[g] = t
         self.end[g] = end = t + self.dur[g]
         self.pred[g] = cause
-        _push(self.events, (end, g))
+        _push(self.events, (end << self.g_bits) | g)
 
     def _message(self, g: int, t: int, cause: int) -> None:
         """A send runs its own duration (eager) and may finish its recv; a recv waits for its send, if it has
@@ -545,7 +560,7 @@ class _EventLoop:
                 start[m] = t
                 end[m] = t + dur[m]
                 pred[m] = cause  # the last arriver's cause: the path skips the waiting
-                _push(self.events, (end[m], m))
+                _push(self.events, (end[m] << self.g_bits) | m)
 
     def _finish_recv(self, g: int, s: int) -> None:
         """Recv g ends at the later of its own end and its send's end."""
@@ -554,7 +569,7 @@ class _EventLoop:
             self.end[g], self.pred[g] = self.end[s], s
         else:
             self.end[g], self.pred[g] = own_end, self.issue_cause[g]
-        _push(self.events, (self.end[g], g))
+        _push(self.events, (self.end[g] << self.g_bits) | g)
 
 
 # --- results: the critical path, or why nodes never ran

@@ -83,8 +83,7 @@ def _sim_nodes(nodes: Iterator[NodeFields], path: Path) -> list[SimNode]:
         label = thread_labels.get(tid)
         if label is None:
             label = thread_labels[tid] = intern(f"cpu:tid{tid}")
-        sim = SimNode(node_id, intern(name), ntype, deps, duration, label, start, duration, None, None, None, None,
-                      intern(kind))
+        sim = SimNode(node_id, name, ntype, deps, duration, label, start, duration, None, None, None, None, kind)
         if "part_of" in attrs:
             part_of = attrs["part_of"]
             sim.part_of = part_of if type(part_of) is int else attr_int(part_of, path, node_id, "part_of")

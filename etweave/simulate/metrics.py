@@ -10,11 +10,13 @@ arrived, i.e. when the measured transfer could begin).
 
 from __future__ import annotations
 
-from itertools import compress
+from collections.abc import Iterable
+from itertools import compress, repeat
+from operator import add, and_, ne, sub
 from typing import Any
 
 from etweave.fidelity import RANK_START_OFFSET
-from etweave.simulate.engine import Replay
+from etweave.simulate.engine import RankGraph, Replay
 from etweave.stats import percent, percentile
 
 TOP_CRITICAL = 10
@@ -35,25 +37,35 @@ def _error_stats(errors: list[int], span: int) -> dict[str, Any]:
 
 def measured_window(replay: Replay) -> tuple[int, int] | None:
     """(earliest start, latest end) over measured nodes of all ranks, or None if nothing was measured."""
-    # a column per rank and min/max over it in C: this runs over every node of every rank
+    return _window(map(_measured_times, replay.ranks))
+
+
+def _measured_times(rg: RankGraph) -> tuple[list[int], list[int]]:
+    """A rank's measured start and end per node, as columns (a start of 0: not measured). Columns and min/max
+    over them in C: this runs over every node of every rank."""
+    starts = [nd.measured_start for nd in rg.nodes]
+    return starts, list(map(add, starts, [nd.measured_duration for nd in rg.nodes]))
+
+
+def _window(ranks: Iterable[tuple[list[int], list[int]]]) -> tuple[int, int] | None:
     window: tuple[int, int] | None = None
-    for rg in replay.ranks:
-        starts = [nd.measured_start for nd in rg.nodes]
+    for starts, ends in ranks:
         if not any(starts):
             continue
         lo = min(filter(None, starts))
-        hi = max(compress([nd.measured_start + nd.measured_duration for nd in rg.nodes], starts))
+        hi = max(compress(ends, starts))
         window = (lo, hi) if window is None else (min(window[0], lo), max(window[1], hi))
     return window
 
 
 def summarize(replay: Replay) -> dict[str, Any]:
     """The replay beside the measured run: makespan, start errors, critical path, collectives, per rank."""
-    window = measured_window(replay)
+    times = [_measured_times(rg) for rg in replay.ranks]
+    window = _window(times)
     origin = window[0] if window else 0
     span = window[1] - window[0] if window else 0
     node_errors: list[int] = []
-    per_rank = [_rank_summary(replay, ri, origin, node_errors) for ri in range(len(replay.ranks))]
+    per_rank = [_rank_summary(replay, ri, times[ri], origin, node_errors) for ri in range(len(replay.ranks))]
     critical_path = _critical_path_summary(replay)
     return {
         "ranks": [rg.rank for rg in replay.ranks],
@@ -71,27 +83,32 @@ def summarize(replay: Replay) -> dict[str, Any]:
     }
 
 
-def _rank_summary(replay: Replay, ri: int, origin: int, node_errors: list[int]) -> dict[str, Any]:
-    """One rank's entry; appends the start error of each of its measured nodes (common frame) to `node_errors`."""
+def _rank_summary(replay: Replay, ri: int, times: tuple[list[int], list[int]], origin: int,
+                  node_errors: list[int]) -> dict[str, Any]:
+    """One rank's entry; appends the start error of each of its measured nodes (common frame) to `node_errors`.
+    In whole-column passes (map, compress): this runs over every node of every rank."""
     rg = replay.ranks[ri]
     nodes, issue, end = rg.nodes, replay.issue[ri], replay.end[ri]
-    starts = [nd.measured_start for nd in nodes]
-    measured = list(compress(range(len(nodes)), starts))  # indices of the measured nodes
+    starts, ends = times
+    node_errors += map(sub, map(add, compress(issue, starts), repeat(origin)), filter(None, starts))
     # the synthetic [rank start offset] node "starts" at the run's first instant: not this rank's own start
-    own = [i for i in measured if nodes[i].name != RANK_START_OFFSET]
-    node_errors += [issue[i] + origin - starts[i] for i in measured]
+    own: list[int] | list[bool] = starts
+    names = [nd.name for nd in nodes]
+    if RANK_START_OFFSET in names:
+        own = list(map(and_, map(bool, starts), map(ne, names, repeat(RANK_START_OFFSET))))
     entry: dict[str, Any] = {"rank": rg.rank, "file": rg.source, "nodes": len(nodes),
                              "simulated_makespan_us": max(end, default=0), "measured_span_us": None}
-    if own:
-        lo = min(map(starts.__getitem__, own))
-        hi = max(starts[i] + nodes[i].measured_duration for i in own)
+    if any(own):
+        lo = min(compress(starts, own))
+        hi = max(compress(ends, own))
         entry["measured_span_us"] = hi - lo
         # a rank whose trace begins later shows that skew in the common frame, so also give the error in the
         # rank's own frame (simulated times less the rank's simulated first issue)
         entry["measured_first_start_us"] = lo - origin
-        first = min(map(issue.__getitem__, own))
+        first = min(compress(issue, own))
         entry["simulated_first_start_us"] = first
-        entry["start_error_own_frame"] = _error_stats([issue[i] - first + lo - starts[i] for i in own], hi - lo)
+        errors = map(add, map(sub, compress(issue, own), compress(starts, own)), repeat(lo - first))
+        entry["start_error_own_frame"] = _error_stats(list(errors), hi - lo)
     return entry
 
 

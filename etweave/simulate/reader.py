@@ -10,8 +10,10 @@ canonical form every protobuf writer gives it (the name first, then one value: a
 other form (another value type, a value before the name, a doc_string, a malformed entry, a name field twice or
 with a padded length, a wanted name's bytes inside a string) sends that node through the full protobuf message
 instead, so every value reads exactly as `etweave.chakra.io.attr_value` reads it, and bad bytes fail as
-`iter_et` fails. The one difference: the entries of attrs no replay reads are never parsed, so a malformed one
-(which protobuf would refuse) goes unnoticed here; `etweave check` reads every byte.
+`iter_et` fails. A node's name is read as bytes and decoded (and interned) once per distinct name, the deps as
+slices of the repeated fields (a list made in C). The one difference: the entries of attrs no replay reads are
+never parsed, so a malformed one (which protobuf would refuse) goes unnoticed here; `etweave check` reads every
+byte.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import re
 from collections.abc import Callable, Collection, Iterator
 from operator import attrgetter
 from pathlib import Path
+from sys import intern
 from typing import Any, cast
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -45,7 +48,8 @@ def _reduced_node_class() -> type[Message]:
                                            syntax="proto3", dependency=[pb.DESCRIPTOR.name])
     node = f.message_type.add(name="Node")
     fd = descriptor_pb2.FieldDescriptorProto
-    for number, name, kind, repeated in ((1, "id", fd.TYPE_UINT64, False), (2, "name", fd.TYPE_STRING, False),
+    for number, name, kind, repeated in ((1, "id", fd.TYPE_UINT64, False),
+                                         (2, "name", fd.TYPE_BYTES, False),  # decoded once per distinct name
                                          (3, "type", fd.TYPE_INT32, False),  # an open enum reads as int32
                                          (4, "ctrl_deps", fd.TYPE_UINT64, True),
                                          (5, "data_deps", fd.TYPE_UINT64, True),
@@ -116,7 +120,7 @@ def _value(entry: bytes, at: int) -> object:
     if pos + raw != len(entry):
         raise _Unusual  # a short string, or more fields after it
     try:
-        return entry[pos:].decode()
+        return intern(entry[pos:].decode())  # kinds, group names: a few distinct values over every node
     except UnicodeDecodeError as exc:
         raise _Unusual from exc
 
@@ -144,13 +148,14 @@ def _full(raw: bytes, path: Path, wanted: Collection[str]) -> NodeFields:
     except Exception as exc:  # protobuf's DecodeError, worded as iter_et words it
         raise BadInput(path, f"not a Chakra .et stream: {exc}") from exc
     attrs = {a.name: attr_value(a) for a in node.attr if a.name in wanted}
-    return (node.id, node.name, node.type, (*node.data_deps, *node.ctrl_deps), node.start_time_micros,
+    return (node.id, intern(node.name), node.type, (*node.data_deps, *node.ctrl_deps), node.start_time_micros,
             node.duration_micros, attrs)
 
 
 def read_nodes(path: Path, wanted: Collection[str]) -> tuple[pb.GlobalMetadata, Iterator[NodeFields]]:
     """The metadata, and each node's fields with the attrs named in `wanted` (later entries of one name win, as
-    a dict of `node.attr` would), one node at a time: memory independent of the file's size."""
+    a dict of `node.attr` would), one node at a time: memory independent of the file's size. Names are
+    interned (a run repeats a few hundred over millions of nodes)."""
     metadata, raws = iter_et_raw(path)
     return metadata, _nodes(raws, path, frozenset(wanted))
 
@@ -162,6 +167,7 @@ def _nodes(raws: Iterator[bytes], path: Path, wanted: frozenset[str]) -> Iterato
     wanted_names = _name_counter(wanted)
     names = frozenset(name.encode() for name in wanted)
     known: dict[bytes, tuple[str, object]] = {}  # entry bytes -> (name, value), or _SKIP: most entries repeat
+    node_names: dict[bytes, str] = {}  # a node name's bytes -> the name, interned: names repeat over nodes
     for raw in raws:
         node = new_node()
         try:
@@ -169,11 +175,13 @@ def _nodes(raws: Iterator[bytes], path: Path, wanted: frozenset[str]) -> Iterato
         except Exception:
             yield _full(raw, path, wanted)  # raises the error iter_et would
             continue
+        node_id, name_bytes, ntype, data_deps, ctrl_deps, start, duration = fields(node)
         attrs: dict[str, object] = {}
-        expected = len(wanted_names(raw))
-        if expected:
-            found = 0
-            try:
+        try:
+            name = node_names.get(name_bytes) or _name(name_bytes, node_names)
+            expected = len(wanted_names(raw))
+            if expected:
+                found = 0
                 for entry in node.attr:  # etweave writes the attrs the replays read first: a few entries are read
                     hit = known.get(entry)
                     if hit is None:
@@ -187,11 +195,22 @@ def _nodes(raws: Iterator[bytes], path: Path, wanted: frozenset[str]) -> Iterato
                             break
                 else:
                     raise _Unusual  # a wanted name elsewhere: in a string, or an entry's later name field
-            except _Unusual:
-                yield _full(raw, path, wanted)
-                continue
-        node_id, name, ntype, data_deps, ctrl_deps, start, duration = fields(node)
-        yield node_id, name, ntype, (*data_deps, *ctrl_deps) if ctrl_deps else tuple(data_deps), start, duration, attrs
+        except _Unusual:
+            yield _full(raw, path, wanted)  # raises the error iter_et would for a name that is not UTF-8
+            continue
+        # (a slice is a list made in C: iterating the repeated field costs twice as much)
+        yield (node_id, name, ntype, (*data_deps[:], *ctrl_deps[:]) if ctrl_deps else tuple(data_deps[:]), start,
+               duration, attrs)
+
+
+def _name(raw: bytes, names: dict[bytes, str]) -> str:
+    """A node name not seen before (or ""), interned and kept; _Unusual when it is not UTF-8 (protobuf refuses
+    it: the node is read again by the full message, which says so)."""
+    try:
+        name = names[raw] = intern(raw.decode())
+    except UnicodeDecodeError as exc:
+        raise _Unusual from exc
+    return name
 
 
 def _decode(entry: bytes, names: frozenset[bytes]) -> tuple[str, object]:

@@ -70,3 +70,26 @@ def test_a_stuck_collective_is_named() -> None:
 def test_graphs_it_cannot_run(ranks: list[AstraRank], groups: dict[str, list[int]], message: str) -> None:
     with pytest.raises(GraphError, match=message):
         simulate(ranks, groups)
+
+
+def test_file_order_does_not_change_the_replay() -> None:
+    """The model indexes each rank's nodes in id order (its ready nodes then order by index alone): a rank whose
+    file lists them in another order replays the same, equal-time events and slot waits included."""
+    nodes = [comp(1, 10), comp(2, 5, 1), comp(3, 5, 1, cpu=False), comp(4, 0, 2, 3), coll(5, 4, us=3),
+             comp(6, 7, cpu=False), comp(7, 2, 5, 6)]
+    in_order = [AstraRank(0, nodes), AstraRank(1, nodes)]
+    shuffled = [AstraRank(0, [nodes[i] for i in (6, 2, 0, 4, 3, 5, 1)]), AstraRank(1, nodes[::-1])]
+    for collectives in ("network", "duration"):
+        a, b = simulate(in_order, {}, collectives=collectives), simulate(shuffled, {}, collectives=collectives)
+        assert (a.finished_ns, a.slot_wait_ns, a.blocked_by) == (b.finished_ns, b.slot_wait_ns, b.blocked_by)
+        assert a.finished_ns[0] is not None and a.finished_ns[0] > 0
+    stuck = simulate([AstraRank(0, [comp(3, 1, 2), coll(2, pg="5"), comp(1, 1)]), AstraRank(1, [comp(1, 1)])],
+                     {"5": [0, 1]})  # the nodes named from their place in the file
+    assert stuck.stuck == ["rank 0 node 2 'c2': issued, waits for its peers", "rank 0 node 3 'n3': waits for its deps"]
+
+
+def test_times_past_machine_ints_still_replay() -> None:
+    """Times are kept as machine ints while they fit: a duration no real run has (2^60 µs, past 2^63 ns) replays
+    the same on Python ints."""
+    run = simulate(replicate(AstraRank(0, [comp(1, 1 << 60), comp(2, 1, 1)]), 2), {})
+    assert run.finished_ns == [(1 << 60) * 1000 + 1000] * 2 and run.stuck_count == 0
