@@ -7,11 +7,11 @@ are bad input (exit 2, one line, no file)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import orjson
 import pytest
+from msgspec.structs import replace
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.cli import main

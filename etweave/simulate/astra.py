@@ -26,11 +26,13 @@ import heapq
 from array import array
 from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping, MutableSequence, Sequence
-from dataclasses import dataclass, field
 from itertools import compress, count, islice
 from operator import lt, not_
 from pathlib import Path
 from sys import intern
+
+import msgspec
+from msgspec import field
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.accepts import COMM_NODE_TYPES
@@ -52,8 +54,7 @@ _P2P = frozenset({_SEND, _RECV})
 _ALONE, _NEVER = -1, -2  # send/recv peer markers, as in engine.py
 
 
-@dataclass(slots=True)
-class AstraNode:
+class AstraNode(msgspec.Struct):
     id: int
     name: str
     type: int  # Chakra NodeType as written (METADATA_NODE included)
@@ -71,16 +72,14 @@ class AstraNode:
     kind: str = ""  # etweave's attr `kind` (delay, host_op, kernel, ...), for the contention breakdown
 
 
-@dataclass(slots=True)
-class AstraRank:
+class AstraRank(msgspec.Struct):
     rank: int  # the NPU it is replayed as
     nodes: list[AstraNode]
     source: str = ""
     replica: bool = False  # one trace replayed as several NPUs: its sends and recvs have no peer among them
 
 
-@dataclass
-class AstraRun:
+class AstraRun(msgspec.Struct):
     ranks: list[AstraRank]
     collectives: str  # "network" or "duration"
     slots: bool
@@ -210,8 +209,7 @@ def _run(ranks: list[AstraRank], flat: _Flat, instances: _Instances, peer: list[
     return run
 
 
-@dataclass(slots=True)
-class _Flat:
+class _Flat(msgspec.Struct):
     """Every node of every rank at one global index g = offset[rank index] + its place in the rank's id order,
     in parallel columns: g ascends with node id within a rank, so a rank's ready nodes order by g alone (plain
     ints in the heaps, not (id, g) pairs)."""
@@ -288,8 +286,7 @@ def _first_error(ri: int, rg: AstraRank) -> None:
                 raise GraphError(ri, f"node {nd.id} depends on node {d}, which is not in the file")
 
 
-@dataclass(slots=True)
-class _Instances:
+class _Instances(msgspec.Struct):
     """Collective instances: the k-th collective of a group on each member rank (ascending id)."""
 
     of: list[int]  # per global index: its instance, -1 = none

@@ -30,10 +30,12 @@ from array import array
 from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, MutableSequence, Sequence
-from dataclasses import dataclass, field
 from itertools import compress
 from operator import not_
 from typing import NoReturn
+
+import msgspec
+from msgspec import field
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.matching import Channel, collective_instances, group_members, issue_order, match_p2p
@@ -49,8 +51,7 @@ _ALONE = -1  # peer rank not among the ranks given: run alone
 _NEVER = -2  # peer rank given, but it has no matching node: a recv waits forever
 
 
-@dataclass(slots=True)
-class SimNode:
+class SimNode(msgspec.Struct, gc=False):  # numbers, strings and a tuple of ints: never in a cycle
     """One node, reduced to what the replay needs. `duration` is the simulated duration (µs)."""
 
     id: int
@@ -69,15 +70,13 @@ class SimNode:
     part_of: int = 0  # attr `part_of`: the op a self_part/resume node belongs to, 0 = none
 
 
-@dataclass(slots=True)
-class RankGraph:
+class RankGraph(msgspec.Struct):
     rank: int
     nodes: list[SimNode]
     source: str = ""  # file it came from, for messages
 
 
-@dataclass(slots=True)
-class CollInstance:
+class CollInstance(msgspec.Struct):
     """The k-th collective of group `pg`: its nodes as (rank index, node index), on the ranks that issue it."""
 
     pg: str
@@ -86,16 +85,14 @@ class CollInstance:
     nodes: list[tuple[int, int]]
 
 
-@dataclass(slots=True)
-class Stuck:
+class Stuck(msgspec.Struct):
     rank: int  # global rank
     node_id: int
     name: str
     waits_for: str
 
 
-@dataclass
-class Replay:
+class Replay(msgspec.Struct):
     ranks: list[RankGraph]
     # per rank index, per node index; -1 where the node never got there (deadlock)
     issue: list[list[int]]
@@ -203,8 +200,7 @@ def replay(ranks: Sequence[RankGraph], groups: Mapping[str, Sequence[int]]) -> R
 # --- indexing: the ranks' nodes as flat arrays over one global index, and the comm nodes matched across ranks
 
 
-@dataclass(slots=True)
-class _Graph:
+class _Graph(msgspec.Struct):
     """Every rank's nodes under one global index g = offset[rank index] + node index, as flat int columns (the
     event loop compares and indexes plain ints). Dependency edges are grouped by their source: the children of g
     are children[g], a tuple each (the event loop runs over them at every completion: slices and items of one flat
@@ -279,8 +275,7 @@ def _resource_indices(graph: _Graph, ri: int, labels: list[str | None]) -> list[
     return [index[label] for label in labels]
 
 
-@dataclass(slots=True)
-class _Collectives:
+class _Collectives(msgspec.Struct):
     """The collective instances (etweave.matching's rule) and, per node, the one it belongs to."""
 
     instance_of: list[int]  # g -> instance index, -1 = not a collective
@@ -335,8 +330,7 @@ def _members(graph: _Graph, pg: str, by_rank: Mapping[int, list[tuple[int, int]]
     return members
 
 
-@dataclass(slots=True)
-class _Messages:
+class _Messages(msgspec.Struct):
     """Send/recv matched (etweave.matching's rule): per node its peer, or _ALONE / _NEVER."""
 
     peer: list[int]

@@ -25,8 +25,11 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+import msgspec
+from msgspec import field
+from msgspec.structs import replace
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.accepts import comm_type_name
@@ -50,8 +53,7 @@ MAX_BANDWIDTH_GBPS = 1e6  # a fit wanting a faster network (zero serialization t
 _IRLS_ROUNDS = 50
 
 
-@dataclass(frozen=True, slots=True)
-class Sample:
+class Sample(msgspec.Struct, frozen=True):
     """One network-timed node: measured ns = a·L + b·S + c (L latency ns/hop, S ns per byte)."""
     rank: int
     node_id: int
@@ -68,8 +70,7 @@ class Sample:
         return self.a * latency_ns + self.b * ns_per_byte + self.c
 
 
-@dataclass
-class NetworkFit:
+class NetworkFit(msgspec.Struct):
     network: Network
     samples: list[Sample]
     residual_ns: list[float]  # fitted − measured, per sample

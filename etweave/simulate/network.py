@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.accepts import SIZE_TIMED_COLLECTIVES, comm_type_name
@@ -38,8 +39,7 @@ NETWORK_TIMED = SIZE_TIMED_COLLECTIVES  # their one home: etweave.chakra.accepts
 TOPOLOGIES = ("Ring", "Switch")
 
 
-@dataclass(frozen=True, slots=True)
-class Network:
+class Network(msgspec.Struct, frozen=True):
     topology: str  # "Ring" or "Switch"
     bandwidth_gbps: float  # GB/s per link, as ASTRA-sim's network yml gives it
     latency_ns: float  # per hop

@@ -18,10 +18,10 @@ first node, from attr `dep_evidence`), `parts` (the other node ids merged into t
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 
 from etweave.chakra import et_def_pb2 as pb
@@ -34,8 +34,7 @@ NO_RESOURCE = "no resource"
 CRITICAL_TRACK = "critical path"
 
 
-@dataclass(slots=True, frozen=True)
-class NodeDetail:
+class NodeDetail(msgspec.Struct, frozen=True):
     """What the timeline reads from a node beyond what the replay keeps."""
 
     kind: str = ""
@@ -73,8 +72,7 @@ def load_details(replay: Replay) -> list[dict[int, NodeDetail]]:
     return details
 
 
-@dataclass(slots=True)
-class _Slice:
+class _Slice(msgspec.Struct):
     op: int  # node index of the op's first node
     parts: list[int]  # node indices merged into it (the op's own node among them when it has a time here)
     track: str
@@ -172,8 +170,7 @@ def timeline_events(replay: Replay, details: Sequence[dict[int, NodeDetail]] | N
     return events
 
 
-@dataclass(slots=True)
-class _View:
+class _View(msgspec.Struct):
     """One rank's slices in one view (measured or simulated) as trace events; a simulated slice on the critical
     path is noted in `placed` for the flow arrows."""
 

@@ -41,9 +41,10 @@ import math
 import re
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
+
+import msgspec
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.accepts import COMM_NODE_TYPES, comm_type_name
@@ -62,16 +63,14 @@ _GPU_KINDS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 
-@dataclass(frozen=True, slots=True)
-class Selector:
+class Selector(msgspec.Struct, frozen=True):
     name: str | None = None
     kind: str | None = None
     ranks: frozenset[int] | None = None
     steps: frozenset[int] | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Edit:
+class Edit(msgspec.Struct, frozen=True):
     action: str  # one of ACTIONS
     selector: Selector
     value: float  # factor (scale, comm-bandwidth) or µs (set-duration)
@@ -82,8 +81,7 @@ class Edit:
         return f"--{self.action} {self.text}"
 
 
-@dataclass(frozen=True, slots=True)
-class EditResult:
+class EditResult(msgspec.Struct, frozen=True):
     edit: Edit
     nodes: int  # nodes whose duration the edit set (changed or not)
     ops: int  # ops (a node with its parts) among them
@@ -206,16 +204,14 @@ def select(rank: RankGraph, selector: Selector) -> list[list[int]]:
     return [sorted(g, key=lambda i: (i != o, i)) for o, g in sorted(groups.items())]
 
 
-@dataclass(frozen=True, slots=True)
-class Transfer:
+class Transfer(msgspec.Struct, frozen=True):
     """What the bandwidth fit reads of one communication node besides its duration."""
 
     kind: str  # collective kind (ALL_REDUCE, ...; the number where it names none), or SEND / RECV
     size: int  # bytes (attr comm_size); 0 = not given
 
 
-@dataclass(frozen=True, slots=True)
-class TransferFit:
+class TransferFit(msgspec.Struct, frozen=True):
     """One (process group, collective kind)'s transfers: duration ≈ latency_us + bytes × us_per_byte."""
 
     latency_us: float
