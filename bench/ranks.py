@@ -28,6 +28,10 @@ the world group of N ranks. Timestamps are jittered as above, to the ns.
     python -m bench.ranks --generate 32 --out /tmp/run32           # the generator alone
     python -m bench.ranks --generate 16 --source gloo --out /tmp/g16
     python -m bench.ranks --sizes 8,64,256 [--dask 64]              # the N-rank table (bench/README.md)
+
+The table subtracts each command's CPU on a start-up run (`startup_run`: two ranks of the real output, one node of
+every kind) and repeats each command on each folder until its runs' CPU sums to `--cpu-target`, the median run
+counting, in interleaved rounds (`time_interleaved`; bench/README.md says why).
 """
 
 from __future__ import annotations
