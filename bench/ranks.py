@@ -500,7 +500,7 @@ def _pair_comm(kept: list[dict[StartupKey, Any]], ranks: list[int]) -> None:
 # ---- the N-rank table: every size prepared first, then each command timed on every size, interleaved
 
 COMMANDS = ("convert-run", "check", "decode", "simulate", "simulate astra")
-CPU_TARGET_S = 10.0  # each (command, size) is run until its runs' CPU sums to this (the start-up run too) ...
+CPU_TARGET_S = 20.0  # each (command, size) is run until its runs' CPU sums to this (the start-up run too) ...
 MOST_RUNS = 25  # ... or this many runs
 
 
