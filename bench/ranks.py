@@ -28,27 +28,33 @@ the world group of N ranks. Timestamps are jittered as above, to the ns.
     python -m bench.ranks --generate 32 --out /tmp/run32           # the generator alone
     python -m bench.ranks --generate 16 --source gloo --out /tmp/g16
     python -m bench.ranks --sizes 8,64,256 [--dask 64]              # the N-rank table (bench/README.md)
+
+The table subtracts each command's CPU on a start-up run (`startup_run`: two ranks of the real output, one node of
+every kind) and repeats each command on each folder until its runs' CPU sums to `--cpu-target`, the median run
+counting, in interleaved rounds (`time_interleaved`; bench/README.md says why).
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import math
 import os
 import platform
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from bench.run import run_proc
+from bench.run import Proc, run_proc
 from bench.scale import load_json, traces_dir
 from etweave.read.widths import MAX_RANKS  # the converter's world-size cap: the generator stays within it
 
@@ -267,6 +273,8 @@ class Step:
     rss_mb: float
     rc: int
     err: str
+    runs: int = 1  # the runs it is the median of
+    cpu_runs: list[float] = field(default_factory=list)  # each run's CPU, in order
 
 
 def _etweave(*args: str) -> list[str]:
@@ -344,8 +352,9 @@ def _print_row(row: dict[str, Any]) -> None:
           f"{row.get('nodes', 0)} nodes, cross-rank {'consistent' if row.get('consistent') else 'NOT consistent'}")
     for name, s in row["steps"].items():
         failed = f"  FAILED rc {s['rc']}: {s['err']}" if s["rc"] else ""
+        runs = f"  ({s['runs']} runs)" if s.get("runs", 1) > 1 else ""
         print(f"       {name:<20} wall {s['wall_s']:8.2f} s  cpu {s['cpu_s']:8.2f} s  "
-              f"cpu/rank {s['cpu_s'] / row['n'] * 1e3:7.1f} ms  peak RSS {s['rss_mb']:7.0f} MB{failed}")
+              f"cpu/rank {s['cpu_s'] / row['n'] * 1e3:7.1f} ms  peak RSS {s['rss_mb']:7.0f} MB{runs}{failed}")
     st = row["steps"]
     if "decode" in st:
         d, dc = st["decode"]["wall_s"], st["decode"]["cpu_s"]
@@ -361,6 +370,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="8,64,256", help="comma-separated rank counts (default 8,64,256)")
     p.add_argument("--dask", type=int, metavar="N", help="also convert the N-rank run on a Dask LocalCluster")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="convert-run workers (default: CPUs)")
+    p.add_argument("--cpu-target", type=float, default=CPU_TARGET_S, metavar="S",
+                   help=f"run each command on each folder until its runs' CPU sums to S seconds (default "
+                        f"{CPU_TARGET_S:g}); the median run counts")
+    p.add_argument("--most-runs", type=int, default=MOST_RUNS, metavar="K",
+                   help=f"at most K runs of a command on a folder (default {MOST_RUNS})")
     p.add_argument("--save", type=Path, metavar="FILE", help="write the rows as JSON")
     p.add_argument("--generate", type=int, metavar="N", help="only write an N-rank run to --out")
     p.add_argument("--out", type=Path, help="with --generate: the run folder")
@@ -402,52 +416,248 @@ def empty_run(folder: Path) -> list[Path]:
     return paths
 
 
-def startup_cpu(folder: Path, jobs: int) -> dict[str, float]:
-    """Per command of the table, the CPU it spends on no work: `check`, `decode` and both `simulate`s of an empty
-    run (each imports only its own modules); `convert-run`, whose workers each start an interpreter too, that of
-    `python -m etweave --help` (every command's imports) once per process."""
-    files = [str(p) for p in empty_run(folder)]
-    cpu = {"convert-run": _step("start-up", _etweave("--help")).cpu_s * (1 + jobs),
-           "check": _step("start-up", _etweave("check", str(folder))).cpu_s,
-           "decode": _step("start-up", [sys.executable, "-m", "bench.ranks", "--decode", *files]).cpu_s,
-           "simulate": _step("start-up", _etweave("simulate", str(folder))).cpu_s,
-           "simulate astra": _step("start-up", _etweave("simulate", str(folder), "--model", "astra-sim")).cpu_s}
-    return cpu
+# ---- the start-up run: what each command costs before any rank's work
+
+StartupKey = tuple[int, str, str, str, bool]  # node type, `kind` attr, comm_type, pg_name, a process-group init
+
+
+def _startup_key(node: Any) -> StartupKey:
+    from etweave.chakra.io import node_attrs
+
+    attrs = node_attrs(node)
+    return (node.type, str(attrs.get("kind", "")), str(attrs.get("comm_type", "")), str(attrs.get("pg_name", "")),
+            node.name == PG_INIT)
+
+
+def _p2p_channel(node: Any) -> tuple[int, int, int]:
+    from etweave.chakra.io import node_attrs
+
+    attrs = node_attrs(node)
+    return int(str(attrs["comm_src"])), int(str(attrs["comm_dst"])), int(str(attrs["comm_tag"]))
+
+
+def startup_run(real: Path, folder: Path) -> list[Path]:
+    """The start-up run of the real output folder `real`: its first two ranks, each cut to the first node of every
+    kind it has (node type, `kind` attr, collective type, process group, the process-group init node), so a
+    command meets every message, attr and node kind, the comm-group map, report.json and the collective and
+    send/recv bookkeeping a real run makes it meet, with next to no work. Collectives are kept where both ranks
+    have that kind, a send only with the other rank's recv of its channel (and the reverse), so the cut checks
+    clean and replays with no stuck node; each rank's kept nodes are chained in one order (the same on both
+    ranks: kinds sorted) by data_deps, in place of the deps to nodes cut away. The comm-group map and
+    report.json are the real ones cut to the two ranks."""
+    from etweave.chakra import et_def_pb2 as pb
+    from etweave.chakra.io import read_et, write_et
+    from etweave.runfolder import COMM_GROUP_FILE, REPORT_FILE, split_rank_name
+
+    files = sorted(real.glob("*.et"), key=lambda p: (split_rank_name(p) or ("", 0))[1])[:2]
+    ranks = [(split_rank_name(p) or ("", 0))[1] for p in files]
+    metas, kept = [], []
+    for path in files:
+        metadata, nodes = read_et(path)
+        first: dict[StartupKey, pb.Node] = {}
+        for node in nodes:
+            first.setdefault(_startup_key(node), node)
+        metas.append(metadata)
+        kept.append(first)
+    _pair_comm(kept, ranks)
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for path, metadata, first in zip(files, metas, kept, strict=True):
+        chain = [first[k] for k in sorted(first)]
+        for prev, node in zip([None, *chain], chain, strict=False):
+            del node.data_deps[:], node.ctrl_deps[:]
+            if prev is not None:
+                node.data_deps.append(prev.id)
+        write_et(folder / path.name, metadata, chain)
+        out.append(folder / path.name)
+    groups = orjson.loads((real / COMM_GROUP_FILE).read_bytes()) if (real / COMM_GROUP_FILE).is_file() else {}
+    cut = {g: [r for r in members if r in ranks] for g, members in groups.items()}
+    (folder / COMM_GROUP_FILE).write_bytes(orjson.dumps({g: m for g, m in cut.items() if m}))
+    if (real / REPORT_FILE).is_file():
+        report = orjson.loads((real / REPORT_FILE).read_bytes())
+        report["ranks"] = {str(r): report["ranks"][str(r)] for r in ranks if str(r) in report.get("ranks", {})}
+        (folder / REPORT_FILE).write_bytes(orjson.dumps(report))
+    return out
+
+
+def _pair_comm(kept: list[dict[StartupKey, Any]], ranks: list[int]) -> None:
+    """Keep a collective kind only where every rank of the cut has it, a send only beside the other rank's first
+    recv of the same channel (and the reverse): what matches across ranks in the real run matches in the cut."""
+    from etweave.chakra import et_def_pb2 as pb
+
+    coll = [{k for k, n in first.items() if n.type == pb.COMM_COLL_NODE} for first in kept]
+    both = set.intersection(*coll) if coll else set()
+    for first in kept:
+        for key in [k for k, n in first.items() if n.type == pb.COMM_COLL_NODE and k not in both]:
+            del first[key]
+    p2p = [{_p2p_channel(n): k for k, n in first.items() if n.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE)}
+           for first in kept]
+    for first, channels in zip(kept, p2p, strict=True):
+        for channel, key in channels.items():
+            if sum(channel in other for other in p2p) < 2 or not set(channel[:2]) <= set(ranks):
+                del first[key]
+
+# ---- the N-rank table: every size prepared first, then each command timed on every size, interleaved
+
+COMMANDS = ("convert-run", "check", "decode", "simulate", "simulate astra")
+CPU_TARGET_S = 20.0  # each (command, size) is run until its runs' CPU sums to this (the start-up run too) ...
+MOST_RUNS = 25  # ... or this many runs
+
+
+def runs_needed(first_cpu_s: float, target_s: float = CPU_TARGET_S, most: int = MOST_RUNS) -> int:
+    """How many runs a command gets on one folder, from its first run's CPU: enough that their CPU sums to
+    `target_s` (so every size is measured over a similar amount of CPU, as one long run of the largest is), at
+    least 1 and at most `most`."""
+    if first_cpu_s <= 0:
+        return most
+    return max(1, min(most, math.ceil(target_s / first_cpu_s)))
+
+
+@dataclass(slots=True)
+class Runs:
+    """The runs of one command on one folder."""
+
+    name: str
+    procs: list[Proc] = field(default_factory=list)
+    wanted: int = 1
+
+    def add(self, proc: Proc, target_s: float, most: int) -> None:
+        self.procs.append(proc)
+        if len(self.procs) == 1:
+            self.wanted = runs_needed(proc.cpu_s, target_s, most) if proc.rc == 0 else 1
+
+    def step(self, scale: float = 1.0) -> Step:
+        """The median run's figures (median CPU and wall; the largest peak RSS), CPU times `scale`."""
+        cpu = statistics.median(p.cpu_s for p in self.procs) * scale
+        failed = next((p for p in self.procs if p.rc), None)
+        return Step(self.name, statistics.median(p.wall_s for p in self.procs), cpu,
+                    max(p.rss_kib for p in self.procs) / 1024, failed.rc if failed else 0,
+                    failed.err.splitlines()[-1] if failed and failed.err else "", len(self.procs),
+                    [p.cpu_s * scale for p in self.procs])
+
+
+@dataclass(slots=True)
+class Prepared:
+    """One size, generated and converted (its first convert-run timed), kept until every command has run on it."""
+
+    n: int
+    run: Path
+    out: Path
+    row: dict[str, Any]
+    runs: dict[str, Runs] = field(default_factory=dict)
+
+
+def prepare(n: int, work: Path, jobs: int, source: tuple[str, Path | None], target_s: float, most: int
+            ) -> Prepared:
+    run, out = work / f"run{n}", work / f"out{n}"
+    kind, src = source
+    gen = _step("generate", [sys.executable, "-m", "bench.ranks", "--generate", str(n), "--out", str(run),
+                             "--source", kind, *(["--source-run", str(src)] if src is not None else [])])
+    prep = Prepared(n, run, out, {"n": n})
+    if gen.rc != 0:
+        prep.row["error"] = f"generate: {gen.err}"
+        return prep
+    prep.row["input_mb"] = sum(f.stat().st_size for f in run.rglob("*.json.gz")) / 1e6
+    convert = Runs("convert-run")
+    convert.add(run_proc(_etweave("convert-run", str(run), "-o", str(out), "--quiet", "--jobs", str(jobs)), REPO),
+                target_s, most)
+    prep.runs["convert-run"] = convert
+    if convert.procs[0].rc == 0:
+        prep.row["et_mb"] = sum(p.stat().st_size for p in out.glob("trace.*.et")) / 1e6
+        report = orjson.loads((out / "report.json").read_bytes())
+        prep.row["nodes"] = sum(r["nodes"] for r in report["ranks"].values())
+        prep.row["consistent"] = report["cross_rank"]["consistent"]
+    return prep
+
+
+def _command(name: str, out: Path, run: Path | None, scratch: Path, jobs: int) -> list[str]:
+    """The command line of `name` on output folder `out` (convert-run: of `run`, into `scratch`; on the start-up
+    run, `run` is None: convert-run's start-up is `python -m etweave --help`)."""
+    if name == "convert-run":
+        if run is None:
+            return _etweave("--help")
+        shutil.rmtree(scratch, ignore_errors=True)
+        return _etweave("convert-run", str(run), "-o", str(scratch), "--quiet", "--jobs", str(jobs))
+    if name == "decode":
+        return [sys.executable, "-m", "bench.ranks", "--decode", *(str(p) for p in sorted(out.glob("*.et")))]
+    if name == "check":
+        return _etweave("check", str(out))
+    return _etweave("simulate", str(out), *(["--model", "astra-sim"] if name == "simulate astra" else []))
+
+
+def time_interleaved(sizes: list[Prepared], startup: Path, work: Path, jobs: int, target_s: float, most: int
+                     ) -> dict[str, Runs]:
+    """Every command on the start-up run and on every size, in rounds (round k runs each (command, folder) that
+    wants a k-th run), so the repeats of the small sizes spread over the same stretch of the host's time as the
+    large ones; the runs of the start-up run are returned, each size's go into its `runs`."""
+    start = {name: Runs(name) for name in COMMANDS}
+    ok = [p for p in sizes if "et_mb" in p.row]
+    cells: list[tuple[Runs, Path, Path | None]] = [(start[name], startup, None) for name in COMMANDS]
+    cells += [(p.runs.setdefault(name, Runs(name)), p.out, p.run) for p in ok for name in COMMANDS]
+    scratch = work / "convert-again"
+    while todo := [c for c in cells if not c[0].procs or len(c[0].procs) < c[0].wanted]:
+        for runs, out, run in todo:
+            runs.add(run_proc(_command(runs.name, out, run, scratch, jobs), REPO), target_s, most)
+    shutil.rmtree(scratch, ignore_errors=True)
+    return start
 
 
 def table(args: argparse.Namespace) -> int:
     """The N-rank table (bench/README.md)."""
     sizes = [int(s) for s in args.sizes.split(",")]
     print(f"python {platform.python_version()}; {os.cpu_count()} CPUs; --jobs {args.jobs}; load average "
-          f"{os.getloadavg()[0]:.2f} at the start", flush=True)
+          f"{os.getloadavg()[0]:.2f} at the start; median CPU of runs summing to >= {args.cpu_target:g} s "
+          f"(at most {args.most_runs}) per command and folder", flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="etweave-ranks-") as tmp:
-        fixed = startup_cpu(Path(tmp) / "empty", args.jobs)
-        print("start-up cpu (an empty run of each command): "
-              + ", ".join(f"{name} {cpu:.2f} s" for name, cpu in fixed.items()), flush=True)
+        work = Path(tmp)
         src = args.source_run
         if args.source == "gloo" and src is None:
-            src = record_gloo(Path(tmp) / "gloo")
+            src = record_gloo(work / "gloo")
             print(f"recorded the gloo source ({GLOO_EXAMPLE.name})", flush=True)
         source = (args.source, src)
+        prepared = []
         for n in sizes:
-            rows.append(measure(n, Path(tmp), args.jobs, dask=False, source=source))
-            _print_row(rows[-1])
+            prepared.append(prepare(n, work, args.jobs, source, args.cpu_target, args.most_runs))
+            print(f"{n:>5} ranks generated and converted", flush=True)
+        ok = [p for p in prepared if "et_mb" in p.row]
+        if ok:
+            startup_run(ok[0].out, work / "startup")
+            start = time_interleaved(prepared, work / "startup", work, args.jobs, args.cpu_target, args.most_runs)
+            fixed = {name: r.step(1 + args.jobs if name == "convert-run" else 1.0) for name, r in start.items()}
+            print(f"start-up: the start-up run of {ok[0].n} ranks' output (startup_run), median CPU: " + ", ".join(
+                f"{name} {s.cpu_s:.2f} s ({s.runs} runs{', FAILED rc ' + str(s.rc) if s.rc else ''})"
+                for name, s in fixed.items()), flush=True)
+        for p in prepared:
+            p.row["steps"] = {name: _as_json(r.step()) for name, r in p.runs.items()}
+            rows.append(p.row)
+            _print_row(p.row)
+            shutil.rmtree(p.run, ignore_errors=True)
+            shutil.rmtree(p.out, ignore_errors=True)
         if args.dask:
-            rows.append(measure(args.dask, Path(tmp), args.jobs, dask=True, source=source))
+            rows.append(measure(args.dask, work, args.jobs, dask=True, source=source))
             rows[-1]["dask"] = True
             _print_row(rows[-1])
-    local = [r for r in rows if "steps" in r and not r.get("dask")]
-    for name in ("convert-run", "check", "decode", "simulate", "simulate astra"):
-        per = [(r["steps"][name]["cpu_s"] - fixed[name]) / r["n"] for r in local if name in r["steps"]]
-        if len(per) >= 2 and min(per) > 0:
-            print(f"{name}: cpu per rank net of start-up ({fixed[name]:.2f} s) "
-                  f"{', '.join(f'{x * 1e3:.0f}' for x in per)} ms; max/min = {max(per) / min(per):.2f} "
-                  "[target <= 1.3]")
+    if ok:
+        _print_flatness([r for r in rows if "steps" in r and not r.get("dask")], fixed)
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
     if args.save:
         args.save.write_bytes(orjson.dumps(rows, option=orjson.OPT_INDENT_2) + b"\n")
     return 0
+
+
+def _as_json(s: Step) -> dict[str, Any]:
+    return {"wall_s": s.wall_s, "cpu_s": s.cpu_s, "rss_mb": s.rss_mb, "rc": s.rc, "err": s.err, "runs": s.runs,
+            "cpu_runs": s.cpu_runs}
+
+
+def _print_flatness(local: list[dict[str, Any]], fixed: dict[str, Step]) -> None:
+    for name in COMMANDS:
+        per = [(r["steps"][name]["cpu_s"] - fixed[name].cpu_s) / r["n"] for r in local if name in r["steps"]]
+        if len(per) >= 2 and min(per) > 0:
+            print(f"{name}: cpu per rank net of start-up ({fixed[name].cpu_s:.2f} s) "
+                  f"{', '.join(f'{x * 1e3:.0f}' for x in per)} ms; max/min = {max(per) / min(per):.2f} "
+                  "[target <= 1.3]")
 
 
 if __name__ == "__main__":

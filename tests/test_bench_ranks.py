@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.ranks import generate, record_gloo
+from bench.ranks import _startup_key, generate, record_gloo, runs_needed, startup_run
 from bench.scale import load_json
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import node_attrs, read_et
@@ -94,6 +94,37 @@ def test_same_seed_same_bytes_and_bounds(traces: Path, tmp_path: Path) -> None:
             generate(bad, tmp_path / "bad")
 
 
+def _replays_clean(folder: Path) -> None:
+    assert main(["check", str(folder)]) == 0
+    result = replay([load_rank(p) for p in sorted(folder.glob("trace.*.et"))],
+                    load_comm_group(folder / "comm_group.json"))
+    assert result.stuck_count == 0
+
+
+def test_startup_run_holds_every_kind(run32: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """The start-up run bench.ranks subtracts: ranks 0 and 1 of the real output, one node of every kind each."""
+    _, out, _ = run32
+    files = startup_run(out, tmp_path / "startup")
+    assert [p.name for p in files] == ["trace.0.et", "trace.1.et"]
+    for r, path in enumerate(files):
+        cut = read_et(path)[1]
+        kinds = {_startup_key(n) for n in read_et(out / f"trace.{r}.et")[1]}
+        assert sorted(_startup_key(n) for n in cut) == sorted(kinds)  # every kind once (dlrm: no p2p to drop)
+        assert {n.type for n in cut} == {pb.COMP_NODE, pb.COMM_COLL_NODE}
+        assert [list(n.data_deps) for n in cut[1:]] == [[n.id] for n in cut[:-1]]  # one chain
+    assert load_comm_group(tmp_path / "startup" / "comm_group.json") == {"1": [0, 1]}
+    report = json.loads((tmp_path / "startup" / "report.json").read_text())
+    assert sorted(report["ranks"]) == ["0", "1"] and "cross_rank" in report
+    _replays_clean(tmp_path / "startup")
+
+
+def test_runs_needed() -> None:
+    assert runs_needed(0.5, 10, 25) == 20  # a 0.5 s run: 20 runs make the 10 s
+    assert runs_needed(0.3, 10, 25) == 25 and runs_needed(0.0, 10, 25) == 25  # capped
+    assert runs_needed(4.0, 10, 25) == 3
+    assert runs_needed(30.0, 10, 25) == 1
+
+
 # ---- the gloo source: a CPU run recorded with etweave.collect, with send/recv
 
 GLOO_N = 16
@@ -156,3 +187,14 @@ def test_gloo_source_bounds(gloo16: tuple[Path, Path, Path], tmp_path: Path) -> 
     for bad in (0, 3, MAX_RANKS + 2):  # 3: not a multiple of the source's 2 ranks (a peer would be missing)
         with pytest.raises(SystemExit):
             generate(bad, tmp_path / "bad", src, source="gloo")
+
+
+def test_gloo_startup_run_pairs_send_and_recv(gloo16: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    _, _, out = gloo16
+    startup_run(out, tmp_path / "startup")
+    ranks = {r: read_et(tmp_path / "startup" / f"trace.{r}.et")[1] for r in (0, 1)}
+    sends = [m[1:] for r in (0, 1) for m in p2p(ranks[r]) if m[0] == "send"]
+    recvs = [m[1:] for r in (0, 1) for m in p2p(ranks[r]) if m[0] == "recv"]
+    assert sends and sorted(sends) == sorted(recvs)  # each kept send beside its recv
+    assert any(n.name == "## process_group:init ##" for n in ranks[0])
+    _replays_clean(tmp_path / "startup")
