@@ -400,22 +400,6 @@ def main(argv: list[str] | None = None) -> int:
     return table(args)
 
 
-def empty_run(folder: Path) -> list[Path]:
-    """Two ranks of one compute node each: what a command costs before any rank's work (its start-up)."""
-    from etweave.chakra import et_def_pb2 as pb
-    from etweave.chakra.io import write_et
-
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = [folder / f"trace.{r}.et" for r in range(2)]
-    for path in paths:
-        node = pb.Node(id=1, name="op", type=pb.COMP_NODE, duration_micros=1)
-        node.attr.add(name="num_ops", int64_val=0)
-        node.attr.add(name="tensor_size", uint64_val=0)
-        node.attr.add(name="is_cpu_op", bool_val=True)
-        write_et(path, pb.GlobalMetadata(version="0.0.4"), [node])
-    return paths
-
-
 # ---- the start-up run: what each command costs before any rank's work
 
 StartupKey = tuple[int, str, str, str, bool]  # node type, `kind` attr, comm_type, pg_name, a process-group init

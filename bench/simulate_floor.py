@@ -8,7 +8,8 @@ Per folder, interleaved, best CPU (user + sys, `os.wait4`) of `--reps` runs of e
 `etweave simulate OUT --model astra-sim` of the working tree and, with `--base`, of that revision (its own git
 worktree, as `bench.identical` checks it out). Prints simulate / decode for each model and whether the base's
 and the working tree's stdout are byte for byte the same; then, per folder and command, the CPU per rank net of
-the command's start-up (its CPU on an empty run of two one-node ranks, `bench.ranks.empty_run`, timed alike), and
+the command's start-up (its CPU on the start-up run cut from the first folder, `bench.ranks.startup_run`, as
+`bench.ranks` measures it, timed alike), and
 its max/min over the folders (flat per-rank cost: issue 15's target <= 1.3), and each command's peak RSS.
 """
 
@@ -23,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from bench.identical import checkout
-from bench.ranks import empty_run
+from bench.ranks import startup_run
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -74,10 +75,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.base:
             trees = {"base": checkout(args.base, work / "base-tree"), **trees}
         print(f"load average {os.getloadavg()[0]:.2f} at the start; best CPU s of {args.reps}", flush=True)
-        empty = work / "empty"
-        empty_run(empty)
-        startup = measure(empty, trees, args.reps, work)
-        print("start-up (an empty run): " + ", ".join(f"{name} {cpu:.2f} s" for name, cpu in startup.items()),
+        cut = work / "startup"
+        startup_run(args.outs[0], cut)
+        startup = measure(cut, trees, args.reps, work)
+        print(f"start-up (the start-up run of {args.outs[0].name}): "
+              + ", ".join(f"{name} {cpu:.2f} s" for name, cpu in startup.items()),
               flush=True)
         per_rank: dict[str, list[float]] = {}
         for out in args.outs:
