@@ -195,8 +195,8 @@ def run_pipeline(host: HostTrace | None, kineto: KinetoTrace | None, rank: int |
                  select: Selection | None = None, allow_mismatch: bool = False, release_inputs: bool = False
                  ) -> Result:
     """The stages in turn on one conversion of these inputs (see `Conversion.start` and `link`). `release_inputs`:
-    the caller hands the traces over, and what only the stages up to assemble read is let go once the graph is
-    built (`release_inputs`)."""
+    the caller hands the traces over, and what of them only the stages up to assemble read is let go once the
+    graph is built (the function `release_inputs`)."""
     c = Conversion.start(host, kineto, rank, select, allow_mismatch)
     run_stages(c, release=release_inputs)
     return Result.of(c)

@@ -15,7 +15,6 @@ from collections.abc import Generator, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
-from etweave.chakra.schema import node_type_name as node_type_name  # named here too: the replay reads it here
 from etweave.errors import BadInput
 from etweave.output import FileBytes, write_together
 from etweave.read.source import input_limit, open_binary

@@ -36,7 +36,7 @@ from msgspec import field
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.accepts import COMM_NODE_TYPES
-from etweave.chakra.io import node_type_name
+from etweave.chakra.schema import node_type_name
 from etweave.errors import BadInput
 from etweave.runfolder import file_rank, lone_file_rank
 from etweave.simulate.engine import GraphError, node_positions, rank_edges

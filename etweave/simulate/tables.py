@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from etweave.chakra import et_def_pb2 as pb
-from etweave.chakra.io import node_type_name
+from etweave.chakra.schema import node_type_name
 from etweave.simulate.engine import Replay
 from etweave.simulate.metrics import measured_window
 from etweave.simulate.timeline import NodeDetail, op_spans

@@ -12,12 +12,12 @@ from etweave.chakra.io import (
     decode_varint,
     iter_et,
     node_attrs,
-    node_type_name,
     parse,
     serialize,
     varint_bytes,
     write_et,
 )
+from etweave.chakra.schema import node_type_name
 from etweave.errors import BadInput
 
 
