@@ -285,6 +285,10 @@ class NodeChecker:
 
     def add(self, node: pb.Node) -> None:
         _check_node_semantics(node, self.where, self.out, self.warnings)
+        self.add_to_graph(node)
+
+    def add_to_graph(self, node: pb.Node) -> None:
+        """A node for the graph checks only (ids, edges, cycles): its own attrs and type were checked before."""
         self.shapes.add(node.id, node.name, tuple(node.data_deps), tuple(node.ctrl_deps))
 
     def add_encoded(self, data: bytes, node_id: int, name: str, node_type: int, data_deps: tuple[int, ...]) -> None:
@@ -314,7 +318,7 @@ def check_nodes(nodes: Sequence[pb.Node], where: str, warnings: list[Violation] 
         if in_full is None or node.id in in_full:
             checker.add(node)
         else:
-            checker.shapes.add(node.id, node.name, tuple(node.data_deps), tuple(node.ctrl_deps))
+            checker.add_to_graph(node)
     if warnings is not None:
         warnings.extend(checker.warnings)
     return checker.violations()
