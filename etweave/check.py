@@ -47,7 +47,7 @@ Warnings (the file runs, but not as measured), by rule:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
@@ -322,6 +322,16 @@ def check_nodes(nodes: Sequence[pb.Node], where: str, warnings: list[Violation] 
     if warnings is not None:
         warnings.extend(checker.warnings)
     return checker.violations()
+
+
+def check_each(nodes: Iterable[pb.Node], where: str, warnings: list[Violation] | None = None) -> list[Violation]:
+    """`check_nodes`' rules of one node (its attrs, its type, a comm node's requirements) on each of these, without
+    the graph checks: for nodes changed in a graph that was checked whole before (a whole run's cross-rank edits,
+    which add no edge that could dangle or close a cycle: etweave.run.summary)."""
+    out: list[Violation] = []
+    for node in nodes:
+        _check_node_semantics(node, where, out, warnings)
+    return out
 
 
 def _graph_violations(nodes: _Shapes, where: str) -> list[Violation]:

@@ -8,10 +8,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from etweave import check
 from etweave import run as whole_run
+from etweave.chakra.io import parse, serialize
 from etweave.check import Violation
 from etweave.errors import CheckFailed
 from etweave.run import cross_rank
@@ -64,8 +66,15 @@ def test_same_bytes_as_in_memory(traces: Path, tmp_path: Path) -> None:
     found = whole_run.discover((traces / RUN).resolve())
     in_memory = cross_rank.assemble_run(whole_run.convert_ranks(found.ranks, jobs=1), discovery=found)
     assert sorted(in_memory.ranks) == sorted(result.ranks) == [0, 1]
+    # without the workers' summaries (the parent reads each rank whole): the same streams
+    unsummarized = [msgspec.structs.replace(out, summary=None) for out in whole_run.convert_ranks(found.ranks, jobs=1)]
+    assert all(out.summary is not None for out in whole_run.convert_ranks(found.ranks[:1], jobs=1))
+    parent_read = cross_rank.assemble_run(unsummarized, discovery=found)
     for rank in in_memory.ranks:
-        assert in_memory.ranks.stream(rank) == result.ranks.stream(rank)
+        stream = result.ranks.stream(rank)
+        assert in_memory.ranks.stream(rank) == parent_read.ranks.stream(rank) == stream
+        # spliced, not re-serialized: still exactly protobuf's bytes for the nodes it holds
+        assert serialize(*parse(stream)) == stream
 
 
 def test_failure_after_staging_leaves_the_folder_as_it_was(traces: Path, tmp_path: Path,

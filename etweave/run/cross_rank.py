@@ -12,19 +12,19 @@ import msgspec
 from msgspec.structs import replace
 
 from etweave.chakra import et_def_pb2 as pb
-from etweave.chakra.accepts import COMM_NODE_TYPES, comm_type_name
-from etweave.chakra.io import attr_value, parse, serialize
-from etweave.check import Violation, check_nodes, check_run
+from etweave.chakra.accepts import comm_type_name
+from etweave.chakra.io import attr_value, parse
+from etweave.check import Violation, check_each, check_nodes, check_run
 from etweave.collectives import classify
 from etweave.deps.evidence import Evidence
 from etweave.errors import BadInput, CheckFailed
 from etweave.fidelity import RANK_START_OFFSET
 from etweave.matching import collective_instances
-from etweave.model import PROCESS_ROOT
-from etweave.nodes import DEP_EVIDENCE, MARKER_KINDS
+from etweave.nodes import DEP_EVIDENCE
 from etweave.output import discard, stage
 from etweave.process_groups import assign_group_ids
 from etweave.run.discover import Discovery
+from etweave.run.summary import PART_OF, RankSummary, message, parsed, splice, summarize
 from etweave.run.workers import ConvertedRank
 from etweave.runfolder import CommGroups, et_file_name
 from etweave.version import __version__
@@ -64,13 +64,13 @@ class RankStreams(Mapping[int, tuple[pb.GlobalMetadata, list[pb.Node]]]):
         self._folder, self._prefix = folder, prefix
         self.node_counts: dict[int, int] = {}
 
-    def put(self, rank: int, metadata: pb.GlobalMetadata, nodes: list[pb.Node]) -> None:
-        data = serialize(metadata, nodes)
+    def put(self, rank: int, data: bytes, nodes: int) -> None:
+        """The rank's final stream, of `nodes` nodes."""
         if self._folder is None:
             self._streams[rank] = data
         else:
             self._streams[rank] = stage(self.target(rank), data, clean=False)  # the folder was cleaned once, locked
-        self.node_counts[rank] = len(nodes)
+        self.node_counts[rank] = nodes
 
     def target(self, rank: int) -> Path:
         """Where the rank's file goes (a staged stream only)."""
@@ -300,6 +300,7 @@ class _FirstPass(msgspec.Struct):
     run-wide pg names, edited in place by `_adjust`, then put in place of their originals by pass 2)."""
 
     streams: dict[int, bytes | Path] = msgspec.field(default_factory=dict)  # rank -> its stream as converted
+    summaries: dict[int, RankSummary] = msgspec.field(default_factory=dict)  # rank -> what pass 2 splices
     starts: dict[int, int] = msgspec.field(default_factory=dict)  # rank -> its first measured start (0: none)
     rewritten: int = 0  # pg_name attrs rewritten to the run-wide id
     # group id -> rank -> its collectives in ascending id (the order the simulator matches them in)
@@ -307,6 +308,8 @@ class _FirstPass(msgspec.Struct):
     collectives: dict[int, dict[int, pb.Node]] = msgspec.field(default_factory=dict)  # rank -> comm node id -> node
     comm_nodes: dict[int, list[pb.Node]] = msgspec.field(default_factory=dict)  # rank -> every comm node (check_run's)
     parts: dict[int, dict[int, list[pb.Node]]] = msgspec.field(default_factory=dict)  # rank -> comm node id -> periods
+    violations: list[Violation] = msgspec.field(default_factory=list)  # of ranks whose graph was checked here
+    warnings: list[Violation] = msgspec.field(default_factory=list)
 
 
 class _GroupsChecked(msgspec.Struct):
@@ -419,34 +422,44 @@ def _world_members(present: list[int], world: int | None, notes: list[str]) -> l
 
 def _first_pass(streams: dict[int, bytes | Path], by_rank: Mapping[int, ConvertedRank], ids: Mapping[str, str]
                 ) -> _FirstPass:
-    """One rank at a time: rewrite pg names, keep only what the cross-rank work needs (each rank's collective
-    sequence, its comm nodes and their later periods, its first measured start) and the stream as converted
-    (pass 2 parses it again: every node pass 1 changes is one it keeps)."""
+    """One rank at a time: parse only the nodes its summary names (comm nodes, their later periods), rewrite pg
+    names, keep each rank's collective sequence and first measured start. A rank converted without a summary (a
+    hand-built ConvertedRank) is summarized here, and its whole graph checked as its converter would have."""
     first = _FirstPass(streams)
     for rank in sorted(by_rank):
         data = _load(streams[rank])
-        _metadata, nodes = parse(data)
-        comm = [n for n in nodes if n.type in COMM_NODE_TYPES]
+        summary = by_rank[rank].summary or _summarized_here(data, rank, first)
+        first.summaries[rank] = summary
+        comm = [_node_at(data, summary, i) for i in summary.comm]
         first.rewritten += _rewrite_pg_names(comm, _local_to_global(by_rank[rank].local_groups, ids))
         first.comm_nodes[rank] = comm
-        first.starts[rank] = _first_start(nodes)
+        first.starts[rank] = summary.first_start
         colls = {n.id: n for n in comm if n.type == pb.COMM_COLL_NODE}
         first.collectives[rank] = colls
         for node in sorted(colls.values(), key=lambda n: n.id):
             a = _attr(node, "pg_name")
             gid = a.string_val if a is not None else ""
             first.seqs.setdefault(gid, {}).setdefault(rank, []).append(_signature(node))
-        # only gloo ops with child ops have periods: a stream without the attr name has none to scan for
-        has_parts = bool(colls) and _PART_OF.encode() in data
-        for n in nodes if has_parts else ():
-            owner = _int_attr(n, _PART_OF) if n.type == pb.COMP_NODE else None
-            if owner is not None and owner in colls:
-                first.parts.setdefault(rank, {}).setdefault(owner, []).append(n)
-        del nodes, data
+        for i in summary.parts:
+            n = _node_at(data, summary, i)
+            owner = _int_attr(n, PART_OF)
+            assert owner is not None  # a summary lists a period by its part_of
+            first.parts.setdefault(rank, {}).setdefault(owner, []).append(n)
+        del data
     return first
 
 
-_PART_OF = "part_of"  # attr of an op's later periods: the id of its first, the comm node (etweave.nodes)
+def _summarized_here(data: bytes, rank: int, first: _FirstPass) -> RankSummary:
+    nodes, spans = parsed(data)
+    first.violations += check_nodes(nodes, f"rank {rank}", first.warnings, in_full=())
+    return summarize(data, nodes, spans)
+
+
+def _node_at(data: bytes, summary: RankSummary, node_id: int) -> pb.Node:
+    try:
+        return pb.Node.FromString(message(data, summary.spans[node_id]))
+    except Exception as exc:  # protobuf's DecodeError: a stream changed since it was summarized
+        raise BadInput("<memory>", f"not a Chakra .et stream: {exc}") from exc
 
 
 def _local_to_global(local_groups: Mapping[str, str], ids: Mapping[str, str]) -> dict[str, str]:
@@ -511,39 +524,37 @@ def _check_group(first: _FirstPass, gid: str, members: list[int], here: list[int
 
 def _second_pass(first: _FirstPass, by_rank: Mapping[int, ConvertedRank], groups: CommGroups,
                  ranks: RankStreams) -> _Checked:
-    """One rank at a time: the edited comm nodes and periods in place of their originals, the rank start offset,
-    the per-rank checks, the final stream (into `ranks`); then the checks across ranks."""
+    """One rank at a time: its final stream, the converted one with the edited comm nodes and periods in place of
+    their originals and the rank start offset added (`splice`: no other node is parsed), the changed nodes
+    checked, the stream put into `ranks`; then the checks across ranks."""
     measured_starts = [t for t in first.starts.values() if t > 0]
     run_t0 = min(measured_starts) if measured_starts else None
-    checked = _Checked(ranks, {}, [], [], [], [])
+    checked = _Checked(ranks, {}, list(first.violations), [], [], list(first.warnings))
     for rank in sorted(by_rank):
-        metadata, nodes = parse(_load(first.streams.pop(rank)))
-        comm, parts = first.comm_nodes[rank], first.parts.get(rank, {})
-        nodes = _with_edits(nodes, comm, parts)
-        # every node was checked when its rank was converted: again, in full, only those changed since
-        changed = {n.id for n in comm} | {n.id for periods in parts.values() for n in periods}
+        data = _load(first.streams.pop(rank))
+        summary = first.summaries.pop(rank)
+        edited = {n.id: n for n in first.comm_nodes[rank]}
+        for periods in first.parts.get(rank, {}).values():
+            edited.update((n.id, n) for n in periods)
+        delay = None
         if run_t0 is not None:
-            checked.offsets[rank] = _add_start_offset(nodes, first.starts[rank], run_t0, changed)
+            checked.offsets[rank], delay = _start_offset(data, summary, first.starts[rank], run_t0, edited)
             report = by_rank[rank].report
             if "nodes" in report:
-                report["nodes"] = len(nodes)  # the offset node is in the file: the report counts what it holds
-        checked.violations.extend(check_nodes(nodes, f"rank {rank}", checked.warnings, in_full=changed))
-        checked.ranks.put(rank, metadata, nodes)
-        del metadata, nodes
+                report["nodes"] = summary.nodes + (delay is not None)  # the report counts what the file holds
+        # every node was checked when its rank was converted: again only those changed since, in stream order
+        in_order = sorted(edited.values(), key=lambda n: summary.spans[n.id])
+        checked.violations += check_each([*in_order, *([delay] if delay else [])], f"rank {rank}", checked.warnings)
+        encoded = {n.id: n.SerializeToString(deterministic=True) for n in in_order}
+        appended = delay.SerializeToString(deterministic=True) if delay is not None else b""
+        checked.ranks.put(rank, splice(data, summary.spans, encoded, appended), summary.nodes + (delay is not None))
+        del data, edited, in_order, encoded
     across = check_run(first.comm_nodes, groups.members, checked.notes, checked.warnings)
     # Ranks that disagree are the user's input, not a broken conversion: the caller fails on them unless told
     # to allow them; every other violation fails the run.
     checked.mismatches.extend(v for v in across if v.rule in _MISMATCH_RULES)
     checked.violations.extend(v for v in across if v.rule not in _MISMATCH_RULES)
     return checked
-
-
-def _with_edits(nodes: list[pb.Node], comm: Sequence[pb.Node], parts: Mapping[int, list[pb.Node]]) -> list[pb.Node]:
-    """`nodes` with the edited comm nodes and periods in place of their originals."""
-    edited = {n.id: n for n in comm}
-    for periods in parts.values():
-        edited.update((n.id, n) for n in periods)
-    return [edited.get(n.id, n) for n in nodes] if edited else nodes
 
 
 def _durations(checked: _GroupsChecked) -> dict[str, int]:
@@ -561,47 +572,29 @@ def _durations(checked: _GroupsChecked) -> dict[str, int]:
     }
 
 
-def _kind(node: pb.Node) -> str | None:
-    a = _attr(node, "kind")
-    return a.string_val if a is not None else None
-
-
-def _first_start(nodes: Sequence[pb.Node]) -> int:
-    """The rank's first measured instant (0 when nothing is measured)."""
-    return min((n.start_time_micros for n in nodes if n.start_time_micros > 0), default=0)
-
-
-def _add_start_offset(nodes: list[pb.Node], start: int, run_t0: int, changed: set[int]) -> int:
+def _start_offset(data: bytes, summary: RankSummary, start: int, run_t0: int, edited: dict[int, pb.Node]
+                  ) -> tuple[int, pb.Node | None]:
     """Ranks start their recorded work at different times (dlrm's up to 7 ms apart). A rank that started later
-    than the run's first measured instant (`run_t0`) gets a `[rank start offset]` delay node that its sources
-    (the nodes whose only predecessor is the process root, or none) wait for, so a replay starts every rank
-    where it started, on one clock. Returns the rank's offset in µs; the ids of the nodes it adds or changes go
-    into `changed`."""
+    than the run's first measured instant (`run_t0`) gets a `[rank start offset]` delay node that its sources and
+    thread roots (`summary.offset_targets`) wait for, so a replay starts every rank where it started, on one
+    clock. The rank's offset in µs, and the delay node (None: no offset); each node it changes goes into
+    `edited`."""
     offset = start - run_t0 if start > 0 else 0
     if offset <= 0:
-        return offset
-    # Roots are zero-duration COMP_NODEs told apart by their `kind` attr (METADATA_NODE in older outputs)
-    markers = {n.id for n in nodes if n.type == pb.METADATA_NODE or _kind(n) in MARKER_KINDS}
-    roots = {n.id for n in nodes if n.id in markers and not n.data_deps and not n.ctrl_deps
-             and _kind(n) == PROCESS_ROOT}
-    delay = pb.Node(id=max(n.id for n in nodes) + 1, name=RANK_START_OFFSET, type=pb.COMP_NODE,
-                    data_deps=sorted(roots), start_time_micros=run_t0, duration_micros=offset)
+        return offset, None
+    delay = pb.Node(id=summary.next_id, name=RANK_START_OFFSET, type=pb.COMP_NODE,
+                    data_deps=summary.roots, start_time_micros=run_t0, duration_micros=offset)
     delay.attr.add(name="kind", string_val="delay")
     delay.attr.add(name="is_cpu_op", bool_val=True)
     delay.attr.add(name="num_ops", int64_val=0)  # every COMP_NODE has both (docs/FACTS.md §A3)
     delay.attr.add(name="tensor_size", uint64_val=0)
     evidence = [Evidence.RANK_START_OFFSET.value] * len(delay.data_deps)
     delay.attr.add(name=DEP_EVIDENCE).string_list.values.extend(evidence)
-    for n in nodes:
-        # sources of the rank, and its thread roots (everything on a thread follows its root)
-        if (n.id not in markers and set(n.data_deps) <= roots and not n.ctrl_deps) or (
-                n.id in markers and n.id not in roots and set(n.data_deps) <= roots):
-            n.data_deps.append(delay.id)
-            _add_evidence(n, Evidence.RANK_START_OFFSET.value)
-            changed.add(n.id)
-    nodes.append(delay)
-    changed.add(delay.id)
-    return offset
+    for node_id in summary.offset_targets:
+        n = edited.get(node_id) or edited.setdefault(node_id, _node_at(data, summary, node_id))
+        n.data_deps.append(delay.id)
+        _add_evidence(n, Evidence.RANK_START_OFFSET.value)
+    return offset, delay
 
 
 def _add_evidence(node: pb.Node, source: str) -> None:

@@ -20,6 +20,7 @@ from etweave.progress import muted, stage
 from etweave.read.host_et import read_host_et
 from etweave.read.kineto import KinetoTrace, read_kineto
 from etweave.run.discover import RankFiles
+from etweave.run.summary import RankSummary, summary_of
 
 
 class ConvertedRank(msgspec.Struct, frozen=True):
@@ -36,6 +37,8 @@ class ConvertedRank(msgspec.Struct, frozen=True):
     trace_rank: int | None  # Kineto distributedInfo.rank (a note when it is not `rank`)
     host: str | None = None  # its input files as the report names them (relative to the run folder)
     kineto: str | None = None
+    # what the cross-rank work reads and may change of `et`, found here (None: the parent summarizes it itself)
+    summary: RankSummary | None = None
 
 
 class RankFailure(msgspec.Struct, frozen=True):
@@ -74,10 +77,10 @@ def _convert_rank(rank: int | None, host: str | None, kineto: str | None, allow_
         return RankFailure(rank, exc.where, exc.problem)
     except CheckFailed as exc:
         return RankFailure(rank, "", str(exc), mismatch=True)
-    return ConvertedRank(rank=result.graph.rank, et=serialize_encoded(result.metadata_bytes, result.encoded_nodes()),
-                         report=result.report, local_groups=result.group_ids, groups=groups,
-                         world_size=_world_size(kineto_trace, groups),
-                         trace_rank=kineto_trace.rank if kineto_trace is not None else None)
+    et = serialize_encoded(result.metadata_bytes, result.encoded_nodes())
+    return ConvertedRank(rank=result.graph.rank, et=et, report=result.report, local_groups=result.group_ids,
+                         groups=groups, world_size=_world_size(kineto_trace, groups),
+                         trace_rank=kineto_trace.rank if kineto_trace is not None else None, summary=summary_of(et))
 
 
 def _world_size(kineto: KinetoTrace | None, groups: Sequence[GroupDescription]) -> int | None:

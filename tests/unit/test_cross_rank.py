@@ -113,8 +113,8 @@ def _with_extra(out: ConvertedRank, extra: list[pb.Node], comm_edit: str | None 
 
 def test_the_cross_rank_pass_checks_what_it_changed_in_full_and_every_graph() -> None:
     """Each rank's nodes were checked when converted: the cross-rank pass checks again in full the nodes it
-    changes (here the all-reduce, whose duration it cuts), and the graph of every node (a dangling dep in a node
-    it left alone is still found)."""
+    changes (here the all-reduce, whose duration it cuts). A rank that comes without its converter's summary (as
+    these hand-built ones) has its whole graph checked here: a dangling dep in a node left alone is found."""
     no_size = [_with_extra(converted(r, "1", 100 + 30 * r, 50), [], comm_edit="comm_size") for r in (0, 1)]
     with pytest.raises(CheckFailed, match="comm-missing-attr"):
         assemble_run(no_size)
