@@ -8,7 +8,7 @@ import os
 import sys
 from array import array
 from collections.abc import Iterator, Sequence
-from itertools import compress, count
+from itertools import compress, count, islice
 from pathlib import Path
 from typing import Any
 
@@ -400,11 +400,13 @@ def _decoded_alike(table: EventTable) -> bool:
     that repeat first (neighbours once sorted; few events share one), then the full key of the events with one."""
     ts = table.ts.tolist()
     ordered = sorted(ts)
-    repeated = set(compress(ordered, map(float.__eq__, ordered, ordered[1:])))
+    repeated = set(compress(ordered, map(operator.eq, ordered, islice(ordered, 1, None))))  # (C, not float.__eq__)
     if not repeated:
         return False
-    sharing = list(compress(range(len(ts)), map(repeated.__contains__, ts)))  # every event whose start repeats
-    keys = {(ts[j], table.dur[j], table.tid[j], table.name[j], table.correlation[j], table.ev_idx[j]) for j in sharing}
+    sharing = list(compress(count(), map(repeated.__contains__, ts)))  # every event whose start repeats (two or more)
+    pick = operator.itemgetter(*sharing)
+    keys = set(zip(pick(ts), pick(table.dur), pick(table.tid), pick(table.name), pick(table.correlation),
+                   pick(table.ev_idx), strict=True))
     return len(keys) < len(sharing)
 
 
