@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import itertools
 import math
 import os
 import platform
@@ -642,6 +643,18 @@ def _print_flatness(local: list[dict[str, Any]], fixed: dict[str, Step]) -> None
             print(f"{name}: cpu per rank net of start-up ({fixed[name].cpu_s:.2f} s) "
                   f"{', '.join(f'{x * 1e3:.0f}' for x in per)} ms; max/min = {max(per) / min(per):.2f} "
                   "[target <= 1.3]")
+        marginal = _marginal(local, name)
+        if len(marginal) >= 2 and min(cost for _, _, cost in marginal) > 0:
+            costs = [cost for _, _, cost in marginal]
+            print(f"{name}: marginal cpu per rank " + ", ".join(f"{a}->{b} {cost * 1e3:.0f}" for a, b, cost in marginal)
+                  + f" ms; max/min = {max(costs) / min(costs):.2f}")
+
+
+def _marginal(local: list[dict[str, Any]], name: str) -> list[tuple[int, int, float]]:
+    """(n, next n, CPU per added rank) between consecutive sizes: every cost that does not grow with the ranks
+    cancels, whatever the start-up run leaves out (a diagnostic beside the table's measure, which divides by n)."""
+    sized = sorted((r["n"], r["steps"][name]["cpu_s"]) for r in local if name in r["steps"])
+    return [(a, b, (tb - ta) / (b - a)) for (a, ta), (b, tb) in itertools.pairwise(sized) if b > a]
 
 
 if __name__ == "__main__":
