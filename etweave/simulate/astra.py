@@ -268,11 +268,15 @@ def _flatten_rank(flat: _Flat, ri: int, rg: AstraRank, slotless_kinds: Collectio
         flat.file_index[ri] = order
         nodes = [nodes[i] for i in order]
         ids = [nd.id for nd in nodes]
-    comp = pb.COMP_NODE
-    kinds = [(_COMP, CPU if nd.is_cpu_op else GPU) if nd.type == comp else _kind_and_slot(nd, ri) for nd in nodes]
-    flat.kind[base:end] = [k for k, _ in kinds]
-    flat.slot[base:end] = ([FREE if nd.kind in slotless_kinds else s for nd, (_, s) in zip(nodes, kinds, strict=True)]
-                           if slotless_kinds else [s for _, s in kinds])
+    # most nodes are COMP nodes: their kind is _COMP and is_cpu_op picks the slot; the others (picked in C) by
+    # _kind_and_slot
+    kinds = [_COMP] * len(nodes)
+    slots = [CPU if nd.is_cpu_op else GPU for nd in nodes]
+    for i in compress(range(len(nodes)), map(pb.COMP_NODE.__ne__, [nd.type for nd in nodes])):
+        kinds[i], slots[i] = _kind_and_slot(nodes[i], ri)
+    flat.kind[base:end] = kinds
+    flat.slot[base:end] = ([FREE if nd.kind in slotless_kinds else s for nd, s in zip(nodes, slots, strict=True)]
+                           if slotless_kinds else slots)
     flat.dur_ns[base:end] = [max(1, nd.duration_us * 1000) for nd in nodes]
     flat.node_id[base:end] = ids
     flat.owner[base:end] = [ri] * len(nodes)
