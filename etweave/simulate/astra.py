@@ -55,7 +55,7 @@ _ALONE, _NEVER = -1, -2  # send/recv peer markers, as in engine.py
 _NEVER_SCHEDULED = -1  # a node's end time while it has none
 
 
-class AstraNode(msgspec.Struct):
+class AstraNode(msgspec.Struct, gc=False):  # numbers, strings and a tuple of ints: never in a cycle
     id: int
     name: str
     type: int  # Chakra NodeType as written (METADATA_NODE included)
@@ -408,36 +408,23 @@ class _EventLoop:
             raise AssertionError("more events than the packed sequence numbers hold")
 
     def _loop(self) -> None:
-        """Every completion in time order (`issue_ready`, `_pick` and `make_ready` written out, and `issue` of a
-        compute node: they run per node)."""
+        """Every completion in time order (`issue_ready` and `make_ready` written out, and `issue` of a compute
+        node: they run per node)."""
         flat = self.flat
-        indeg, children, slot, owner, kind, dur_ns, kind_name = (self.indeg, flat.children, flat.slot, flat.owner,
-                                                                 flat.kind, flat.dur_ns, flat.kind_name)
-        events, ready_t, issue_t, end, holder, ready, since, blocked, slot_wait = (
-            self.events, self.ready_t, self.issue_t, self.end, self.holder, self.ready, self.since, self.blocked,
-            self.slot_wait)
-        pop, push, issue, tick, contention = heapq.heappop, heapq.heappush, self.issue, self.seq.__next__, self.contention
+        indeg, children, slot, owner, kind, dur_ns = (self.indeg, flat.children, flat.slot, flat.owner, flat.kind,
+                                                      flat.dur_ns)
+        events, ready_t, issue_t, end, holder, ready, slot_wait = (self.events, self.ready_t, self.issue_t, self.end,
+                                                                   self.holder, self.ready, self.slot_wait)
+        pop, push, issue, tick = heapq.heappop, heapq.heappush, self.issue, self.seq.__next__
+        charge = self._charge if self.contention else None
         shift, g_bits, g_mask = self.time_shift, self.g_bits, (1 << self.g_bits) - 1
         while events:
             key = pop(events)
             t, g = key >> shift, key & g_mask
             ri = owner[g]
             hold, heaps = holder[ri], ready[ri]
-            cpu, gpu, comm, free = heaps
-            if contention:
-                # the rank's slot states change only at its own events: charge each slot's holder, up to t, for
-                # the time a node waited for it (unrolled over the three slots)
-                at = since[ri]
-                h = hold[CPU]
-                if h >= 0 and cpu:
-                    blocked[ri][CPU, kind_name[h]] += t - at[CPU]
-                h = hold[GPU]
-                if h >= 0 and gpu:
-                    blocked[ri][GPU, kind_name[h]] += t - at[GPU]
-                h = hold[COMM]
-                if h >= 0 and comm:
-                    blocked[ri][COMM, kind_name[h]] += t - at[COMM]
-                at[CPU] = at[GPU] = at[COMM] = t
+            if charge is not None:
+                charge(ri, t)
             s = slot[g]
             if s != FREE:
                 hold[s] = -1
@@ -447,21 +434,7 @@ class _EventLoop:
                 if not d:
                     ready_t[c] = t
                     push(heaps[slot[c]], c)
-            # the rank's ready nodes that issue now, in id order (`_pick`)
-            picked = []
-            if cpu and hold[CPU] < 0:
-                picked.append(pop(cpu))
-            if gpu and hold[GPU] < 0:
-                picked.append(pop(gpu))
-            if comm and hold[COMM] < 0:
-                picked.append(pop(comm))
-            if free:
-                picked += free
-                free.clear()
-                picked.sort()
-            elif len(picked) > 1:
-                picked.sort()
-            for c in picked:
+            for c in _pick(heaps, hold):
                 s = slot[c]
                 if kind[c] != _COMP or s == FREE:
                     issue(c, t)
@@ -471,6 +444,17 @@ class _EventLoop:
                 slot_wait[ri][s] += t - ready_t[c]
                 end[c] = e = t + dur_ns[c]
                 push(events, (e << shift) | (tick() << g_bits) | c)
+
+    def _charge(self, ri: int, t: int) -> None:
+        """The contention breakdown at an event of rank `ri` at t (the rank's slot states change only at its own
+        events): charge each slot's holder, up to t, for the time a node waited for it."""
+        hold, heaps, at, blocked = self.holder[ri], self.ready[ri], self.since[ri], self.blocked[ri]
+        kind_name = self.flat.kind_name
+        for s in (CPU, GPU, COMM):
+            h = hold[s]
+            if h >= 0 and heaps[s]:
+                blocked[s, kind_name[h]] += t - at[s]
+            at[s] = t
 
     def coll_ns(self, g: int) -> int:
         if self.collectives == "duration":

@@ -436,14 +436,14 @@ class _EventLoop:
 
     def _loop(self) -> None:
         """Every completion in time order. What `_make_ready`, `_dispatch` and `_issue` do, written out for the
-        plain nodes (most of them): a method call or attribute per node costs as much as the rest of its work."""
+        plain nodes (most of them): a method call per node costs as much as the rest of its work."""
         indeg, children, res, done, kind, dur = self.indeg, self.children, self.res, self.done, self.kind, self.dur
         holder, last_holder, events, touched, queue = (self.holder, self.last_holder, self.events, self.touched,
                                                        self.queue)
         ready_at, ready_cause, issue_t, issue_cause, start, end, pred, node_id = (
             self.ready_at, self.ready_cause, self.issue_t, self.issue_cause, self.start, self.end, self.pred,
             self.node_id)
-        issue, pop, push = self._issue, _pop, _push
+        issue, dispatch, pop, push = self._issue, self._dispatch, _pop, _push
         g_bits = self.g_bits
         g_mask = (1 << g_bits) - 1
         while events:
@@ -476,20 +476,7 @@ class _EventLoop:
                         push(events, (e << g_bits) | c)
                     else:
                         issue(c, t, g)
-            # `_dispatch(t)`, written out
-            for r in touched:
-                if holder[r] < 0 and queue[r]:
-                    _, _, g = pop(queue[r])
-                    cause = ready_cause[g] if ready_at[g] == t else last_holder[r]
-                    if kind[g] == _PLAIN:
-                        holder[r] = g
-                        issue_t[g] = start[g] = t
-                        issue_cause[g] = pred[g] = cause
-                        end[g] = e = t + dur[g]
-                        push(events, (e << g_bits) | g)
-                    else:
-                        issue(g, t, cause)
-            touched.clear()
+            dispatch(t)
 
     def _make_ready(self, g: int, t: int, cause: int) -> None:
         self.ready_at[g] = t
