@@ -99,7 +99,7 @@ def test_contention_off_replays_the_same_without_its_breakdown() -> None:
     """`contention=False` (what `etweave simulate` asks for) skips only the blocked-by breakdown: every other
     result, stuck nodes included, is the same as with it."""
     nodes = [comp(1, 10), comp(2, 5, 1), comp(3, 20), comp(4, 5, cpu=False), coll(5, 2, 4, us=3), comp(6, 1, 5)]
-    ranks = [AstraRank(0, nodes), AstraRank(1, nodes[:4] + [coll(5, 2, 4, us=9)])]
+    ranks = [AstraRank(0, nodes), AstraRank(1, [*nodes[:4], coll(5, 2, 4, us=9)])]
     for collectives in ("network", "duration"):
         on, off = (simulate(ranks, {}, collectives=collectives, contention=c) for c in (True, False))
         assert sum(ns for blocked in on.blocked_by for ns in blocked.values()) > 0  # node 3 waited behind 1, 2
