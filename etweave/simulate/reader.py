@@ -74,6 +74,9 @@ _ReducedNode = _reduced_node_class()
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
     """(unsigned value, position after it); _Unusual when it runs past the entry or past 10 bytes."""
+    if pos + 1 < len(buf) and buf[pos + 1] < 0x80:  # two bytes or less (most values: ids, sizes, flags), at once
+        low = buf[pos]
+        return (low, pos + 1) if low < 0x80 else ((low & 0x7F) | buf[pos + 1] << 7, pos + 2)
     result = shift = 0
     for i in range(pos, min(pos + 10, len(buf))):
         b = buf[i]
