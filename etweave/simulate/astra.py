@@ -450,11 +450,16 @@ class _EventLoop:
         events): charge each slot's holder, up to t, for the time a node waited for it."""
         hold, heaps, at, blocked = self.holder[ri], self.ready[ri], self.since[ri], self.blocked[ri]
         kind_name = self.flat.kind_name
-        for s in (CPU, GPU, COMM):
-            h = hold[s]
-            if h >= 0 and heaps[s]:
-                blocked[s, kind_name[h]] += t - at[s]
-            at[s] = t
+        h = hold[CPU]  # (unrolled over the three slots)
+        if h >= 0 and heaps[CPU]:
+            blocked[CPU, kind_name[h]] += t - at[CPU]
+        h = hold[GPU]
+        if h >= 0 and heaps[GPU]:
+            blocked[GPU, kind_name[h]] += t - at[GPU]
+        h = hold[COMM]
+        if h >= 0 and heaps[COMM]:
+            blocked[COMM, kind_name[h]] += t - at[COMM]
+        at[CPU] = at[GPU] = at[COMM] = t
 
     def coll_ns(self, g: int) -> int:
         if self.collectives == "duration":
@@ -521,20 +526,24 @@ class _EventLoop:
         heapq.heappush(self.ready[self.flat.owner[g]][self.flat.slot[g]], g)
 
 
+_heappop = heapq.heappop  # a module global: `_pick` calls it at every event
+
+
 def _pick(heaps: list[list[int]], hold: list[int]) -> list[int]:
     """The ready nodes of a rank that issue now, in id order (g ascends with id within a rank). ASTRA-sim visits
     the ready nodes in ascending id and issues each whose slot is free: per slot that is its lowest ready node;
     every slot-free node issues (issued in id order, which orders equal-time events)."""
+    cpu, gpu, comm, free = heaps  # (one unpacking, not a subscript per test: this runs at every event)
     picked = []
-    if heaps[CPU] and hold[CPU] < 0:
-        picked.append(heapq.heappop(heaps[CPU]))
-    if heaps[GPU] and hold[GPU] < 0:
-        picked.append(heapq.heappop(heaps[GPU]))
-    if heaps[COMM] and hold[COMM] < 0:
-        picked.append(heapq.heappop(heaps[COMM]))
-    if heaps[FREE]:
-        picked += heaps[FREE]
-        heaps[FREE] = []
+    if cpu and hold[CPU] < 0:
+        picked.append(_heappop(cpu))
+    if gpu and hold[GPU] < 0:
+        picked.append(_heappop(gpu))
+    if comm and hold[COMM] < 0:
+        picked.append(_heappop(comm))
+    if free:
+        picked += free
+        free.clear()
         picked.sort()
     elif len(picked) > 1:
         picked.sort()
