@@ -99,7 +99,7 @@ def run_astra(args: argparse.Namespace, files: list[Path], groups: dict[str, lis
         network = load_network(Path(args.network)) if args.network is not None else DEFAULT_NETWORK
     slots = not args.unlimited_slots
     try:
-        runs = simulate_timings(ranks, groups, network, ("network", "duration"), slots)
+        runs = simulate_timings(ranks, groups, network, ("network", "duration"), slots, contention=False)
     except GraphError as exc:
         where = ranks[exc.rank_index].source if exc.rank_index is not None else ", ".join(map(str, files))
         raise BadInput(where, exc.problem) from exc

@@ -26,7 +26,7 @@ from etweave.simulate import coverage
 from etweave.simulate.engine import RankGraph, Replay
 from etweave.simulate.load import COMM_GROUP_FILE, load_rank, replay_files
 from etweave.simulate.metrics import deadlock_report, format_deadlock, summarize
-from etweave.simulate.steps import step_times
+from etweave.simulate.steps import step_times_in
 from etweave.simulate.whatif import Edit, apply, describe, parse_edit
 
 RULES = """\
@@ -224,7 +224,8 @@ def _renderers(args: argparse.Namespace) -> dict[str, ReplayRenderer]:
 
 def _summary(result: Replay, ranks: list[RankGraph], files: list[Path], unadjusted: str | None) -> dict[str, Any]:
     summary = summarize(result)
-    summary["step_times"] = step_times(result)
+    origin, span = summary["origin_us"], summary["measured_span_us"]
+    summary["step_times"] = step_times_in(result, (origin, origin + span) if summary["measured"] else None)
     summary["notes"] += coverage.missing_members(ranks, coverage.run_ranks(files))
     summary["warnings"] = [unadjusted] if unadjusted else []
     return summary

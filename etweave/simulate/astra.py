@@ -52,9 +52,10 @@ _WANTED = frozenset({"kind", "is_cpu_op", "comm_type", "comm_size", "pg_name", "
 _COMP, _COLL, _BCAST, _SEND, _RECV = 0, 1, 2, 3, 4
 _P2P = frozenset({_SEND, _RECV})
 _ALONE, _NEVER = -1, -2  # send/recv peer markers, as in engine.py
+_NEVER_SCHEDULED = -1  # a node's end time while it has none
 
 
-class AstraNode(msgspec.Struct):
+class AstraNode(msgspec.Struct, gc=False):  # numbers, strings and a tuple of ints: never in a cycle
     id: int
     name: str
     type: int  # Chakra NodeType as written (METADATA_NODE included)
@@ -85,7 +86,8 @@ class AstraRun(msgspec.Struct):
     slots: bool
     finished_ns: list[int | None]  # per rank index; None = never finished (stuck nodes)
     slot_wait_ns: list[list[int]]  # per rank index, per slot (CPU, GPU, comm): ready → issue, summed
-    # per rank index: ns a slot was held while another node waited for it, by (slot, the holder's kind)
+    # per rank index: ns a slot was held while another node waited for it, by (slot, the holder's kind); empty
+    # dicts unless asked for (`contention`)
     blocked_by: list[dict[tuple[int, str], int]] = field(default_factory=list)
     stuck: list[str] = field(default_factory=list)  # "rank R node N name: why", at most MAX_STUCK
     stuck_count: int = 0
@@ -163,16 +165,18 @@ def _kind_and_slot(nd: AstraNode, ri: int) -> tuple[int, int]:
 
 
 def simulate(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[int]], network: Network = DEFAULT_NETWORK,
-             collectives: str = "network", slots: bool = True, slotless_kinds: Collection[str] = ()) -> AstraRun:
+             collectives: str = "network", slots: bool = True, slotless_kinds: Collection[str] = (),
+             contention: bool = True) -> AstraRun:
     """Replay `ranks` (one per NPU) under ASTRA-sim's rules; see the module docstring. `slotless_kinds`: nodes
     whose attr `kind` is one of these take no slot (a what-if for the benchmark: e.g. "delay" asks what the
-    run would take if waiting nodes did not hold the CPU slot; ASTRA-sim itself has no such rule)."""
-    return simulate_timings(ranks, groups, network, (collectives,), slots, slotless_kinds)[0]
+    run would take if waiting nodes did not hold the CPU slot; ASTRA-sim itself has no such rule).
+    `contention`: account `AstraRun.blocked_by` (a dict update at every event; `etweave simulate` prints none)."""
+    return simulate_timings(ranks, groups, network, (collectives,), slots, slotless_kinds, contention)[0]
 
 
 def simulate_timings(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[int]], network: Network,
-                     timings: Sequence[str], slots: bool = True, slotless_kinds: Collection[str] = ()
-                     ) -> list[AstraRun]:
+                     timings: Sequence[str], slots: bool = True, slotless_kinds: Collection[str] = (),
+                     contention: bool = True) -> list[AstraRun]:
     """`simulate` once per collective timing in `timings`, the graphs indexed once for all of the runs."""
     for collectives in timings:
         if collectives not in COLLECTIVE_TIMING:
@@ -181,29 +185,30 @@ def simulate_timings(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[i
     index_of_rank = {rg.rank: ri for ri, rg in enumerate(ranks)}
     if len(index_of_rank) != len(ranks):
         raise GraphError(None, "a rank is given more than once")
-    flat = _flatten(ranks, slots, slotless_kinds)
+    flat = _flatten(ranks, slots, slotless_kinds, contention)
     instances = _collective_instances(ranks, flat, groups, index_of_rank)
     peer, alone = _send_recv_peers(ranks, flat, index_of_rank)
-    return [_run(ranks, flat, instances, peer, network, timing, slots, alone) for timing in timings]
+    return [_run(ranks, flat, instances, peer, network, timing, slots, alone, contention) for timing in timings]
 
 
 def _run(ranks: list[AstraRank], flat: _Flat, instances: _Instances, peer: list[int], network: Network,
-         collectives: str, slots: bool, alone: int) -> AstraRun:
+         collectives: str, slots: bool, alone: int, contention: bool) -> AstraRun:
     notes = [f"{alone} send/recv nodes have no peer among the NPUs given: replayed alone"] if alone else []
     try:
-        loop = _EventLoop(ranks, flat, instances, peer, network, collectives)
+        loop = _EventLoop(ranks, flat, instances, peer, network, collectives, contention)
         loop.run()
     except OverflowError:  # a time past 2^63 ns (durations no real run has): the same run on Python ints
-        loop = _EventLoop(ranks, flat, instances, peer, network, collectives, machine_ints=False)
+        loop = _EventLoop(ranks, flat, instances, peer, network, collectives, contention, machine_ints=False)
         loop.run()
     n = len(flat.kind)
     finished: list[int | None] = []
     for ri, rg in enumerate(ranks):
         first, last = flat.offset[ri], flat.offset[ri] + len(rg.nodes)
-        finished.append(max(loop.end[first:last], default=0) if all(loop.done[first:last]) else None)
+        ends = loop.end[first:last]  # every event scheduled ran: a node is done when it has an end
+        finished.append(max(ends, default=0) if min(ends, default=0) >= 0 else None)
     run = AstraRun(ranks=ranks, collectives=collectives, slots=slots, finished_ns=finished,
                    slot_wait_ns=loop.slot_wait, blocked_by=[dict(b) for b in loop.blocked], notes=notes)
-    stuck = list(compress(range(n), map(not_, loop.done)))
+    stuck = list(compress(range(n), map(_NEVER_SCHEDULED.__eq__, loop.end)))
     run.stuck_count = len(stuck)
     run.stuck = _stuck_lines(ranks, flat, loop, stuck)
     return run
@@ -220,7 +225,7 @@ class _Flat(msgspec.Struct):
     dur_ns: list[int]  # own time: duration_micros × 1000, 0 → 1 ns
     node_id: list[int]
     owner: list[int]  # rank index
-    kind_name: list[str]  # attr kind, else the node type's name: the contention breakdown's key
+    kind_name: list[str]  # attr kind, else the node type's name: the contention breakdown's key (with contention)
     indeg: list[int]
     # per g its children: a tuple each (the event loop runs over them; a flat array's slices and items would be
     # new objects at every event)
@@ -235,16 +240,16 @@ class _Flat(msgspec.Struct):
         return ranks[ri].nodes[i if order is None else order[i]]
 
 
-def _flatten(ranks: Sequence[AstraRank], slots: bool, slotless_kinds: Collection[str]) -> _Flat:
+def _flatten(ranks: Sequence[AstraRank], slots: bool, slotless_kinds: Collection[str], contention: bool) -> _Flat:
     offset, n = [], 0
     for rg in ranks:
         offset.append(n)
         n += len(rg.nodes)
     flat = _Flat(offset=offset, kind=[_COMP] * n, slot=[CPU] * n, dur_ns=[0] * n, node_id=[0] * n, owner=[0] * n,
-                 kind_name=[""] * n, indeg=[0] * n)
+                 kind_name=[""] * n if contention else [], indeg=[0] * n)
     for ri, rg in enumerate(ranks):
         try:
-            _flatten_rank(flat, ri, rg, slotless_kinds)
+            _flatten_rank(flat, ri, rg, slotless_kinds, contention)
         except GraphError:
             _first_error(ri, rg)  # the error the node-by-node rules meet first
             raise
@@ -253,7 +258,7 @@ def _flatten(ranks: Sequence[AstraRank], slots: bool, slotless_kinds: Collection
     return flat
 
 
-def _flatten_rank(flat: _Flat, ri: int, rg: AstraRank, slotless_kinds: Collection[str]) -> None:
+def _flatten_rank(flat: _Flat, ri: int, rg: AstraRank, slotless_kinds: Collection[str], contention: bool) -> None:
     """Rank `ri`'s part of the flat columns, column by column (this runs for every node of every rank)."""
     nodes, base = rg.nodes, flat.offset[ri]
     end = base + len(nodes)
@@ -263,15 +268,20 @@ def _flatten_rank(flat: _Flat, ri: int, rg: AstraRank, slotless_kinds: Collectio
         flat.file_index[ri] = order
         nodes = [nodes[i] for i in order]
         ids = [nd.id for nd in nodes]
-    comp = pb.COMP_NODE
-    kinds = [(_COMP, CPU if nd.is_cpu_op else GPU) if nd.type == comp else _kind_and_slot(nd, ri) for nd in nodes]
-    flat.kind[base:end] = [k for k, _ in kinds]
-    flat.slot[base:end] = ([FREE if nd.kind in slotless_kinds else s for nd, (_, s) in zip(nodes, kinds, strict=True)]
-                           if slotless_kinds else [s for _, s in kinds])
+    # most nodes are COMP nodes: their kind is _COMP and is_cpu_op picks the slot; the others (picked in C) by
+    # _kind_and_slot
+    kinds = [_COMP] * len(nodes)
+    slots = [CPU if nd.is_cpu_op else GPU for nd in nodes]
+    for i in compress(range(len(nodes)), map(pb.COMP_NODE.__ne__, [nd.type for nd in nodes])):
+        kinds[i], slots[i] = _kind_and_slot(nodes[i], ri)
+    flat.kind[base:end] = kinds
+    flat.slot[base:end] = ([FREE if nd.kind in slotless_kinds else s for nd, s in zip(nodes, slots, strict=True)]
+                           if slotless_kinds else slots)
     flat.dur_ns[base:end] = [max(1, nd.duration_us * 1000) for nd in nodes]
     flat.node_id[base:end] = ids
     flat.owner[base:end] = [ri] * len(nodes)
-    flat.kind_name[base:end] = [nd.kind or node_type_name(nd.type) for nd in nodes]
+    if contention:
+        flat.kind_name[base:end] = [nd.kind or node_type_name(nd.type) for nd in nodes]
     flat.children += rank_edges(ri, ids, [nd.deps for nd in nodes], base, flat.indeg)
 
 
@@ -364,22 +374,21 @@ class _EventLoop:
     tuples through a call per element."""
 
     def __init__(self, ranks: Sequence[AstraRank], flat: _Flat, instances: _Instances, peer: list[int],
-                 network: Network, collectives: str, machine_ints: bool = True) -> None:
+                 network: Network, collectives: str, contention: bool = True, machine_ints: bool = True) -> None:
         n = len(flat.kind)
         self.indeg = flat.indeg.copy()  # counted down here: the flat columns serve every run
         self.ranks, self.flat, self.instances, self.peer = ranks, flat, instances, peer
-        self.network, self.collectives = network, collectives
+        self.network, self.collectives, self.contention = network, collectives, contention
         # machine ints, not an int object per node and time: memory stays near the graph's at 1000 ranks
         times: Callable[[], MutableSequence[int]] = ((lambda: array("q", [-1]) * n) if machine_ints
                                                      else (lambda: [-1] * n))
-        self.issue_t, self.ready_t, self.end = times(), times(), times()
-        self.done = [False] * n
+        self.issue_t, self.ready_t, self.end = times(), times(), times()  # end: set when scheduled, -1: never
         self.ready: list[list[list[int]]] = [[[] for _ in range(4)] for _ in ranks]  # per rank and slot: g, a heap
         self.arrived = [0] * len(instances.nodes)
         self.slot_wait = [[0] * 3 for _ in ranks]  # per rank index and slot: ready → issue, summed
         self.holder = [[-1] * 3 for _ in ranks]
         self.since = [[0] * 3 for _ in ranks]  # when each slot's (holder, someone waiting) state was last accounted
-        self.blocked: list[dict[tuple[int, str], int]] = [defaultdict(int) for _ in ranks]
+        self.blocked: list[dict[tuple[int, str], int]] = [defaultdict(int) for _ in ranks]  # with contention
         self.events: list[int] = []  # _key(time, sequence, g), a heap
         self.seq = count(1)  # each event's place in the order of scheduling: one per node at most
         self.g_bits = max(n, 1).bit_length()
@@ -402,36 +411,27 @@ class _EventLoop:
         """Every completion in time order (`issue_ready` and `make_ready` written out, and `issue` of a compute
         node: they run per node)."""
         flat = self.flat
-        indeg, children, slot, owner, kind, dur_ns, kind_name = (self.indeg, flat.children, flat.slot, flat.owner,
-                                                                 flat.kind, flat.dur_ns, flat.kind_name)
-        events, done, ready_t, issue_t, end, holder, ready, since, blocked, slot_wait = (
-            self.events, self.done, self.ready_t, self.issue_t, self.end, self.holder, self.ready, self.since,
-            self.blocked, self.slot_wait)
+        indeg, children, slot, owner, kind, dur_ns = (self.indeg, flat.children, flat.slot, flat.owner, flat.kind,
+                                                      flat.dur_ns)
+        events, ready_t, issue_t, end, holder, ready, slot_wait = (self.events, self.ready_t, self.issue_t, self.end,
+                                                                   self.holder, self.ready, self.slot_wait)
         pop, push, issue, tick = heapq.heappop, heapq.heappush, self.issue, self.seq.__next__
+        charge = self._charge if self.contention else None
         shift, g_bits, g_mask = self.time_shift, self.g_bits, (1 << self.g_bits) - 1
         while events:
             key = pop(events)
             t, g = key >> shift, key & g_mask
-            done[g] = True
             ri = owner[g]
-            hold, heaps, at = holder[ri], ready[ri], since[ri]
-            # the rank's slot states change only at its own events: charge each slot's holder, up to t, for the
-            # time a node waited for it (unrolled over the three slots); then free g's slot
-            h = hold[CPU]
-            if h >= 0 and heaps[CPU]:
-                blocked[ri][CPU, kind_name[h]] += t - at[CPU]
-            h = hold[GPU]
-            if h >= 0 and heaps[GPU]:
-                blocked[ri][GPU, kind_name[h]] += t - at[GPU]
-            h = hold[COMM]
-            if h >= 0 and heaps[COMM]:
-                blocked[ri][COMM, kind_name[h]] += t - at[COMM]
-            at[CPU] = at[GPU] = at[COMM] = t
-            if slot[g] != FREE:
-                hold[slot[g]] = -1
+            hold, heaps = holder[ri], ready[ri]
+            if charge is not None:
+                charge(ri, t)
+            s = slot[g]
+            if s != FREE:
+                hold[s] = -1
             for c in children[g]:
-                indeg[c] -= 1
-                if indeg[c] == 0:
+                d = indeg[c] - 1
+                indeg[c] = d
+                if not d:
                     ready_t[c] = t
                     push(heaps[slot[c]], c)
             for c in _pick(heaps, hold):
@@ -444,6 +444,22 @@ class _EventLoop:
                 slot_wait[ri][s] += t - ready_t[c]
                 end[c] = e = t + dur_ns[c]
                 push(events, (e << shift) | (tick() << g_bits) | c)
+
+    def _charge(self, ri: int, t: int) -> None:
+        """The contention breakdown at an event of rank `ri` at t (the rank's slot states change only at its own
+        events): charge each slot's holder, up to t, for the time a node waited for it."""
+        hold, heaps, at, blocked = self.holder[ri], self.ready[ri], self.since[ri], self.blocked[ri]
+        kind_name = self.flat.kind_name
+        h = hold[CPU]  # (unrolled over the three slots)
+        if h >= 0 and heaps[CPU]:
+            blocked[CPU, kind_name[h]] += t - at[CPU]
+        h = hold[GPU]
+        if h >= 0 and heaps[GPU]:
+            blocked[GPU, kind_name[h]] += t - at[GPU]
+        h = hold[COMM]
+        if h >= 0 and heaps[COMM]:
+            blocked[COMM, kind_name[h]] += t - at[COMM]
+        at[CPU] = at[GPU] = at[COMM] = t
 
     def coll_ns(self, g: int) -> int:
         if self.collectives == "duration":
@@ -510,20 +526,24 @@ class _EventLoop:
         heapq.heappush(self.ready[self.flat.owner[g]][self.flat.slot[g]], g)
 
 
+_heappop = heapq.heappop  # a module global: `_pick` calls it at every event
+
+
 def _pick(heaps: list[list[int]], hold: list[int]) -> list[int]:
     """The ready nodes of a rank that issue now, in id order (g ascends with id within a rank). ASTRA-sim visits
     the ready nodes in ascending id and issues each whose slot is free: per slot that is its lowest ready node;
     every slot-free node issues (issued in id order, which orders equal-time events)."""
+    cpu, gpu, comm, free = heaps  # (one unpacking, not a subscript per test: this runs at every event)
     picked = []
-    if heaps[CPU] and hold[CPU] < 0:
-        picked.append(heapq.heappop(heaps[CPU]))
-    if heaps[GPU] and hold[GPU] < 0:
-        picked.append(heapq.heappop(heaps[GPU]))
-    if heaps[COMM] and hold[COMM] < 0:
-        picked.append(heapq.heappop(heaps[COMM]))
-    if heaps[FREE]:
-        picked += heaps[FREE]
-        heaps[FREE] = []
+    if cpu and hold[CPU] < 0:
+        picked.append(_heappop(cpu))
+    if gpu and hold[GPU] < 0:
+        picked.append(_heappop(gpu))
+    if comm and hold[COMM] < 0:
+        picked.append(_heappop(comm))
+    if free:
+        picked += free
+        free.clear()
         picked.sort()
     elif len(picked) > 1:
         picked.sort()

@@ -74,6 +74,9 @@ _ReducedNode = _reduced_node_class()
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
     """(unsigned value, position after it); _Unusual when it runs past the entry or past 10 bytes."""
+    if pos + 1 < len(buf) and buf[pos + 1] < 0x80:  # two bytes or less (most values: ids, sizes, flags), at once
+        low = buf[pos]
+        return (low, pos + 1) if low < 0x80 else ((low & 0x7F) | buf[pos + 1] << 7, pos + 2)
     result = shift = 0
     for i in range(pos, min(pos + 10, len(buf))):
         b = buf[i]
@@ -135,9 +138,17 @@ def _name_counter(wanted: Collection[str]) -> Callable[[bytes], list[bytes]]:
     message). A node holds as many wanted entries as these when no entry repeats its name field and no string
     holds such bytes: then, once that many were read, the entries left hold no wanted name and are not read."""
     encoded = [name.encode() for name in sorted(wanted)]
-    usual = b"|".join(re.escape(bytes([len(n)]) + n) for n in encoded)
-    padded = b"|".join(re.escape(n) for n in encoded)
-    return re.compile(rb"\n(?:" + usual + rb"|[\x80-\xff]+[\x00-\x7f](?:" + padded + rb"))").findall
+    by_length: dict[int, list[bytes]] = {}
+    for name in encoded:
+        by_length.setdefault(len(name), []).append(name)
+    # the usual form grouped by its length byte, and a lookahead on that byte first: most fields of a node fail
+    # there (the pattern is tried at every b"\n", the tag of each attr entry's name)
+    usual = b"|".join(re.escape(bytes([length])) + b"(?:" + b"|".join(map(re.escape, names)) + b")"
+                      for length, names in sorted(by_length.items()))
+    lengths = b"".join(re.escape(bytes([length])) for length in sorted(by_length) if length < 0x80)
+    padded = b"|".join(map(re.escape, encoded))
+    return re.compile(rb"\n(?=[" + lengths + rb"\x80-\xff])(?:" + usual + rb"|[\x80-\xff]+[\x00-\x7f](?:" + padded
+                      + rb"))").findall
 
 
 def _full(raw: bytes, path: Path, wanted: Collection[str]) -> NodeFields:

@@ -52,7 +52,12 @@ def step_bounds(nodes: Sequence[SimNode]) -> dict[int, tuple[int, int]]:
 def step_times(replay: Replay) -> dict[str, Any]:
     """{"steps": [{step, measured_us, simulated_us, error_pct, measured_start_us, simulated_start_us}],
     "span": the same over the recorded steps together (or the whole run without steps)}."""
-    window = measured_window(replay)
+    return step_times_in(replay, measured_window(replay))
+
+
+def step_times_in(replay: Replay, window: tuple[int, int] | None) -> dict[str, Any]:
+    """`step_times`, the replay's `metrics.measured_window` given by a caller that has it (`etweave simulate`:
+    from the summary; a pass over every node less)."""
     origin = window[0] if window else 0
     # step -> [measured lo, measured hi, simulated lo, simulated hi]
     bounds: dict[int, list[int]] = {}

@@ -93,3 +93,19 @@ def test_times_past_machine_ints_still_replay() -> None:
     the same on Python ints."""
     run = simulate(replicate(AstraRank(0, [comp(1, 1 << 60), comp(2, 1, 1)]), 2), {})
     assert run.finished_ns == [(1 << 60) * 1000 + 1000] * 2 and run.stuck_count == 0
+
+
+def test_contention_off_replays_the_same_without_its_breakdown() -> None:
+    """`contention=False` (what `etweave simulate` asks for) skips only the blocked-by breakdown: every other
+    result, stuck nodes included, is the same as with it."""
+    nodes = [comp(1, 10), comp(2, 5, 1), comp(3, 20), comp(4, 5, cpu=False), coll(5, 2, 4, us=3), comp(6, 1, 5)]
+    ranks = [AstraRank(0, nodes), AstraRank(1, [*nodes[:4], coll(5, 2, 4, us=9)])]
+    for collectives in ("network", "duration"):
+        on, off = (simulate(ranks, {}, collectives=collectives, contention=c) for c in (True, False))
+        assert sum(ns for blocked in on.blocked_by for ns in blocked.values()) > 0  # node 3 waited behind 1, 2
+        assert off.blocked_by == [{}, {}]
+        assert (off.finished_ns, off.slot_wait_ns, off.stuck, off.stuck_count) == (
+            on.finished_ns, on.slot_wait_ns, on.stuck, on.stuck_count)
+    stuck = [AstraRank(0, [comp(3, 1, 2), coll(2, pg="5"), comp(1, 1)]), AstraRank(1, [comp(1, 1)])]
+    on, off = (simulate(stuck, {"5": [0, 1]}, contention=c) for c in (True, False))
+    assert off.stuck == on.stuck and off.stuck_count == on.stuck_count == 2 and off.finished_ns == [None, 1000]
