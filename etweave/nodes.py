@@ -164,13 +164,13 @@ def _int_attr(name: str, oneof: str = "int64_val") -> _IntAttr:
     two, three = prefixes[2], prefixes[3]
 
     def encode(value: int) -> bytes:
+        if 0x4000 <= value < 1 << 21:  # ids, correlations: three bytes, split as in _Encoder.node
+            return three + _MORE14[value & 0x3FFF] + _BYTE[value >> 14]
         entry = common.get(value)
         if entry is not None:
             return entry
         if 0x80 <= value < 0x4000:
             return two + _V14[value]
-        if 0x4000 <= value < 1 << 21:  # ids, correlations: three bytes, split as in _Encoder.node
-            return three + _MORE14[value & 0x3FFF] + _BYTE[value >> 14]
         if not low <= value < end:
             raise ValueError(f"value out of range for {kind}: {value}")
         encoded = _signed_varint(value)
@@ -217,6 +217,7 @@ _TYPES: dict[int, bytes] = {t: _N_TYPE + _varint(t) if t else b"" for t in range
 _COMP = schema.COMP_NODE
 
 
+_DATA_DEPS_3 = _N_DATA_DEPS + _BYTE[3]  # the data_deps field's tag and length, of one dep of three bytes
 _DURATIONS = [_N_DURATION + v for v in _BYTE]  # the duration field of 0..127 µs, most nodes'
 _CACHE_CAP = 1 << 16  # a cache keyed by values that may all differ stops growing here: its memory stays bounded
 
@@ -254,8 +255,8 @@ class _Encoder:
         self.high: dict[int, bytes] = {}  # v >> 14 -> its varint, for v >= 2**28
         self.et_tids: dict[int, bytes] = {}  # the et_tid attr, by value (one per thread)
 
-    def node(self, it: Item) -> tuple[bytes, int, tuple[int, ...]]:
-        """(the node's bytes, its type, its data_deps): fields in number order, the common cases inline."""
+    def node(self, it: Item) -> tuple[bytes, Item, int, tuple[int, ...]]:
+        """(the node's bytes, `it`, its type, its data_deps): fields in number order, the common cases inline."""
         iid = it.id
         comm = it.comm
         ntype = _COMP if comm is None else comm.node_type
@@ -275,7 +276,7 @@ class _Encoder:
         self._attrs(it, shape, ntype, out)
         if evidence:  # why each data_dep is there: its evidence source, in data_deps order (docs/OUTPUT.md)
             out.append(evidence)
-        return b"".join(out), ntype, data_deps
+        return b"".join(out), it, ntype, data_deps
 
     def _times(self, it: Item, marker: bool, out: list[bytes]) -> None:
         """The start_time_micros and duration_micros fields (0 left out)."""
@@ -321,9 +322,11 @@ class _Encoder:
         if len(preds) == 1:
             edge = preds[0]
             src = edge.src
-            payload = (_MORE14[src & 0x3FFF] + _V14[src >> 14] if 0x4000 <= src < 1 << 28
-                       else _V14[src] if 0 <= src < 0x4000 else _uint64(src))
-            out += (_N_DATA_DEPS, _BYTE[len(payload)], payload)
+            if 0x4000 <= src < 1 << 21:  # three bytes
+                out += (_DATA_DEPS_3, _MORE14[src & 0x3FFF], _BYTE[src >> 14])
+            else:
+                payload = _V14[src] if 0 <= src < 0x4000 else _uint64(src)
+                out += (_N_DATA_DEPS, _BYTE[len(payload)], payload)
             source = edge.source._value_
             return (src,), self.evidence1.get(source) or self._evidence((source,))
         data_deps = tuple([e.src for e in preds])
@@ -421,10 +424,7 @@ def encode_nodes(g: Graph, deps: Dependencies, roofline: Roofline | None = None
                  ) -> Iterator[tuple[bytes, Item, int, tuple[int, ...]]]:
     """Each node in ascending id as (its protobuf bytes, its item, its type, its data_deps), encoded lazily so
     the writer can stream them; GPU COMP nodes take num_ops and tensor_size from `roofline` (zeros without)."""
-    encoder = _Encoder(deps, roofline)
-    for it in g.items:
-        data, ntype, data_deps = encoder.node(it)
-        yield data, it, ntype, data_deps
+    return map(_Encoder(deps, roofline).node, g.items)  # (a map: no generator step per node)
 
 
 def build_nodes(g: Graph, deps: Dependencies, roofline: Roofline | None = None) -> Iterator[pb.Node]:
