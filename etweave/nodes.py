@@ -330,7 +330,9 @@ class _Encoder:
             source = edge.source._value_
             return (src,), self.evidence1.get(source) or self._evidence((source,))
         data_deps = tuple([e.src for e in preds])
-        out.append(_len_field(_N_DATA_DEPS, b"".join([_uint64(src) for src in data_deps])))
+        payload = b"".join([_MORE14[src & 0x3FFF] + _BYTE[src >> 14] if 0x4000 <= src < 1 << 21 else _uint64(src)
+                            for src in data_deps])
+        out.append(_len_field(_N_DATA_DEPS, payload))
         sources = tuple([e.source._value_ for e in preds])
         return data_deps, self.evidence.get(sources) or self._evidence(sources)
 
