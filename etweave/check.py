@@ -49,7 +49,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from itertools import compress, repeat
-from operator import attrgetter, lt
+from operator import attrgetter, eq, itemgetter, lt
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
@@ -381,10 +381,13 @@ def _keys_rise(nodes: _Shapes, key_of: dict[int, Any], keys: Sequence[Any]) -> b
     if nodes.ctrl_deps:  # etweave writes none; files that have them take the long way
         return False
     data_deps = nodes.data_deps
-    has_deps = list(map(bool, data_deps))
+    counts = list(map(len, data_deps))
+    one = list(map(eq, counts, repeat(1)))  # most nodes: their one dep's key, no max to take
+    many = list(map(lt, repeat(1), counts))
+    key = key_of.__getitem__
     try:
-        highest = map(max, map(map, repeat(key_of.__getitem__), compress(data_deps, has_deps)))  # each node's deps'
-        return all(map(lt, highest, compress(keys, has_deps)))
+        return (all(map(lt, map(key, map(itemgetter(0), compress(data_deps, one))), compress(keys, one)))
+                and all(map(lt, map(max, map(map, repeat(key), compress(data_deps, many))), compress(keys, many))))
     except KeyError:  # a dangling dep
         return False
 
