@@ -337,9 +337,7 @@ class _Encoder:
         return data_deps, self.evidence.get(sources) or self._evidence(sources)
 
     def _high(self, value: int) -> bytes:
-        """The varint of value >> 14, cached (the range of `value` checked here, once per high part)."""
-        if not 0 <= value < _U64:
-            raise ValueError(f"value out of range for uint64: {value}")
+        """The varint of value >> 14 (2**28 <= value < 2**64), cached."""
         encoded = _varint(value >> 14)
         if len(self.high) < _CACHE_CAP:
             self.high[value >> 14] = encoded
