@@ -47,7 +47,9 @@ Warnings (the file runs, but not as measured), by rule:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Container, Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
+from itertools import compress, repeat
+from operator import attrgetter, eq, itemgetter, lt
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
@@ -69,7 +71,7 @@ from etweave.chakra.accepts import (
     is_group_id,
 )
 from etweave.matching import group_members, match_p2p
-from etweave.model import GPU_KINDS
+from etweave.model import GPU_KINDS, Item
 from etweave.read.host_et import PG_INIT_NAME
 
 if TYPE_CHECKING:
@@ -291,20 +293,35 @@ class NodeChecker:
         """A node for the graph checks only (ids, edges, cycles): its own attrs and type were checked before."""
         self.shapes.add(node.id, node.name, tuple(node.data_deps), tuple(node.ctrl_deps))
 
-    def add_encoded(self, data: bytes, node_id: int, name: str, node_type: int, data_deps: tuple[int, ...]) -> None:
-        """A node as `etweave.nodes` encodes it (`data`), with the fields it was encoded from. A COMP_NODE other
-        than `## process_group:init ##` is kept for the graph checks only: the encoder writes its attrs in the
-        oneofs of ATTR_TYPES, always with num_ops and tensor_size, and is_cpu_op false on GPU work, so the
-        per-node rules hold by construction; every other node is decoded and checked in full."""
-        if node_type != schema.COMP_NODE or name == PG_INIT_NAME:
-            from etweave.chakra import et_def_pb2 as pb  # here: a run of compute nodes only never needs it
+    def passing(self, nodes: Iterable[tuple[bytes, Item, int, tuple[int, ...]]]) -> Iterator[bytes]:
+        """Each node as `etweave.nodes.encode_nodes` yields it (its bytes, its item, type and data_deps), its bytes
+        passed on. A COMP_NODE other than `## process_group:init ##` is kept for the graph checks only: the
+        encoder writes its attrs in the oneofs of ATTR_TYPES, always with num_ops and tensor_size, and is_cpu_op
+        false on GPU work, so the per-node rules hold by construction; every other node is decoded and checked in
+        full."""
+        items: list[Item] = []
+        add_item, add_deps = items.append, self.shapes.data_deps.append
+        comp = schema.COMP_NODE
+        for data, it, node_type, data_deps in nodes:
+            if node_type != comp or it.name == PG_INIT_NAME:
+                _check_node_semantics(_decoded(data), self.where, self.out, self.warnings)
+            add_item(it)
+            add_deps(data_deps)
+            yield data
+        self.shapes.ids += map(attrgetter("id"), items)  # (after the last node: whole-list passes, not per node)
+        self.shapes.names += map(attrgetter("name"), items)
 
-            self.add(pb.Node.FromString(data))
-        else:
-            self.shapes.add(node_id, name, data_deps)
+    def violations(self, order: Sequence[Any] | None = None) -> list[Violation]:
+        """The violations found. `order`: a key per node, in the order they were added, that the edges rise in
+        (each node's key above its deps'), such as a conversion's order of its items: it shows the graph acyclic
+        without a search (`_keys_rise`). Without it, node order is tried (a file in topological order)."""
+        return self.out + _graph_violations(self.shapes, self.where, order)
 
-    def violations(self) -> list[Violation]:
-        return self.out + _graph_violations(self.shapes, self.where)
+
+def _decoded(data: bytes) -> pb.Node:
+    from etweave.chakra import et_def_pb2 as pb  # here: a run of compute nodes only never needs it
+
+    return pb.Node.FromString(data)
 
 
 def check_nodes(nodes: Sequence[pb.Node], where: str, warnings: list[Violation] | None = None,
@@ -334,12 +351,21 @@ def check_each(nodes: Iterable[pb.Node], where: str, warnings: list[Violation] |
     return out
 
 
-def _graph_violations(nodes: _Shapes, where: str) -> list[Violation]:
-    out: list[Violation] = []
+def _graph_violations(nodes: _Shapes, where: str, order: Sequence[Any] | None = None) -> list[Violation]:
     ids = nodes.ids
-    # id -> position of the first node with it (of equal keys, the last one zip gives stays: the first node's)
-    index = dict(zip(reversed(ids), range(len(ids) - 1, -1, -1), strict=True))
-    if len(index) < len(ids):
+    n = len(ids)
+    positions = None
+    if order is None:  # node order (the positions as keys): a file written in topological order
+        positions = _first_positions(ids)
+        key_of: dict[int, Any] = positions
+        keys: Sequence[Any] = range(n)
+    else:
+        key_of, keys = dict(zip(ids, order, strict=True)), order
+    if len(key_of) == n and _keys_rise(nodes, key_of, keys):
+        return []
+    index = positions if positions is not None else _first_positions(ids)
+    out: list[Violation] = []
+    if len(index) < n:
         for i, nid in enumerate(ids):
             first = index[nid]
             if first != i:
@@ -350,6 +376,30 @@ def _graph_violations(nodes: _Shapes, where: str) -> list[Violation]:
     if stuck:
         out.append(_cycle_violation(nodes, index, stuck, where))
     return out
+
+
+def _first_positions(ids: list[int]) -> dict[int, int]:
+    """id -> position of the first node with it (of equal keys, the last one zip gives stays: the first node's)."""
+    return dict(zip(reversed(ids), range(len(ids) - 1, -1, -1), strict=True))
+
+
+def _keys_rise(nodes: _Shapes, key_of: dict[int, Any], keys: Sequence[Any]) -> bool:
+    """Whether every dep is the id of a node and every node's key is above its deps' keys (`key_of`: id -> key,
+    the ids unique), shown in whole-list passes, no Python step per node or edge. Then the graph has no dangling
+    or self edge, and no cycle: keys rise along every path, so none comes back. False: maybe not; the caller
+    looks edge by edge. Keys must be totally ordered (numbers, or tuples of them; no NaN)."""
+    if nodes.ctrl_deps:  # etweave writes none; files that have them take the long way
+        return False
+    data_deps = nodes.data_deps
+    counts = list(map(len, data_deps))
+    one = list(map(eq, counts, repeat(1)))  # most nodes: their one dep's key, no max to take
+    many = list(map(lt, repeat(1), counts))
+    key = key_of.__getitem__
+    try:
+        return (all(map(lt, map(key, map(itemgetter(0), compress(data_deps, one))), compress(keys, one)))
+                and all(map(lt, map(max, map(map, repeat(key), compress(data_deps, many))), compress(keys, many))))
+    except KeyError:  # a dangling dep
+        return False
 
 
 def _edges(nodes: _Shapes, index: dict[int, int], where: str, out: list[Violation]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator, Sequence
+from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -106,11 +107,10 @@ class Result(msgspec.Struct):
         ends."""
         rank = self.graph.rank
         checker = NodeChecker(f"rank {rank}")
-        add = checker.add_encoded
-        for data, it, ntype, data_deps in encode_nodes(self.graph, self.deps, self.roofline):
-            add(data, it.id, it.name, ntype, data_deps)
-            yield data
-        violations = checker.violations()
+        yield from checker.passing(encode_nodes(self.graph, self.deps, self.roofline))
+        # every edge rises in (start, pos, id) (deps.order_key, but for roots first on equal starts): the proof of
+        # acyclicity the graph check looks for first
+        violations = checker.violations(list(map(attrgetter("start", "pos", "id"), self.graph.items)))
         if violations:
             raise RuntimeError(f"output failed its own check: {violations[0]}")
 

@@ -10,14 +10,14 @@ length and bytes. `build_nodes` gives the same nodes as protobuf objects (the Py
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import orjson
 
 from etweave.chakra import schema
-from etweave.chakra.io import BYTE_VARINTS, varint_bytes
+from etweave.chakra.io import BYTE_VARINTS, LOW_14_MORE, VARINTS_14, varint_bytes
 from etweave.deps import Dependencies
-from etweave.model import GPU_KINDS, HOST_OP, PROCESS_ROOT, THREAD_ROOT, Comm, Graph, Item, OpRecord
+from etweave.model import GPU_KINDS, HOST_OP, PROCESS_ROOT, THREAD_ROOT, Comm, Edge, Graph, Item, OpRecord
 from etweave.read.host_et import IO, PG_INIT_NAME
 from etweave.roofline import Roofline
 
@@ -86,6 +86,7 @@ _U64 = 1 << 64
 _I64_MIN, _I64_END = -(1 << 63), 1 << 63
 _I32_MIN, _I32_END = -(1 << 31), 1 << 31
 _BYTE = BYTE_VARINTS
+_V14, _MORE14 = VARINTS_14, LOW_14_MORE
 _WIRE_VARINT, _WIRE_LEN = 0, 2
 _varint = varint_bytes
 
@@ -160,11 +161,16 @@ def _int_attr(name: str, oneof: str = "int64_val") -> _IntAttr:
     common = {v: _attr(key, _signed_varint(v)) for v in [*range(0x80), -1] if low <= v}
     # the entry's length fits one byte: the key and at most ten bytes of varint
     prefixes = [_N_ATTR + _varint(len(key) + n) + key for n in range(11)]
+    two, three = prefixes[2], prefixes[3]
 
     def encode(value: int) -> bytes:
+        if 0x4000 <= value < 1 << 21:  # ids, correlations: three bytes, split as in _Encoder.node
+            return three + _MORE14[value & 0x3FFF] + _BYTE[value >> 14]
         entry = common.get(value)
         if entry is not None:
             return entry
+        if 0x80 <= value < 0x4000:
+            return two + _V14[value]
         if not low <= value < end:
             raise ValueError(f"value out of range for {kind}: {value}")
         encoded = _signed_varint(value)
@@ -211,93 +217,91 @@ _TYPES: dict[int, bytes] = {t: _N_TYPE + _varint(t) if t else b"" for t in range
 _COMP = schema.COMP_NODE
 
 
-def _uint64s(values: tuple[int, ...]) -> bytes:
-    """A packed repeated uint64's payload."""
-    if len(values) == 1:
-        value = values[0]
-        if 0 <= value < _U64:
-            return _varint(value)
-    if not 0 <= min(values) <= max(values) < _U64:
-        raise ValueError(f"value out of range for uint64: {values}")
-    return b"".join([_varint(v) for v in values])
+_DATA_DEPS_3 = _N_DATA_DEPS + _BYTE[3]  # the data_deps field's tag and length, of one dep of three bytes
+_DURATIONS = [_N_DURATION + v for v in _BYTE]  # the duration field of 0..127 µs, most nodes'
+_CACHE_CAP = 1 << 16  # a cache keyed by values that may all differ stops growing here: its memory stays bounded
+
+
+def _uint64(value: int) -> bytes:
+    """The varint of a uint64 field's value."""
+    if not 0 <= value < _U64:
+        raise ValueError(f"value out of range for uint64: {value}")
+    return _varint(value)
+
+
+class _Shape(NamedTuple):
+    """What nodes of one name, kind, type and place share."""
+
+    head: bytes  # the name and type fields
+    place: bytes  # the kind, is_cpu_op and tid (or device and stream) attrs
+    marker: bool  # stands for no work: duration 0
+    pg_init: bool  # the `## process_group:init ##` node
+    host_op: bool  # of kind HOST_OP: its exclusive time is an attr when measured
 
 
 class _Encoder:
-    """Encodes one conversion's nodes; caches the bytes that repeat across nodes (names, the kind and thread or
-    stream attrs, evidence lists)."""
+    """Encodes one conversion's nodes; caches the bytes that repeat across nodes (name, type and place per
+    `_Shape`, evidence lists, the high bits of times).
+
+    A varint of 0x4000 <= v < 2**64 is written as two parts, `_MORE14[v & 0x3FFF]` and the varint of v >> 14: a
+    table entry while v < 2**28 (ids), else `_high`'s cache (times in µs since the epoch share their high bits)."""
 
     def __init__(self, deps: Dependencies, roofline: Roofline | None) -> None:
         self.preds = deps.preds
         self.work = roofline.values if roofline is not None else {}
-        self.names: dict[str, bytes] = {}
-        self.places: dict[tuple[object, ...], bytes] = {}
+        self.shapes: dict[tuple[object, ...], _Shape] = {}
         self.evidence: dict[tuple[str, ...], bytes] = {}
+        self.evidence1: dict[str, bytes] = {}  # the same for one data_dep, by its source
+        self.high: dict[int, bytes] = {}  # v >> 14 -> its varint, for v >= 2**28
+        self.et_tids: dict[int, bytes] = {}  # the et_tid attr, by value (one per thread)
 
-    def node(self, it: Item) -> tuple[bytes, int, tuple[int, ...]]:
-        """(the node's bytes, its type, its data_deps)."""
+    def node(self, it: Item) -> tuple[bytes, Item, int, tuple[int, ...]]:
+        """(the node's bytes, `it`, its type, its data_deps): fields in number order, the common cases inline."""
         iid = it.id
         comm = it.comm
         ntype = _COMP if comm is None else comm.node_type
-        name = self.names.get(it.name)
-        if name is None:
-            name = self.names[it.name] = _len_field(_N_NAME, _text(it.name)) if it.name else b""
-        out = [_N_ID + _varint(iid) if 0 < iid < _U64 else _uint64_field(_N_ID, iid), name, _TYPES[ntype]]
+        shape = self.shapes.get((it.name, it.kind, ntype, it.tid, it.device, it.stream)) or self._shape(it, ntype)
+        if 0x4000 <= iid < 1 << 28:
+            out = [_N_ID, _MORE14[iid & 0x3FFF], _V14[iid >> 14], shape.head]
+        elif 0 < iid < 0x4000:
+            out = [_N_ID, _V14[iid], shape.head]
+        else:
+            out = [_uint64_field(_N_ID, iid), shape.head]
         preds = self.preds.get(iid)
         data_deps: tuple[int, ...] = ()
+        evidence = b""
         if preds:
-            data_deps = tuple([e.src for e in preds])
-            out.append(_len_field(_N_DATA_DEPS, _uint64s(data_deps)))
+            data_deps, evidence = self._data_deps(preds, out)
+        self._times(it, shape.marker, out)
+        self._attrs(it, shape, ntype, out)
+        if evidence:  # why each data_dep is there: its evidence source, in data_deps order (docs/OUTPUT.md)
+            out.append(evidence)
+        return b"".join(out), it, ntype, data_deps
+
+    def _times(self, it: Item, marker: bool, out: list[bytes]) -> None:
+        """The start_time_micros and duration_micros fields (0 left out)."""
         start = it.start
-        if it.measured or start > 0:
+        if marker:
+            rounded, dur = round(start) if it.measured or start > 0 else 0, 0
+        else:  # duration(): both ends rounded
             rounded = round(start)
-            if rounded > 0:
-                out.append(_N_START + _varint(rounded) if rounded < _U64 else _uint64_field(_N_START, rounded))
-        dur = duration(it)
-        if dur:
-            out.append(_N_DURATION + _varint(dur) if dur < _U64 else _uint64_field(_N_DURATION, dur))
-        self._attrs(it, out)
-        if ntype == _COMP:
-            # ASTRA-sim's roofline mode throws on a COMP_NODE without both (docs/FACTS.md §A3); 0 = not known
-            work = self.work.get(iid)
-            out.append(_NO_WORK if work is None else _NUM_OPS(work[0]) + _TENSOR_SIZE(work[1]))
-        if preds:  # why each data_dep is there: its evidence source, in data_deps order (docs/OUTPUT.md)
-            # (`_value_`: the member's plain attribute, not the `value` property; strings hash fast, members don't)
-            sources = tuple([e.source._value_ for e in preds])
-            evidence = self.evidence.get(sources)
-            out.append(evidence if evidence is not None else self._evidence(sources))
-        return b"".join(out), ntype, data_deps
+            dur = round(it.seg_end) - rounded
+        if rounded > 0:
+            if 1 << 28 <= rounded < _U64:
+                out += (_N_START, _MORE14[rounded & 0x3FFF], self.high.get(rounded >> 14) or self._high(rounded))
+            else:
+                out += (_N_START, _uint64(rounded))
+        if dur > 0:
+            out.append(_DURATIONS[dur] if dur < 0x80 else _N_DURATION + _uint64(dur))
 
-    def _evidence(self, sources: tuple[str, ...]) -> bytes:
-        """The `dep_evidence` attr: few distinct combinations occur, each encoded once."""
-        values = b"".join(_len_field(_LIST_VALUES, _text(s)) for s in sources)
-        encoded = self.evidence[sources] = _attr(_EVIDENCE, _len_field(b"", values))
-        return encoded
-
-    def _place(self, it: Item, kind: str) -> bytes:
-        """The `kind` and `is_cpu_op` attrs, then the thread (`tid`) or the device and stream: few distinct."""
-        gpu = it.kind in GPU_KINDS or it.stream is not None  # on_gpu
-        key = (kind, it.comm is None, gpu, it.device, it.stream) if gpu else (kind, it.comm is None, gpu, it.tid)
-        encoded = self.places.get(key)
-        if encoded is None:
-            parts = [_string_attr(_KIND, kind), _attr(_IS_CPU_OP, _BYTE[it.comm is None and not gpu])]
-            if gpu:
-                parts += [_DEVICE(it.device or 0), _STREAM(it.stream or 0)]
-            elif it.tid is not None:
-                parts.append(_TID(_tid(it.tid)))
-            encoded = self.places[key] = b"".join(parts)
-        return encoded
-
-    def _attrs(self, it: Item, out: list[bytes]) -> None:
-        """The IOInfo fields and the attrs, in the order the node has them."""
+    def _attrs(self, it: Item, shape: _Shape, ntype: int, out: list[bytes]) -> None:
+        """The IOInfo fields and the attrs but `dep_evidence`, in the order the node has them."""
         host = it.host
         if host is None:
-            out.append(self._place(it, it.kind))
+            out.append(shape.place)
         else:
-            pg_init = it.kind == HOST_OP and it.name == PG_INIT_NAME
-            out.append(_host_io(host, pg_init))
-            out.append(self._place(it, PG_INIT_KIND if pg_init else it.kind))
-            out.append(_host_attrs(host, it.measured, _io(host.inputs)[0] if pg_init else None))
-        if it.kind == HOST_OP and it.measured:
+            self._host(it, host, shape, out)
+        if shape.host_op and it.measured:
             out.append(_EXCLUSIVE(round(it.excl)))
         if it.part_of is not None:
             out.append(_PART_OF(it.part_of))
@@ -307,6 +311,83 @@ class _Encoder:
             out.append(_CORRELATION(it.correlation))
         if it.comm is not None:
             out.append(_comm_attrs(it.comm, it.dur))
+        if ntype == _COMP:
+            # ASTRA-sim's roofline mode throws on a COMP_NODE without both (docs/FACTS.md §A3); 0 = not known
+            work = self.work.get(it.id)
+            out.append(_NO_WORK if work is None else _NUM_OPS(work[0]) + _TENSOR_SIZE(work[1]))
+
+    def _data_deps(self, preds: list[Edge], out: list[bytes]) -> tuple[tuple[int, ...], bytes]:
+        """Appends the data_deps field; returns the data_deps and their `dep_evidence` attr."""
+        # (`_value_`: the member's plain attribute, not the `value` property; strings hash fast, members don't)
+        if len(preds) == 1:
+            edge = preds[0]
+            src = edge.src
+            if 0x4000 <= src < 1 << 21:  # three bytes
+                out += (_DATA_DEPS_3, _MORE14[src & 0x3FFF], _BYTE[src >> 14])
+            else:
+                payload = _V14[src] if 0 <= src < 0x4000 else _uint64(src)
+                out += (_N_DATA_DEPS, _BYTE[len(payload)], payload)
+            source = edge.source._value_
+            return (src,), self.evidence1.get(source) or self._evidence((source,))
+        data_deps = tuple([e.src for e in preds])
+        payload = b"".join([_MORE14[src & 0x3FFF] + _BYTE[src >> 14] if 0x4000 <= src < 1 << 21 else _uint64(src)
+                            for src in data_deps])
+        out.append(_len_field(_N_DATA_DEPS, payload))
+        sources = tuple([e.source._value_ for e in preds])
+        return data_deps, self.evidence.get(sources) or self._evidence(sources)
+
+    def _high(self, value: int) -> bytes:
+        """The varint of value >> 14 (2**28 <= value < 2**64), cached."""
+        encoded = _varint(value >> 14)
+        if len(self.high) < _CACHE_CAP:
+            self.high[value >> 14] = encoded
+        return encoded
+
+    def _evidence(self, sources: tuple[str, ...]) -> bytes:
+        """The `dep_evidence` attr: few distinct combinations occur, each encoded once."""
+        values = b"".join(_len_field(_LIST_VALUES, _text(s)) for s in sources)
+        encoded = self.evidence[sources] = _attr(_EVIDENCE, _len_field(b"", values))
+        if len(sources) == 1:
+            self.evidence1[sources[0]] = encoded
+        return encoded
+
+    def _shape(self, it: Item, ntype: int) -> _Shape:
+        """The `_Shape` of `it`'s nodes, made once per combination."""
+        name, kind = it.name, it.kind
+        pg_init = kind == HOST_OP and name == PG_INIT_NAME
+        marker = kind in _ROOT_KINDS or pg_init  # is_marker
+        head = (_len_field(_N_NAME, _text(name)) if name else b"") + _TYPES[ntype]
+        shape = _Shape(head, _place(it, PG_INIT_KIND if pg_init else kind), marker, pg_init, kind == HOST_OP)
+        self.shapes[(name, kind, ntype, it.tid, it.device, it.stream)] = shape
+        return shape
+
+    def _host(self, it: Item, host: OpRecord, shape: _Shape, out: list[bytes]) -> None:
+        """A host op's IOInfo fields and attrs (`place` between them, as the node has them)."""
+        pg_init = shape.pg_init
+        et_tid = self.et_tids.get(host.et_tid) or self._et_tid(host.et_tid)
+        out += (_host_io(host, pg_init), shape.place, et_tid, _ET_PARENT(host.et_parent), _RF_ID(host.rf_id),
+                _SEQ_ID(host.seq_id), _LINKED[it.measured])
+        if host.op_schema:
+            out.append(_string_attr(_OP_SCHEMA, host.op_schema))
+        if pg_init:
+            out.append(_string_attr(_PG_CONFIG, _io(host.inputs)[0]))
+
+    def _et_tid(self, et_tid: int) -> bytes:
+        encoded = _ET_TID(et_tid)
+        if len(self.et_tids) < _CACHE_CAP:
+            self.et_tids[et_tid] = encoded
+        return encoded
+
+
+def _place(it: Item, kind: str) -> bytes:
+    """The `kind` and `is_cpu_op` attrs, then the thread (`tid`) or the device and stream."""
+    gpu = it.kind in GPU_KINDS or it.stream is not None  # on_gpu
+    parts = [_string_attr(_KIND, kind), _attr(_IS_CPU_OP, _BYTE[it.comm is None and not gpu])]
+    if gpu:
+        parts += [_DEVICE(it.device or 0), _STREAM(it.stream or 0)]
+    elif it.tid is not None:
+        parts.append(_TID(_tid(it.tid)))
+    return b"".join(parts)
 
 
 def _uint64_field(tag: bytes, value: int) -> bytes:
@@ -328,15 +409,6 @@ def _host_io(host: OpRecord, pg_init: bool) -> bytes:
     return _io_bytes(_N_INPUTS, "" if pg_init else values, shapes, types) + _io_bytes(_N_OUTPUTS, *_io(outputs))
 
 
-def _host_attrs(h: OpRecord, linked: bool, pg_config: str | None) -> bytes:
-    attrs = [_ET_TID(h.et_tid), _ET_PARENT(h.et_parent), _RF_ID(h.rf_id), _SEQ_ID(h.seq_id), _LINKED[linked]]
-    if h.op_schema:
-        attrs.append(_string_attr(_OP_SCHEMA, h.op_schema))
-    if pg_config is not None:
-        attrs.append(_string_attr(_PG_CONFIG, pg_config))
-    return b"".join(attrs)
-
-
 def _comm_attrs(c: Comm, dur: float) -> bytes:
     attrs = [_string_attr(_COLLECTIVE_NAME, c.collective_name), _COMM_TYPE(c.comm_type), _COMM_SIZE(c.size),
              _string_attr(_PG_NAME, c.pg_name)]
@@ -352,10 +424,7 @@ def encode_nodes(g: Graph, deps: Dependencies, roofline: Roofline | None = None
                  ) -> Iterator[tuple[bytes, Item, int, tuple[int, ...]]]:
     """Each node in ascending id as (its protobuf bytes, its item, its type, its data_deps), encoded lazily so
     the writer can stream them; GPU COMP nodes take num_ops and tensor_size from `roofline` (zeros without)."""
-    encoder = _Encoder(deps, roofline)
-    for it in g.items:
-        data, ntype, data_deps = encoder.node(it)
-        yield data, it, ntype, data_deps
+    return map(_Encoder(deps, roofline).node, g.items)  # (a map: no generator step per node)
 
 
 def build_nodes(g: Graph, deps: Dependencies, roofline: Roofline | None = None) -> Iterator[pb.Node]:

@@ -36,6 +36,10 @@ BYTE_VARINTS = [bytes((i,)) for i in range(0x80)]  # one-byte varints, by value
 _LOW_BYTES = bytes(range(0x80, 0x100)) * 0x80
 TWO_BYTE_VARINTS = list(map(bytes, zip(_LOW_BYTES, b"".join(bytes((h,)) * 0x80 for h in range(0x80)), strict=True)))
 _TWO_MORE = list(map(bytes, zip(_LOW_BYTES, b"".join(bytes((h | 0x80,)) * 0x80 for h in range(0x80)), strict=True)))
+# For encoders that split a value v >= 0x4000 themselves: its varint is LOW_14_MORE[v & 0x3FFF] followed by the
+# varint of v >> 14, which VARINTS_14 holds whole while v >> 14 < 0x4000 (every v below 2**28).
+LOW_14_MORE = _TWO_MORE
+VARINTS_14 = BYTE_VARINTS + TWO_BYTE_VARINTS[0x80:]  # the varint of every value below 0x4000
 
 
 def varint_bytes(value: int) -> bytes:

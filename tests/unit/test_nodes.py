@@ -121,3 +121,20 @@ def test_every_two_byte_varint_as_protobuf_writes_it() -> None:
         for value in (low, low | 1 << 14):
             expected = pb.Node(start_time_micros=value).SerializeToString()[1:] if value else b"\x00"
             assert _varint(value) == expected, value
+
+
+def test_values_at_the_encoders_split_points_as_protobuf_writes_them() -> None:
+    """Ids, deps, times and int attrs on each side of the encoder's fast paths (one and two 14-bit table entries,
+    three-byte values, the cached high bits of start times), decoded back to what they were built from."""
+    edges = [0x3FFF, 0x4000, 2**21 - 1, 2**21, 2**28 - 1, 2**28, 2**40]
+    items = [Item(id=v, kind=RUNTIME, name="cudaLaunchKernel", start=v * 977.0, seg_end=v * 977.0 + (v % 300),
+                  measured=True, tid=7, correlation=v, part_of=v) for v in edges]
+    preds = {v: [Edge(edges[i - 1], v, Evidence.THREAD_ORDER)] for i, v in enumerate(edges) if i}
+    preds[edges[-1]] = [Edge(v, edges[-1], Evidence.THREAD_ORDER) for v in edges[:-1]]  # many deps
+    g = Graph(items=items, by_id={it.id: it for it in items}, ids=Ids(2**41))
+    for data, it, _, data_deps in encode_nodes(g, Dependencies(preds=preds)):
+        node = pb.Node.FromString(data)
+        assert node.SerializeToString(deterministic=True) == data
+        assert (node.id, tuple(node.data_deps), node.start_time_micros) == (it.id, data_deps, round(it.start))
+        assert node.duration_micros == round(it.seg_end) - round(it.start)
+        assert node_attrs(node)["correlation"] == it.id == node_attrs(node)["part_of"]

@@ -1,0 +1,124 @@
+"""etweave.check on a conversion's own nodes (`NodeChecker.passing`) and its graph checks' short cut: a graph whose
+edges all rise in a key is accepted without a search, and anything else is looked at edge by edge."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from etweave.chakra import et_def_pb2 as pb
+from etweave.check import NodeChecker, _graph_violations, _keys_rise, _Shapes
+from etweave.deps import Dependencies
+from etweave.deps.evidence import Evidence
+from etweave.model import HOST_OP, KERNEL, Comm, Edge, Graph, Ids, Item
+from etweave.nodes import encode_nodes
+
+
+def _item(nid: int, start: float, kind: str = HOST_OP, comm: Comm | None = None) -> Item:
+    return Item(id=nid, kind=kind, name=f"op{nid}", start=start, seg_end=start + 5, measured=True, tid=1,
+                device=0 if kind == KERNEL else None, stream=7 if kind == KERNEL else None, comm=comm)
+
+
+def _checked(items: list[Item], preds: dict[int, list[Edge]], with_order: bool = True) -> list[str]:
+    """The rules `Result.encoded_nodes`'s check reports for these items and edges."""
+    graph = Graph(items=items, by_id={it.id: it for it in items}, ids=Ids(1000))
+    checker = NodeChecker("rank 0")
+    encoded = list(encode_nodes(graph, Dependencies(preds=preds)))
+    assert list(checker.passing(iter(encoded))) == [data for data, _, _, _ in encoded]  # the bytes pass unchanged
+    order = [(it.start, it.pos, it.id) for it in items] if with_order else None
+    return [v.rule for v in checker.violations(order)]
+
+
+def _edge(src: int, dst: int) -> Edge:
+    return Edge(src, dst, Evidence.THREAD_ORDER)
+
+
+def test_a_clean_graph_passes_with_edges_against_id_order() -> None:
+    # node 2 runs after node 3: its edge goes back in id order but forward in start time
+    items = [_item(1, 10), _item(2, 50), _item(3, 20)]
+    preds = {3: [_edge(1, 3)], 2: [_edge(3, 2), _edge(1, 2)]}
+    assert _checked(items, preds) == [] and _checked(items, preds, with_order=False) == []
+
+
+def test_a_dangling_dep_a_cycle_and_a_duplicate_id_are_caught() -> None:
+    assert _checked([_item(1, 10), _item(2, 20)], {2: [_edge(99, 2)]}) == ["dangling-data-dep"]
+    # a cycle goes against every order: some edge of it falls in the key, and the search finds it
+    cycle = {1: [_edge(3, 1)], 2: [_edge(1, 2)], 3: [_edge(2, 3)]}
+    assert _checked([_item(1, 10), _item(2, 20), _item(3, 30)], cycle) == ["cycle"]
+    assert _checked([_item(1, 10), _item(1, 20)], {}) == ["duplicate-id"]
+    assert _checked([_item(1, 10), _item(2, 20)], {2: [_edge(2, 2)]}) == ["self-edge"]
+
+
+def test_comm_nodes_are_decoded_and_checked_in_full() -> None:
+    """The encoder always writes comm_size; bytes without it (what a bug would write) fail the check."""
+    node = pb.Node(id=1, name="nccl:all_reduce", type=pb.COMM_COLL_NODE)
+    node.attr.add(name="comm_type").int64_val = pb.ALL_REDUCE
+    comm = Comm(pb.COMM_COLL_NODE, "allreduce", pb.ALL_REDUCE, 64)
+    checker = NodeChecker("rank 0")
+    list(checker.passing(iter([(node.SerializeToString(), _item(1, 10, KERNEL, comm), pb.COMM_COLL_NODE, ())])))
+    [violation] = checker.violations()
+    assert violation.rule == "comm-missing-attr" and "comm_size" in violation.message
+
+
+def _shapes(deps: list[tuple[int, ...]], ids: list[int] | None = None) -> _Shapes:
+    shapes = _Shapes()
+    for i, node_deps in enumerate(deps):
+        shapes.add(ids[i] if ids else i + 1, f"n{i}", node_deps)
+    return shapes
+
+
+def _rise(shapes: _Shapes, keys: list[int] | None = None) -> bool:
+    keys = keys if keys is not None else list(range(len(shapes)))
+    return _keys_rise(shapes, dict(zip(shapes.ids, keys, strict=True)), keys)
+
+
+def test_the_short_cut_takes_edges_that_rise_in_the_key_and_nothing_else() -> None:
+    backward = _shapes([(), (3,), (1,)])  # node 2 depends on node 3, after it in node order
+    assert not _rise(backward)
+    assert _rise(backward, [0, 2, 1])
+    assert not _rise(backward, [0, 1, 2])  # an edge that falls in the key: searched, not refused
+    assert _graph_violations(backward, "r", [0, 1, 2]) == [] and _graph_violations(backward, "r") == []
+    assert not _rise(_shapes([(), (7,)]))  # a dangling dep
+    assert not _rise(_shapes([(), (2,)]))  # a self-edge
+
+
+def _reference_rules(deps: list[tuple[int, ...]], ids: list[int]) -> set[str]:
+    """What the graph checks must find, by brute force: a walk from every node."""
+    rules: set[str] = set()
+    if len(set(ids)) < len(ids):
+        rules.add("duplicate-id")
+    first = {nid: i for i, nid in reversed(list(enumerate(ids)))}
+    edges: dict[int, list[int]] = {i: [] for i in range(len(ids))}
+    for i, node_deps in enumerate(deps):
+        for dep in node_deps:
+            if dep == ids[i]:
+                rules.add("self-edge")
+            elif dep not in first:
+                rules.add("dangling-data-dep")
+            else:
+                edges[i].append(first[dep])
+    for start in edges:  # a cycle: some node reaches itself
+        stack, seen = list(edges[start]), set()
+        while stack:
+            j = stack.pop()
+            if j == start:
+                rules.add("cycle")
+                break
+            if j not in seen:
+                seen.add(j)
+                stack.extend(edges[j])
+    return rules
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 7).flatmap(lambda n: st.tuples(
+    st.lists(st.lists(st.integers(1, n + 1), max_size=3).map(tuple), min_size=n, max_size=n),
+    st.lists(st.integers(1, n), min_size=n, max_size=n),
+    st.permutations(range(n)))))
+def test_the_graph_checks_find_what_a_brute_force_walk_finds(case: tuple[list[tuple[int, ...]], list[int],
+                                                                       list[int]]) -> None:
+    deps, ids, order = case
+    shapes = _shapes(deps, ids)
+    expected = _reference_rules(deps, ids)
+    for key in (None, order):
+        assert {v.rule for v in _graph_violations(shapes, "r", key)} == expected
