@@ -11,11 +11,14 @@ class: how long two or more of its nodes really ran at once, and how many nodes 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import itertools
+import operator
+from collections.abc import Iterable, Sequence
 
 from etweave.chakra import schema
-from etweave.model import Graph, Item
+from etweave.model import GPU_KINDS, HOST_OP, PROCESS_ROOT, THREAD_ROOT, Graph, Item
 from etweave.nodes import is_marker, on_gpu
+from etweave.read.host_et import PG_INIT_NAME
 
 SLOT_CLASSES = ("cpu", "gpu", "comm")
 
@@ -52,7 +55,7 @@ def _nonempty(intervals: Iterable[tuple[float, float]]) -> tuple[list[float], li
     return starts, ends
 
 
-def _overlap(starts: list[float], ends: list[float]) -> float:
+def _overlap(starts: Sequence[float], ends: Sequence[float]) -> float:
     """`overlap_us` of nonempty intervals: a sweep over the starts and the ends, each sorted (at one instant, ends
     before starts)."""
     starts, ends = sorted(starts), sorted(ends)
@@ -75,7 +78,7 @@ def _overlap(starts: list[float], ends: list[float]) -> float:
     return total
 
 
-def _overlapping(starts: list[float], ends: list[float]) -> int:
+def _overlapping(starts: Sequence[float], ends: Sequence[float]) -> int:
     """`overlapping_count` of nonempty intervals."""
     order = sorted(range(len(starts)), key=starts.__getitem__)
     count, reach = 0, float("-inf")  # reach: the latest end among the spans before this one
@@ -98,14 +101,37 @@ def _measured_span(it: Item) -> tuple[float, float]:
 def serialized(g: Graph) -> dict[str, dict[str, int]]:
     """Per slot class: `overlap_micros` (time two or more of its nodes really ran at once) and `nodes` (how many
     of its nodes ran while another one of the class did). Measured nodes only."""
-    starts: dict[str, list[float]] = {c: [] for c in SLOT_CLASSES}
-    ends: dict[str, list[float]] = {c: [] for c in SLOT_CLASSES}
-    for it in g.items:
-        c = slot_class(it)
-        if c is not None and it.start > 0:
-            s, e = _measured_span(it)
-            if e > s:
-                starts[c].append(s)
-                ends[c].append(e)
-    return {c: {"overlap_micros": round(_overlap(starts[c], ends[c])), "nodes": _overlapping(starts[c], ends[c])}
-            for c in SLOT_CLASSES}
+    spans: dict[str | None, tuple[list[int], list[int]]] = {c: ([], []) for c in SLOT_CLASSES}
+    spans[None] = ([], [])  # (no slot: thrown away)
+    cpu, gpu, comm = spans["cpu"], spans["gpu"], spans["comm"]
+    roots, gpu_kinds, recv = _ROOT_KINDS, GPU_KINDS, schema.COMM_RECV_NODE
+    for it in g.items:  # slot_class and _measured_span, inline: one pass, no call per item
+        if it.start <= 0:
+            continue
+        kind = it.kind
+        if kind in roots or (kind == HOST_OP and it.name == PG_INIT_NAME):
+            continue
+        s = round(it.start)
+        c = it.comm
+        if c is not None:
+            if c.node_type == recv:
+                continue
+            to, e = comm, s + round(it.dur)
+        else:
+            to, e = gpu if kind in gpu_kinds or it.stream is not None else cpu, round(it.seg_end)
+        if e > s:
+            to[0].append(s)
+            to[1].append(e)
+    return {c: _serialized_of(*spans[c]) for c in SLOT_CLASSES}
+
+
+_ROOT_KINDS = frozenset({PROCESS_ROOT, THREAD_ROOT})
+
+
+def _serialized_of(starts: list[int], ends: list[int]) -> dict[str, int]:
+    """One class's counts. Both sweeps are taken on times less the earliest start: Kineto's µs since the epoch are
+    ints of two digits to Python (each compare and step a slow one), small ints are fast."""
+    base = min(starts, default=0)
+    starts = list(map(operator.sub, starts, itertools.repeat(base)))
+    ends = list(map(operator.sub, ends, itertools.repeat(base)))
+    return {"overlap_micros": round(_overlap(starts, ends)), "nodes": _overlapping(starts, ends)}
