@@ -7,6 +7,8 @@ This is where the reader's records end: each item carries the fields later stage
 
 from __future__ import annotations
 
+import math
+import operator
 from collections import defaultdict
 
 from etweave.conversion import Conversion, need
@@ -184,26 +186,32 @@ def _thread_order(g: Graph) -> None:
     """
     keyed: dict[int | str, list[tuple[tuple[float, int, float, float], Item]]] = defaultdict(list)
     last_ts: dict[int | str, float] = {}
-    for it in list(g.items):  # id order
-        if it.tid is None or it.kind in GPU_KINDS:
+    for it in g.items:  # id order
+        tid, kind = it.tid, it.kind
+        if tid is None:
             continue
-        if it.kind == THREAD_ROOT:  # first on its thread, whatever its id
-            keyed[it.tid].append(((float("-inf"), -1, it.id, 0.0), it))
-        elif it.kind == HOST_OP:
-            ts = it.start if it.measured else last_ts.get(it.tid, float("-inf"))
+        if kind == HOST_OP:
             if it.measured:
-                last_ts[it.tid] = ts
-            keyed[it.tid].append(((ts, 0, it.id, 0.0), it))  # host ids are entry order
-        elif it.kind == RUNTIME:
-            keyed[it.tid].append(((it.start, 1, -it.dur, it.id), it))
+                ts = last_ts[tid] = it.start
+            else:
+                ts = last_ts.get(tid, -math.inf)
+            keyed[tid].append(((ts, 0, it.id, 0.0), it))  # host ids are entry order
+        elif kind == RUNTIME:
+            keyed[tid].append(((it.start, 1, -it.dur, it.id), it))
+        elif kind == THREAD_ROOT:  # first on its thread, whatever its id
+            keyed[tid].append(((-math.inf, -1, it.id, 0.0), it))
     # Every thread's chain starts at the run's first measured instant, so a thread that starts late begins with
     # an idle period (explained later by a handoff where the evidence allows).
     t0 = min((it.start for it in g.items if it.measured), default=0.0)
     for tid in sorted(keyed, key=str):
-        seq = sorted(keyed[tid], key=lambda kv: kv[0])
+        seq = sorted(keyed[tid], key=_KEY)
         g.threads[tid] = _Sweep(g, tid, seq, t0).run()
     for it in g.items:
-        it.excl = max(0.0, it.excl)
+        if not it.excl > 0.0:  # (max(0.0, excl) is excl itself otherwise)
+            it.excl = max(0.0, it.excl)
+
+
+_KEY = operator.itemgetter(0)
 
 
 class _Sweep:
@@ -227,23 +235,31 @@ class _Sweep:
                 chain.append(it.id)
                 continue
             measured = it.measured
-            if self.pending is None and self.owner is None and not stack and measured:
-                self._flush(it.start)  # idle before this op
-            t = it.start if measured else max(key[0], self.cursor)
+            if measured:
+                t = it.start
+                if self.pending is None and self.owner is None and not stack:
+                    self._flush(t)  # idle before this op
+            else:
+                t = key[0]
+                if self.cursor > t:  # (max(key[0], cursor))
+                    t = self.cursor
             self._close_until(t)
             self._flush(t)
             if stack:
                 parent = stack[-1]
                 it.enclosing = parent.id
                 if measured:
-                    parent.excl -= max(0.0, min(it.start + it.dur, parent.start + parent.dur) - it.start)
+                    end, parent_end = it.start + it.dur, parent.start + parent.dur
+                    overlap = (parent_end if parent_end < end else end) - it.start
+                    if overlap > 0.0:  # (parent.excl -= max(0.0, overlap))
+                        parent.excl -= overlap
             chain.append(it.id)
             if measured and it.dur > 0:
                 stack.append(it)
                 self.owner = self.pending = it
             else:
                 it.start = it.seg_end = t
-        self._close_until(float("inf"))
+        self._close_until(math.inf)
         return chain
 
     def _close_until(self, t: float) -> None:
@@ -256,25 +272,28 @@ class _Sweep:
 
     def _flush(self, t: float) -> None:
         """The period [cursor, t] ends: it was the pending op's own node, a later part of the owner, or idle."""
-        pending = self.pending
+        pending, cursor = self.pending, self.cursor
         if pending is not None:
-            pending.seg_end = end = max(t, pending.start)
-            self.cursor = max(self.cursor, end)
+            start = pending.start
+            pending.seg_end = end = start if start > t else t  # (max(t, start))
+            if end > cursor:
+                self.cursor = end
             self.pending = None
             return
-        if round(t) - round(self.cursor) < 1:  # shorter than the output's resolution: joins the next period
+        if round(t) - round(cursor) < 1:  # shorter than the output's resolution: joins the next period
             return
-        owner = self.owner
+        owner, g = self.owner, self.g
         if owner is not None:
             name = self.self_names.get(owner.name)
             if name is None:
                 name = self.self_names[owner.name] = f"{owner.name} [self]"
-            part = Item(id=0, kind=SELF_PART, name=name, part_of=owner.id)
+            part = Item(id=g.ids.next(), kind=SELF_PART, name=name, start=cursor, dur=t - cursor, excl=t - cursor,
+                        seg_end=t, measured=True, tid=self.tid, part_of=owner.id)
         else:
-            part = Item(id=0, kind=DELAY, name="[idle]")
-        part.start, part.seg_end, part.measured, part.tid = self.cursor, t, True, self.tid
-        part.dur = part.excl = t - self.cursor
-        self.g.add(part)
+            part = Item(id=g.ids.next(), kind=DELAY, name="[idle]", start=cursor, dur=t - cursor, excl=t - cursor,
+                        seg_end=t, measured=True, tid=self.tid)
+        g.items.append(part)  # Graph.add, its id already taken
+        g.by_id[part.id] = part
         self.chain.append(part.id)
         self.cursor = t
 
