@@ -33,6 +33,7 @@ from etweave.model import (
     KinetoArgs,
     OpRecord,
     SyncRecord,
+    first_measured_start,
 )
 from etweave.read.host_et import HostOp
 from etweave.read.kineto import Args, Event, KinetoTrace
@@ -202,7 +203,7 @@ def _thread_order(g: Graph) -> None:
             keyed[tid].append(((-math.inf, -1, it.id, 0.0), it))
     # Every thread's chain starts at the run's first measured instant, so a thread that starts late begins with
     # an idle period (explained later by a handoff where the evidence allows).
-    t0 = min((it.start for it in g.items if it.measured), default=0.0)
+    t0 = first_measured_start(g)
     for tid in sorted(keyed, key=str):
         seq = sorted(keyed[tid], key=_KEY)
         g.threads[tid] = _Sweep(g, tid, seq, t0).run()

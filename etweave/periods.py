@@ -4,6 +4,7 @@ sorted (for lookups by time) while periods are split, moved and removed."""
 from __future__ import annotations
 
 import bisect
+import operator
 
 from etweave.model import DELAY, RESUME, WAKEUP, Graph, Item
 
@@ -22,7 +23,7 @@ class Chains:
     def starts(self, tid: int | str) -> list[float]:
         s = self._starts.get(tid)
         if s is None:
-            s = self._starts[tid] = [self.g.by_id[i].start for i in self.ids[tid]]
+            s = self._starts[tid] = list(map(_START, map(self.g.by_id.__getitem__, self.ids[tid])))
         return s
 
     def reset_starts(self) -> None:
@@ -81,6 +82,9 @@ class Chains:
             self.g.items = [it for it in self.g.items if it.id not in self.removed]
             for i in self.removed:
                 del self.g.by_id[i]
+
+
+_START = operator.attrgetter("start")
 
 
 def thread_of(it: Item) -> int | str:

@@ -18,6 +18,7 @@ from collections import defaultdict
 
 import msgspec
 
+from etweave.deps.awaited import waiting
 from etweave.deps.cuda_sync import SyncRecords
 from etweave.deps.event_wait import recorded_event_waits, unrecorded_event_waits
 from etweave.deps.evidence import MAX_WAKEUP, Evidence
@@ -39,6 +40,7 @@ from etweave.model import (
     Await,
     Graph,
     Item,
+    first_measured_start,
 )
 from etweave.periods import Chains
 
@@ -98,10 +100,9 @@ def _await_last_periods(g: Graph, chains: Chains) -> None:
     """A thread waited for an op of another thread to end: the edge comes from the op's last period on its thread
     (the op may have been cut into periods after the wait was found)."""
     chains.reset_starts()
-    for it in g.items:
+    for it in waiting(g):
         awaits = it.awaits
-        if not isinstance(awaits, list):  # none
-            continue
+        assert isinstance(awaits, list)  # (waiting: it recorded some)
         for n, a in enumerate(awaits):
             x = g.by_id[a.item]
             if a.evidence is not Evidence.THREAD_WAIT or x.tid is None:
@@ -244,7 +245,7 @@ def _stream_waits(g: Graph) -> None:
     for dev, ops in by_device.items():
         ops.sort(key=lambda it: (it.start + it.dur, it.id))
         index[dev] = ([it.start + it.dur for it in ops], ops)
-    t0 = min((it.start for it in g.items if it.measured), default=0.0)
+    t0 = first_measured_start(g)
     for key, order in list(g.streams.items()):
         new_order: list[int] = []
         prev: Item | None = None

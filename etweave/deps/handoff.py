@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import operator
 from collections import defaultdict
 
 from etweave.deps.awaited import awaited
@@ -61,7 +62,8 @@ class HandOverEvidence:
         # from 0, and a backward op names its forward op's ET thread (`fw_tid`). Without fw_tid in the trace
         # (Kineto alone) the key's thread is 0 and the first op of a sequence id is taken as its forward op.
         self.forward_tid: dict[tuple[int, int], int | str] = {}
-        self.names_forward_thread = any(it.host is not None and it.host.fw_tid for it in g.items)
+        # (any item's host record with a fw_tid: whole-list passes, no Python step per item)
+        self.names_forward_thread = any(map(_FW_TID, filter(None, map(_HOST, g.items))))
         # (tensor, storage, thread) -> the starts of that thread's ops that wrote the tensor, and the ops, in
         # (start, id) order: the latest writer by a time is one bisection, not a scan of every writer
         self.writers: dict[tuple[int, int, int | str], tuple[list[float], list[Item]]] = {}
@@ -121,6 +123,9 @@ class HandOverEvidence:
         if h.seq_id < 0 or (self.names_forward_thread and not h.fw_tid):
             return None
         return self.forward_tid.get(self._forward_key(h.fw_tid, h.seq_id))
+
+
+_HOST, _FW_TID = operator.attrgetter("host"), operator.attrgetter("fw_tid")
 
 
 def main_thread(g: Graph, chains: Chains) -> int | str | None:
