@@ -3,7 +3,10 @@ came out, what was left out and why, edges per evidence, delays on the critical 
 
 from __future__ import annotations
 
+import itertools
+import operator
 from array import array
+from collections import Counter
 
 from etweave.collectives import CollectiveStats
 from etweave.conversion import Conversion, need
@@ -19,7 +22,18 @@ from etweave.fidelity import (
     share_of_path,
 )
 from etweave.link import DeviceSelection, HostLink, LeftOut
-from etweave.model import DELAY, GPU_KINDS, HOST_OP, RUNTIME, THREAD_ROOT, UNTRACED, WAKEUP, Graph, Item
+from etweave.model import (
+    DELAY,
+    GPU_KINDS,
+    HOST_OP,
+    PROCESS_ROOT,
+    RUNTIME,
+    THREAD_ROOT,
+    UNTRACED,
+    WAKEUP,
+    Graph,
+    Item,
+)
 from etweave.nodes import duration
 from etweave.read.host_et import PG_INIT_NAME
 from etweave.read.kineto import KinetoTrace
@@ -62,8 +76,8 @@ def build_report(c: Conversion) -> Report:
         rank=g.rank,
         link=_link_summary(link, c.mismatch),
         host_ops=_host_ops(c, g),
-        device_ops=Count(device.gpu_input if device else 0, sum(1 for it in g.items if it.kind in GPU_KINDS)),
-        runtime_calls=Count(device.runtime_input if device else 0, sum(1 for it in g.items if it.kind == RUNTIME)),
+        device_ops=Count(device.gpu_input if device else 0, sum(map(GPU_KINDS.__contains__, map(_KIND, g.items)))),
+        runtime_calls=Count(device.runtime_input if device else 0, operator.countOf(map(_KIND, g.items), RUNTIME)),
         collectives=Count(stats.calls, stats.comm_nodes),
         collective_type_mapping=dict(sorted(stats.mapped.items())),
         synthesized=_synthesized(c, g),
@@ -91,7 +105,7 @@ def _host_ops(c: Conversion, g: Graph) -> Count:
 
 def _synthesized(c: Conversion, g: Graph) -> Synthesized:
     if c.kineto_only:
-        return Synthesized(thread_roots=sum(1 for it in g.items if it.kind == THREAD_ROOT), process_root=1)
+        return Synthesized(thread_roots=operator.countOf(map(_KIND, g.items), THREAD_ROOT), process_root=1)
     return Synthesized(thread_roots=sum(1 for it in g.items if it.kind == THREAD_ROOT and it.host is None),
                        host_ops_from_kineto=len(c.added_ops))
 
@@ -148,7 +162,7 @@ def _warnings(c: Conversion, g: Graph, deps: Dependencies, stats: CollectiveStat
 
 def _roofline(g: Graph, rf: Roofline | None) -> RooflineSummary:
     """COMP nodes with real num_ops/tensor_size (from their launching op's shapes) and with zeros."""
-    comp = sum(1 for it in g.items if it.comm is None)
+    comp = operator.countOf(map(_COMM, g.items), None)
     real = sum(1 for _ops, size in rf.values.values() if size > 0) if rf is not None else 0
     gpu, covered = (rf.gpu_time_us, rf.gpu_time_covered_us) if rf is not None else (0.0, 0.0)
     return RooflineSummary(comp, real, comp - real, round(100.0 * covered / gpu, 2) if gpu > 0 else None,
@@ -185,21 +199,49 @@ def _delay_share(g: Graph, deps: Dependencies) -> tuple[DelayShare, list[Item]]:
     the critical path's items that stand for no op, in path order: the only ones whose kind and duration the share
     adds up (`share_of_path`), so the only ones it is given (its `on_path` lists them alone)."""
     items = g.items
-    index = {it.id: k for k, it in enumerate(items)}
-    src, dst = array("q"), array("q")
-    get_preds = deps.preds.get
-    for k, it in enumerate(items):
-        edges = get_preds(it.id)
+    ids = list(map(_ID, items))
+    preds = deps.preds
+    # each node's successors in one array (`Successors`), filled in one pass over the items' edges: node k's edges
+    # from each source are met in item order, so each source's targets come out as in Successors.of
+    out_degree = Counter(map(_SRC, itertools.chain.from_iterable(preds.values())))
+    offsets = array("q", itertools.accumulate(map(out_degree.get, ids, itertools.repeat(0)), initial=0))
+    del out_degree
+    fill = dict(zip(ids, offsets, strict=False))  # source id -> where its next target goes
+    targets = array("q", bytes(8 * offsets[-1]))
+    indeg = [0] * len(items)
+    get_preds = preds.get
+    for k, i in enumerate(ids):
+        edges = get_preds(i)
         if edges:
+            indeg[k] = len(edges)
             for e in edges:
-                src.append(index[e.src])
-                dst.append(k)
-    del index
-    durations = [float(duration(it)) for it in items]
-    cp, path = longest_path([it.id for it in items], durations, Successors.of(len(items), src, dst))
+                at = fill[e.src]
+                targets[at] = k
+                fill[e.src] = at + 1
+    del fill
+    durations = _durations(items)
+    cp, path = longest_path(ids, durations, Successors(offsets, targets, indeg))
     no_op = [k for k in path if items[k].kind in NO_OP_KINDS or items[k].name == RANK_START_OFFSET]
     share = share_of_path(cp, [PathNode(items[k].id, items[k].name, items[k].kind, durations[k], ()) for k in no_op])
     return share, [items[k] for k in no_op]
+
+
+def _durations(items: list[Item]) -> list[float]:
+    """`nodes.duration` of every item as a float, inline: one pass, no call per item."""
+    out = [0.0] * len(items)
+    for k, it in enumerate(items):
+        kind = it.kind
+        if kind in _ROOT_KINDS or (kind == HOST_OP and it.name == PG_INIT_NAME):
+            continue
+        d = round(it.seg_end) - round(it.start)
+        if d > 0:
+            out[k] = float(d)
+    return out
+
+
+_ID, _SRC = operator.attrgetter("id"), operator.attrgetter("src")
+_KIND, _COMM = operator.attrgetter("kind"), operator.attrgetter("comm")
+_ROOT_KINDS = frozenset({PROCESS_ROOT, THREAD_ROOT})
 
 
 def collectives_without_dependents(g: Graph, deps: Dependencies) -> list[CollectiveWithoutDependents]:
@@ -209,14 +251,16 @@ def collectives_without_dependents(g: Graph, deps: Dependencies) -> list[Collect
     gates: set[int] = set()
     next_on_stream: dict[int, int] = {}
     by_id = g.by_id
-    program_order = (Evidence.THREAD_ORDER, Evidence.COLLECTIVE_ORDER)
+    thread_order, collective_order, stream_order = Evidence.THREAD_ORDER, Evidence.COLLECTIVE_ORDER, \
+        Evidence.STREAM_ORDER
     for target, edges in deps.preds.items():
         place = None  # the target's thread and stream, once an edge needs it
         for e in edges:
-            if e.source is Evidence.STREAM_ORDER:
-                next_on_stream[e.src] = target
-            if e.source in program_order:
+            source = e.source
+            if source is thread_order or source is collective_order:  # program order (most edges)
                 continue
+            if source is stream_order:
+                next_on_stream[e.src] = target
             if place is None:
                 dst = by_id[target]
                 place = (dst.tid, dst.device, dst.stream)
