@@ -35,7 +35,7 @@ from etweave.model import (
     SyncRecord,
     first_measured_start,
 )
-from etweave.read.host_et import HostOp
+from etweave.read.host_et import PROCESS_ROOT_NAMES, THREAD_ROOT_NAMES, HostOp
 from etweave.read.kineto import Args, Event, KinetoTrace
 from etweave.repair import Repair, is_collective_call
 from etweave.values import as_int, tensors
@@ -64,17 +64,20 @@ def assemble(c: Conversion) -> Graph:
 def _host_items(ops: list[HostOp], kineto: KinetoTrace | None, link: HostLink, rep: Repair) -> list[Item]:
     events = kineto.events if kineto is not None else []
     items: list[Item] = []
+    parent_of, orphan_parent, event_of, kthread_of = rep.parent_of.get, rep.orphan_parent.get, link.event_of.get, \
+        link.kthread_of.get
     for op in ops:
-        kind = PROCESS_ROOT if op.is_process_root else THREAD_ROOT if op.is_thread_root else HOST_OP
-        it = Item(id=op.id, kind=kind, name=op.name, host=op_record(op), parent=rep.parent_of.get(op.id),
-                  orphan_parent=rep.orphan_parent.get(op.id))
-        i = link.event_of.get(op.id)
-        if i is not None:
+        name = op.name
+        kind = PROCESS_ROOT if name in PROCESS_ROOT_NAMES else THREAD_ROOT if name in THREAD_ROOT_NAMES else HOST_OP
+        i = event_of(op.id)
+        if i is not None:  # (each item made whole in one call)
             ev = events[i]
-            it.start, it.dur, it.excl, it.measured, it.tid = ev.ts, ev.dur, ev.dur, True, ev.tid
-            it.kineto = kineto_args(ev.args)
-        elif kind != PROCESS_ROOT:
-            it.tid = link.kthread_of.get(op.et_tid, op.et_tid)
+            it = Item(id=op.id, kind=kind, name=name, start=ev.ts, dur=ev.dur, excl=ev.dur, measured=True,
+                      tid=ev.tid, host=op_record(op), kineto=kineto_args(ev.args), parent=parent_of(op.id),
+                      orphan_parent=orphan_parent(op.id))
+        else:
+            it = Item(id=op.id, kind=kind, name=name, tid=kthread_of(op.et_tid, op.et_tid) if kind != PROCESS_ROOT
+                      else None, host=op_record(op), parent=parent_of(op.id), orphan_parent=orphan_parent(op.id))
         items.append(it)
     process_root = _process_root_id(ops) if rep.synthesized_roots else None
     for et_tid, root_id in sorted(rep.synthesized_roots.items()):
@@ -93,18 +96,22 @@ def _device_items(kineto: KinetoTrace, device: DeviceSelection, ids: Ids) -> lis
     # (start, outer before inner, runtime before GPU): the same order the thread and stream chains use.
     # (from the columns: the GPU events are the selection's `gpu`, their categories those of _GPU_KIND)
     ts, dur, gpu = events.ts, events.dur, set(device.gpu)
-    chosen = sorted(device.runtime + device.gpu, key=lambda i: (ts[i], -dur[i], i in gpu, i))
+    chosen = device.runtime + device.gpu
+    # (the keys made in C passes over the columns, not by a call per event)
+    keys = list(zip(map(ts.__getitem__, chosen), map(operator.neg, map(dur.__getitem__, chosen)),
+                    map(gpu.__contains__, chosen), chosen, strict=True))
+    chosen = [key[3] for key in sorted(keys)]
     id_of = {i: ids.next() for i in chosen}
     items: list[Item] = []
+    launcher_of = device.launcher_of.get
     for i in chosen:
         ev = events[i]
         if ev.cat in _GPU_KIND:
+            r = launcher_of(i)
             it = Item(id=id_of[i], kind=_GPU_KIND[ev.cat], name=ev.name, start=ev.ts, dur=ev.dur, excl=ev.dur,
                       seg_end=ev.ts + ev.dur,
                       measured=True, kineto=kineto_args(ev.args), device=as_int(ev.args.device, 0),
-                      stream=as_int(ev.args.stream, 0))
-            r = device.launcher_of.get(i)
-            it.launcher = id_of[r] if r is not None else None
+                      stream=as_int(ev.args.stream, 0), launcher=id_of[r] if r is not None else None)
         else:
             it = Item(id=id_of[i], kind=RUNTIME, name=ev.name, start=ev.ts, dur=ev.dur, excl=ev.dur,
                       measured=True, correlation=as_int(ev.args.correlation), tid=ev.tid)
