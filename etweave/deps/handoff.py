@@ -12,7 +12,7 @@ from collections import defaultdict
 from etweave.deps.awaited import awaited
 from etweave.deps.evidence import MAX_WAKEUP, Evidence
 from etweave.model import DELAY, HOST_OP, RESUME, RUNTIME, SELF_PART, THREAD_ROOT, Edge, Graph, Item, OpRecord
-from etweave.periods import Chains, thread_of
+from etweave.periods import Chains
 
 
 def handoff(g: Graph) -> list[Edge]:
@@ -70,8 +70,9 @@ class HandOverEvidence:
         per: dict[int | str, list[Item]] = defaultdict(list)
         issued: dict[int | str, list[Item]] = defaultdict(list)
         for it in sorted((x for x in g.items if x.kind == HOST_OP and x.tid is not None and x.measured),
-                         key=lambda x: (x.start, x.id)):
-            tid = thread_of(it)
+                         key=_START_ID):
+            tid = it.tid
+            assert tid is not None  # (picked so; thread_of, inline)
             per[tid].append(it)
             if it.name.startswith(ISSUE_PREFIXES):
                 issued[tid].append(it)
@@ -84,8 +85,8 @@ class HandOverEvidence:
                 w_starts, w_ops = self.writers.setdefault((tensor, storage, tid), ([], []))
                 w_starts.append(it.start)
                 w_ops.append(it)
-        self.ops = {tid: ([x.start for x in ops], ops) for tid, ops in per.items()}
-        self.issued = {tid: ([x.start for x in ops], ops) for tid, ops in issued.items()}
+        self.ops = {tid: (list(map(_START, ops)), ops) for tid, ops in per.items()}
+        self.issued = {tid: (list(map(_START, ops)), ops) for tid, ops in issued.items()}
 
     def shows(self, by: int | str, gap: Item, woken: Item) -> tuple[bool, Item | None]:
         """Whether thread `by` handed over the work that `woken` (the first period after the idle `gap` of its
@@ -126,6 +127,7 @@ class HandOverEvidence:
 
 
 _HOST, _FW_TID = operator.attrgetter("host"), operator.attrgetter("fw_tid")
+_START_ID, _START = operator.attrgetter("start", "id"), operator.attrgetter("start")
 
 
 def main_thread(g: Graph, chains: Chains) -> int | str | None:
