@@ -54,7 +54,7 @@ from etweave.report import (
     Synthesized,
 )
 from etweave.roofline import Roofline
-from etweave.serialized import serialized
+from etweave.serialized import Rounded, serialized
 from etweave.waits import NoWaitEvidence
 
 LONG_DELAY = 100.0  # µs: delays on the critical path at least this long are listed with their evidence
@@ -72,6 +72,7 @@ def build_report(c: Conversion) -> Report:
         if cpu_left.count:
             left_out.append(LeftOutGroup("cpu_ops", "outside_window", cpu_left.count, cpu_left.examples))
     device = c.device
+    rounded = Rounded.of(g.items)  # the nodes' times: the delays and the serialized work read them
     return Report(
         rank=g.rank,
         link=_link_summary(link, c.mismatch),
@@ -88,9 +89,9 @@ def build_report(c: Conversion) -> Report:
         edges=EdgeCounts(sum(deps.per_source.values()), by_name(deps.per_source), by_name(deps.inferred)),
         nodes=len(g.items),
         roofline=_roofline(g, c.roofline),
-        delays=delays(g, deps),
+        delays=delays(g, deps, rounded),
         collectives_without_dependents=collectives_without_dependents(g, deps),
-        astra_sim_serialized=serialized(g),
+        astra_sim_serialized=serialized(g, rounded),
         cpu_ops=cpu_ops,
     )
 
@@ -169,10 +170,10 @@ def _roofline(g: Graph, rf: Roofline | None) -> RooflineSummary:
                            rf.ops if rf is not None else {})
 
 
-def delays(g: Graph, deps: Dependencies) -> Delays:
+def delays(g: Graph, deps: Dependencies, rounded: Rounded | None = None) -> Delays:
     """The delay share of the critical path (fidelity.delay_share), every delay on it of LONG_DELAY µs or more with
     the evidence that nothing was awaited, and the distribution of wake-up latencies."""
-    ds, no_op_on_path = _delay_share(g, deps)
+    ds, no_op_on_path = _delay_share(g, deps, rounded or Rounded.of(g.items))
     long = []
     evidence: NoWaitEvidence | None = None
     for it in no_op_on_path:
@@ -194,7 +195,7 @@ def delays(g: Graph, deps: Dependencies) -> Delays:
     )
 
 
-def _delay_share(g: Graph, deps: Dependencies) -> tuple[DelayShare, list[Item]]:
+def _delay_share(g: Graph, deps: Dependencies, rounded: Rounded) -> tuple[DelayShare, list[Item]]:
     """`fidelity.delay_share` of the nodes the items become, read from the items and edges (no node per item), and
     the critical path's items that stand for no op, in path order: the only ones whose kind and duration the share
     adds up (`share_of_path`), so the only ones it is given (its `on_path` lists them alone)."""
@@ -219,24 +220,28 @@ def _delay_share(g: Graph, deps: Dependencies) -> tuple[DelayShare, list[Item]]:
                 targets[at] = k
                 fill[e.src] = at + 1
     del fill
-    durations = _durations(items)
+    durations = _durations(items, rounded)
     cp, path = longest_path(ids, durations, Successors(offsets, targets, indeg))
     no_op = [k for k in path if items[k].kind in NO_OP_KINDS or items[k].name == RANK_START_OFFSET]
     share = share_of_path(cp, [PathNode(items[k].id, items[k].name, items[k].kind, durations[k], ()) for k in no_op])
     return share, [items[k] for k in no_op]
 
 
-def _durations(items: list[Item]) -> list[float]:
-    """`nodes.duration` of every item as a float, inline: one pass, no call per item."""
-    out = [0.0] * len(items)
-    for k, it in enumerate(items):
-        kind = it.kind
-        if kind in _ROOT_KINDS or (kind == HOST_OP and it.name == PG_INIT_NAME):
-            continue
-        d = round(it.seg_end) - round(it.start)
-        if d > 0:
-            out[k] = float(d)
-    return out
+def _durations(items: list[Item], rounded: Rounded) -> list[float]:
+    """`nodes.duration` of every item, as a float, in C passes over the rounded times: negative lengths and the
+    markers (roots, `## process_group:init ##`) 0."""
+    lengths = list(map(operator.sub, rounded.seg_end, rounded.start))
+    n = len(items)
+    for k in itertools.compress(range(n), map(operator.gt, itertools.repeat(0), lengths)):
+        lengths[k] = 0
+    kinds = list(map(_KIND, items))
+    for k in itertools.compress(range(n), map(_MAYBE_MARKER.__contains__, kinds)):
+        if kinds[k] != HOST_OP or items[k].name == PG_INIT_NAME:
+            lengths[k] = 0
+    return list(map(float, lengths))
+
+
+_MAYBE_MARKER = frozenset({PROCESS_ROOT, THREAD_ROOT, HOST_OP})  # roots, and host ops named PG_INIT_NAME
 
 
 _ID, _SRC = operator.attrgetter("id"), operator.attrgetter("src")

@@ -12,8 +12,10 @@ class: how long two or more of its nodes really ran at once, and how many nodes 
 from __future__ import annotations
 
 import itertools
+import math
 import operator
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 from etweave.chakra import schema
 from etweave.model import GPU_KINDS, HOST_OP, PROCESS_ROOT, THREAD_ROOT, Graph, Item
@@ -81,14 +83,15 @@ def _overlap(starts: Sequence[float], ends: Sequence[float]) -> float:
 def _overlapping(starts: Sequence[float], ends: Sequence[float]) -> int:
     """`overlapping_count` of nonempty intervals."""
     order = sorted(range(len(starts)), key=starts.__getitem__)
-    count, reach = 0, float("-inf")  # reach: the latest end among the spans before this one
-    for k, x in enumerate(order):
-        s, e = starts[x], ends[x]
+    s_sorted = list(map(starts.__getitem__, order))
+    count, reach = 0, -math.inf  # reach: the latest end among the spans before this one
+    for s, e, next_start in zip(s_sorted, map(ends.__getitem__, order), [*s_sorted[1:], math.inf], strict=True):
         # sorted by start: a span meets an earlier one iff the earlier ends reach past its start, and a later one
         # iff the next span starts before it ends
-        if reach > s or (k + 1 < len(order) and starts[order[k + 1]] < e):
+        if reach > s or next_start < e:
             count += 1
-        reach = max(reach, e)
+        if e > reach:  # (max(reach, e))
+            reach = e
     return count
 
 
@@ -98,27 +101,41 @@ def _measured_span(it: Item) -> tuple[float, float]:
     return round(it.start), round(it.seg_end)  # the node's own period, as start_time_micros/duration_micros
 
 
-def serialized(g: Graph) -> dict[str, dict[str, int]]:
+class Rounded(NamedTuple):
+    """Every item's start and seg_end rounded to the µs, as its node's times are (the audit's passes share them)."""
+
+    start: list[int]
+    seg_end: list[int]
+
+    @classmethod
+    def of(cls, items: list[Item]) -> Rounded:
+        return cls(list(map(round, map(_START, items))), list(map(round, map(_SEG_END, items))))
+
+
+_START, _SEG_END = operator.attrgetter("start"), operator.attrgetter("seg_end")
+
+
+def serialized(g: Graph, rounded: Rounded | None = None) -> dict[str, dict[str, int]]:
     """Per slot class: `overlap_micros` (time two or more of its nodes really ran at once) and `nodes` (how many
-    of its nodes ran while another one of the class did). Measured nodes only."""
+    of its nodes ran while another one of the class did). Measured nodes only. (`rounded`: the items' times, when
+    made already.)"""
     spans: dict[str | None, tuple[list[int], list[int]]] = {c: ([], []) for c in SLOT_CLASSES}
-    spans[None] = ([], [])  # (no slot: thrown away)
     cpu, gpu, comm = spans["cpu"], spans["gpu"], spans["comm"]
     roots, gpu_kinds, recv = _ROOT_KINDS, GPU_KINDS, schema.COMM_RECV_NODE
-    for it in g.items:  # slot_class and _measured_span, inline: one pass, no call per item
-        if it.start <= 0:
+    starts, ends = rounded or Rounded.of(g.items)
+    for it, s, e in zip(g.items, starts, ends, strict=True):  # slot_class and _measured_span, inline: one pass
+        if not it.start > 0:
             continue
         kind = it.kind
         if kind in roots or (kind == HOST_OP and it.name == PG_INIT_NAME):
             continue
-        s = round(it.start)
         c = it.comm
         if c is not None:
             if c.node_type == recv:
                 continue
             to, e = comm, s + round(it.dur)
         else:
-            to, e = gpu if kind in gpu_kinds or it.stream is not None else cpu, round(it.seg_end)
+            to = gpu if kind in gpu_kinds or it.stream is not None else cpu
         if e > s:
             to[0].append(s)
             to[1].append(e)
