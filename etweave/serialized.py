@@ -85,7 +85,7 @@ def _overlapping(starts: Sequence[float], ends: Sequence[float]) -> int:
     order = sorted(range(len(starts)), key=starts.__getitem__)
     s_sorted = list(map(starts.__getitem__, order))
     count, reach = 0, -math.inf  # reach: the latest end among the spans before this one
-    for s, e, next_start in zip(s_sorted, map(ends.__getitem__, order), [*s_sorted[1:], math.inf], strict=True):
+    for s, e, next_start in zip(s_sorted, map(ends.__getitem__, order), [*s_sorted[1:], math.inf], strict=False):
         # sorted by start: a span meets an earlier one iff the earlier ends reach past its start, and a later one
         # iff the next span starts before it ends
         if reach > s or next_start < e:
