@@ -13,7 +13,9 @@ stays a fixed duration: UNTRACED between a thread's ops, an `[idle]` DELAY befor
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from collections import defaultdict
 
 import msgspec
@@ -161,6 +163,9 @@ def _handoffs(g: Graph, chains: Chains, evidence: HandOverEvidence, givers: dict
     return handed, moments
 
 
+_KIND = operator.attrgetter("kind")
+
+
 class _Worker(msgspec.Struct):
     """A thread whose idle gaps may end in a hand-over, the threads that may have handed it work (in the order
     asked, the main thread first), the moments each thread handed work over (filled in) and the thread credited
@@ -186,15 +191,19 @@ def _worker_handoffs(g: Graph, chains: Chains, evidence: HandOverEvidence, worke
                      apply: bool) -> list[_Given]:
     """The hand-overs that ended the idle gaps of one worker thread (see _handoffs), recorded and applied with
     `apply`."""
-    order = chains.ids[worker.tid]
-    started = False
+    order = chains.ids[worker.tid]  # (nothing here changes this thread's order: other threads' periods are cut)
+    periods = list(map(g.by_id.__getitem__, order))
+    kinds = list(map(_KIND, periods))
+    # the worker has started once a period of its own work came before (not its root, idle or waking up)
+    first_work = next((k for k, kind in enumerate(kinds) if kind not in (THREAD_ROOT, DELAY, WAKEUP)), len(kinds))
     given: list[_Given] = []
-    for pos, i in enumerate(list(order)):
-        gap = g.by_id[i]
-        if gap.kind != DELAY or pos + 1 >= len(order) or i in chains.removed:
-            started = started or gap.kind not in (THREAD_ROOT, DELAY, WAKEUP)
+    # each idle gap but the last period, picked in C
+    for pos in itertools.compress(range(len(order) - 1), map(operator.eq, kinds, itertools.repeat(DELAY))):
+        gap = periods[pos]
+        if gap.id in chains.removed:
             continue
-        nxt = g.by_id[order[pos + 1]]
+        started = first_work < pos
+        nxt = periods[pos + 1]
         found, moment, queued = hand_over(g, chains, evidence, worker.by, gap, nxt, started, worker.by[0])
         if queued is not None:  # the worker took it up after its previous work: its idle time stays its own
             if queued.tid is not None:
