@@ -118,15 +118,16 @@ def _name_untraced(g: Graph, chains: Chains) -> None:
     """Idle time on a thread between its ops that no evidence says was waiting is code the profiler did not record
     (Python between ops, data loading): it stays a fixed duration, named for what it is. Idle time before a
     thread's first op that no hand-over explains stays an `[idle]` delay: the thread had not started working."""
+    removed = chains.removed
     for order in chains.ids.values():
-        started = False
-        for i in order:
-            it = g.by_id[i]
-            if i in chains.removed or it.kind == THREAD_ROOT:
-                continue
-            if it.kind == DELAY and started:
-                it.kind, it.name = UNTRACED, "[untraced]"
-            started = True
+        periods = list(map(g.by_id.__getitem__, order))
+        kinds = list(map(_KIND, periods))
+        # the thread started at its first period (its root and removed ones aside); each idle one after is untraced
+        first = next((k for k, (i, kind) in enumerate(zip(order, kinds, strict=True))
+                      if kind != THREAD_ROOT and i not in removed), len(order))
+        for pos in itertools.compress(range(len(order)), map(operator.eq, kinds, itertools.repeat(DELAY))):
+            if pos > first and order[pos] not in removed:
+                periods[pos].kind, periods[pos].name = UNTRACED, "[untraced]"
 
 
 def _handoffs(g: Graph, chains: Chains, evidence: HandOverEvidence, givers: dict[int, int | str],
