@@ -245,7 +245,8 @@ _MAYBE_MARKER = frozenset({PROCESS_ROOT, THREAD_ROOT, HOST_OP})  # roots, and ho
 
 
 _ID, _SRC = operator.attrgetter("id"), operator.attrgetter("src")
-_KIND, _COMM = operator.attrgetter("kind"), operator.attrgetter("comm")
+_KIND, _COMM, _SOURCE = operator.attrgetter("kind"), operator.attrgetter("comm"), operator.attrgetter("source")
+_PROGRAM_ORDER = frozenset({Evidence.THREAD_ORDER, Evidence.COLLECTIVE_ORDER})
 _ROOT_KINDS = frozenset({PROCESS_ROOT, THREAD_ROOT})
 
 
@@ -256,22 +257,15 @@ def collectives_without_dependents(g: Graph, deps: Dependencies) -> list[Collect
     gates: set[int] = set()
     next_on_stream: dict[int, int] = {}
     by_id = g.by_id
-    thread_order, collective_order, stream_order = Evidence.THREAD_ORDER, Evidence.COLLECTIVE_ORDER, \
-        Evidence.STREAM_ORDER
-    for target, edges in deps.preds.items():
-        place = None  # the target's thread and stream, once an edge needs it
-        for e in edges:
-            source = e.source
-            if source is thread_order or source is collective_order:  # program order (most edges)
-                continue
-            if source is stream_order:
-                next_on_stream[e.src] = target
-            if place is None:
-                dst = by_id[target]
-                place = (dst.tid, dst.device, dst.stream)
-            src = by_id[e.src]
-            if (src.tid, src.device, src.stream) != place:
-                gates.add(src.part_of if src.part_of is not None and src.comm is None else src.id)
+    # every edge but program order's (most edges: left out in C), in the order of the targets' edges
+    edges = list(itertools.chain.from_iterable(deps.preds.values()))
+    stream_order = Evidence.STREAM_ORDER
+    for e in itertools.compress(edges, map(operator.not_, map(_PROGRAM_ORDER.__contains__, map(_SOURCE, edges)))):
+        if e.source is stream_order:
+            next_on_stream[e.src] = e.dst
+        dst, src = by_id[e.dst], by_id[e.src]
+        if (src.tid, src.device, src.stream) != (dst.tid, dst.device, dst.stream):
+            gates.add(src.part_of if src.part_of is not None and src.comm is None else src.id)
     out = []
     memo: dict[int, int | None] = {}
     for it in g.items:
