@@ -13,6 +13,7 @@ stays a fixed duration: UNTRACED between a thread's ops, an `[idle]` DELAY befor
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import operator
@@ -297,20 +298,30 @@ def _late_start(g: Graph, it: Item, key: tuple[int, int], stream_free: float,
 
 class NoWaitEvidence:
     """Why delay periods that stayed fixed durations were not taken for waits: what ended elsewhere while they ran
-    (indexed once, so the report can ask for every long delay of a large trace)."""
+    (indexed once, on first need, so the report can ask for every long delay of a large trace)."""
 
     def __init__(self, g: Graph) -> None:
-        tops = sorted((o for o in g.items if o.kind == HOST_OP and o.measured and o.enclosing is None
+        self.g = g
+
+    @functools.cached_property
+    def tops(self) -> tuple[list[Item], list[float]]:
+        """The top-level host ops of every thread, by end."""
+        tops = sorted((o for o in self.g.items if o.kind == HOST_OP and o.measured and o.enclosing is None
                        and o.tid is not None), key=lambda o: (o.start + o.dur, o.id))
-        self.tops = (tops, [o.start + o.dur for o in tops])
-        gpu: dict[int | None, list[Item]] = defaultdict(list)
-        for o in g.items:
+        return tops, [o.start + o.dur for o in tops]
+
+    @functools.cached_property
+    def gpu(self) -> dict[int | None, tuple[list[Item], list[float]]]:
+        """Each device's GPU ops, by end."""
+        per: dict[int | None, list[Item]] = defaultdict(list)
+        for o in self.g.items:
             if o.kind in GPU_KINDS:
-                gpu[o.device].append(o)
-        self.gpu = {}
-        for dev, ops in gpu.items():
+                per[o.device].append(o)
+        gpu = {}
+        for dev, ops in per.items():
             ops.sort(key=lambda o: (o.start + o.dur, o.id))
-            self.gpu[dev] = (ops, [o.start + o.dur for o in ops])
+            gpu[dev] = (ops, [o.start + o.dur for o in ops])
+        return gpu
 
     def of(self, it: Item) -> str:
         end = it.seg_end
