@@ -11,6 +11,7 @@ new ops; neither changes the reader's `HostTrace`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from etweave.link.host import HostLink
@@ -49,9 +50,9 @@ def kineto_host(kineto: KinetoTrace, window: Window | None, ids: Ids) -> tuple[l
     ops += [_op(thread_root[t], THREAD_ROOT_NAMES[0], root_id, et_tid[t], empty) for t in tids]
     # Fresh ids in entry order, as the host ET's counter hands them out at op entry: start time across threads,
     # and within a thread Kineto's entry order (outer before inner at equal starts).
-    entry = _entry_keys(events, threads)
+    entry = _entry_key(events)
     order = sorted(((t, i) for t, idx in threads.items() for i in idx),
-                   key=lambda ti: (entry[ti[1]][0], no[ti[0]], entry[ti[1]]))
+                   key=lambda ti: (events.ts[ti[1]], no[ti[0]], entry(ti[1])))
     id_of = {i: ids.next() for _, i in order}
     parent_of, partial = _parents(events, threads, id_of, thread_root, entry)
     ops += [_cpu_op(events[i], id_of[i], parent_of[i], et_tid[t]) for t, i in order]
@@ -111,21 +112,21 @@ def _cpu_op(ev: Event, op_id: int, parent: int, tid: int) -> HostOp:
 _INT64 = 1 << 63
 
 
-def _entry_keys(events: EventTable, threads: dict[int | str, list[int]]) -> dict[int, tuple[float, float, int]]:
-    """`EventTable.entry_key` of every op of these threads, from the columns without a call per op."""
+def _entry_key(events: EventTable) -> Callable[[int], tuple[float, float, int]]:
+    """`EventTable.entry_key` on the columns bound once (a plain function, not a method looking them up)."""
     ts, dur, ev_idx = events.ts, events.dur, events.ev_idx
-    return {i: (ts[i], x if (x := ev_idx[i]) != NO_INDEX else -dur[i], i) for idx in threads.values() for i in idx}
+    return lambda i: (ts[i], x if (x := ev_idx[i]) != NO_INDEX else -dur[i], i)
 
 
 def _parents(events: EventTable, threads: dict[int | str, list[int]], id_of: dict[int, int],
-             thread_root: dict[int | str, int], entry: dict[int, tuple[float, float, int]] | None = None
+             thread_root: dict[int | str, int], entry: Callable[[int], tuple[float, float, int]] | None = None
              ) -> tuple[dict[int, int], int]:
     """Each op's parent id: the innermost op on its thread whose time contains it, else the thread root (`entry`:
-    the ops' entry keys, when known)."""
+    the ops' entry key, when bound already)."""
     parent_of: dict[int, int] = {}
     partial = 0
     ts, dur = events.ts, events.dur  # (the events' start and duration, from the columns)
-    entry_key = entry.__getitem__ if entry is not None else events.entry_key
+    entry_key = entry or events.entry_key
     for t, idx in threads.items():
         stack: list[tuple[int, float]] = []  # (position, end) of the ops open at this op's start
         for i in sorted(idx, key=entry_key):
