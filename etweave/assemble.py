@@ -7,6 +7,8 @@ This is where the reader's records end: each item carries the fields later stage
 
 from __future__ import annotations
 
+import math
+import operator
 from collections import defaultdict
 
 from etweave.conversion import Conversion, need
@@ -31,8 +33,9 @@ from etweave.model import (
     KinetoArgs,
     OpRecord,
     SyncRecord,
+    first_measured_start,
 )
-from etweave.read.host_et import HostOp
+from etweave.read.host_et import PROCESS_ROOT_NAMES, THREAD_ROOT_NAMES, HostOp
 from etweave.read.kineto import Args, Event, KinetoTrace
 from etweave.repair import Repair, is_collective_call
 from etweave.values import as_int, tensors
@@ -61,17 +64,20 @@ def assemble(c: Conversion) -> Graph:
 def _host_items(ops: list[HostOp], kineto: KinetoTrace | None, link: HostLink, rep: Repair) -> list[Item]:
     events = kineto.events if kineto is not None else []
     items: list[Item] = []
+    parent_of, orphan_parent, event_of, kthread_of = rep.parent_of.get, rep.orphan_parent.get, link.event_of.get, \
+        link.kthread_of.get
     for op in ops:
-        kind = PROCESS_ROOT if op.is_process_root else THREAD_ROOT if op.is_thread_root else HOST_OP
-        it = Item(id=op.id, kind=kind, name=op.name, host=op_record(op), parent=rep.parent_of.get(op.id),
-                  orphan_parent=rep.orphan_parent.get(op.id))
-        i = link.event_of.get(op.id)
-        if i is not None:
+        name = op.name
+        kind = PROCESS_ROOT if name in PROCESS_ROOT_NAMES else THREAD_ROOT if name in THREAD_ROOT_NAMES else HOST_OP
+        i = event_of(op.id)
+        if i is not None:  # (each item made whole in one call)
             ev = events[i]
-            it.start, it.dur, it.excl, it.measured, it.tid = ev.ts, ev.dur, ev.dur, True, ev.tid
-            it.kineto = kineto_args(ev.args)
-        elif kind != PROCESS_ROOT:
-            it.tid = link.kthread_of.get(op.et_tid, op.et_tid)
+            it = Item(id=op.id, kind=kind, name=name, start=ev.ts, dur=ev.dur, excl=ev.dur, measured=True,
+                      tid=ev.tid, host=op_record(op), kineto=kineto_args(ev.args), parent=parent_of(op.id),
+                      orphan_parent=orphan_parent(op.id))
+        else:
+            it = Item(id=op.id, kind=kind, name=name, tid=kthread_of(op.et_tid, op.et_tid) if kind != PROCESS_ROOT
+                      else None, host=op_record(op), parent=parent_of(op.id), orphan_parent=orphan_parent(op.id))
         items.append(it)
     process_root = _process_root_id(ops) if rep.synthesized_roots else None
     for et_tid, root_id in sorted(rep.synthesized_roots.items()):
@@ -90,18 +96,22 @@ def _device_items(kineto: KinetoTrace, device: DeviceSelection, ids: Ids) -> lis
     # (start, outer before inner, runtime before GPU): the same order the thread and stream chains use.
     # (from the columns: the GPU events are the selection's `gpu`, their categories those of _GPU_KIND)
     ts, dur, gpu = events.ts, events.dur, set(device.gpu)
-    chosen = sorted(device.runtime + device.gpu, key=lambda i: (ts[i], -dur[i], i in gpu, i))
+    chosen = device.runtime + device.gpu
+    # (the keys made in C passes over the columns, not by a call per event)
+    keys = list(zip(map(ts.__getitem__, chosen), map(operator.neg, map(dur.__getitem__, chosen)),
+                    map(gpu.__contains__, chosen), chosen, strict=True))
+    chosen = [key[3] for key in sorted(keys)]
     id_of = {i: ids.next() for i in chosen}
     items: list[Item] = []
+    launcher_of = device.launcher_of.get
     for i in chosen:
         ev = events[i]
         if ev.cat in _GPU_KIND:
+            r = launcher_of(i)
             it = Item(id=id_of[i], kind=_GPU_KIND[ev.cat], name=ev.name, start=ev.ts, dur=ev.dur, excl=ev.dur,
                       seg_end=ev.ts + ev.dur,
                       measured=True, kineto=kineto_args(ev.args), device=as_int(ev.args.device, 0),
-                      stream=as_int(ev.args.stream, 0))
-            r = device.launcher_of.get(i)
-            it.launcher = id_of[r] if r is not None else None
+                      stream=as_int(ev.args.stream, 0), launcher=id_of[r] if r is not None else None)
         else:
             it = Item(id=id_of[i], kind=RUNTIME, name=ev.name, start=ev.ts, dur=ev.dur, excl=ev.dur,
                       measured=True, correlation=as_int(ev.args.correlation), tid=ev.tid)
@@ -184,26 +194,32 @@ def _thread_order(g: Graph) -> None:
     """
     keyed: dict[int | str, list[tuple[tuple[float, int, float, float], Item]]] = defaultdict(list)
     last_ts: dict[int | str, float] = {}
-    for it in list(g.items):  # id order
-        if it.tid is None or it.kind in GPU_KINDS:
+    for it in g.items:  # id order
+        tid, kind = it.tid, it.kind
+        if tid is None:
             continue
-        if it.kind == THREAD_ROOT:  # first on its thread, whatever its id
-            keyed[it.tid].append(((float("-inf"), -1, it.id, 0.0), it))
-        elif it.kind == HOST_OP:
-            ts = it.start if it.measured else last_ts.get(it.tid, float("-inf"))
+        if kind == HOST_OP:
             if it.measured:
-                last_ts[it.tid] = ts
-            keyed[it.tid].append(((ts, 0, it.id, 0.0), it))  # host ids are entry order
-        elif it.kind == RUNTIME:
-            keyed[it.tid].append(((it.start, 1, -it.dur, it.id), it))
+                ts = last_ts[tid] = it.start
+            else:
+                ts = last_ts.get(tid, -math.inf)
+            keyed[tid].append(((ts, 0, it.id, 0.0), it))  # host ids are entry order
+        elif kind == RUNTIME:
+            keyed[tid].append(((it.start, 1, -it.dur, it.id), it))
+        elif kind == THREAD_ROOT:  # first on its thread, whatever its id
+            keyed[tid].append(((-math.inf, -1, it.id, 0.0), it))
     # Every thread's chain starts at the run's first measured instant, so a thread that starts late begins with
     # an idle period (explained later by a handoff where the evidence allows).
-    t0 = min((it.start for it in g.items if it.measured), default=0.0)
+    t0 = first_measured_start(g)
     for tid in sorted(keyed, key=str):
-        seq = sorted(keyed[tid], key=lambda kv: kv[0])
+        seq = sorted(keyed[tid], key=_KEY)
         g.threads[tid] = _Sweep(g, tid, seq, t0).run()
     for it in g.items:
-        it.excl = max(0.0, it.excl)
+        if not it.excl > 0.0:  # (max(0.0, excl) is excl itself otherwise)
+            it.excl = max(0.0, it.excl)
+
+
+_KEY = operator.itemgetter(0)
 
 
 class _Sweep:
@@ -227,23 +243,31 @@ class _Sweep:
                 chain.append(it.id)
                 continue
             measured = it.measured
-            if self.pending is None and self.owner is None and not stack and measured:
-                self._flush(it.start)  # idle before this op
-            t = it.start if measured else max(key[0], self.cursor)
+            if measured:
+                t = it.start
+                if self.pending is None and self.owner is None and not stack:
+                    self._flush(t)  # idle before this op
+            else:
+                t = key[0]
+                if self.cursor > t:  # (max(key[0], cursor))
+                    t = self.cursor
             self._close_until(t)
             self._flush(t)
             if stack:
                 parent = stack[-1]
                 it.enclosing = parent.id
                 if measured:
-                    parent.excl -= max(0.0, min(it.start + it.dur, parent.start + parent.dur) - it.start)
+                    end, parent_end = it.start + it.dur, parent.start + parent.dur
+                    overlap = (parent_end if parent_end < end else end) - it.start
+                    if overlap > 0.0:  # (parent.excl -= max(0.0, overlap))
+                        parent.excl -= overlap
             chain.append(it.id)
             if measured and it.dur > 0:
                 stack.append(it)
                 self.owner = self.pending = it
             else:
                 it.start = it.seg_end = t
-        self._close_until(float("inf"))
+        self._close_until(math.inf)
         return chain
 
     def _close_until(self, t: float) -> None:
@@ -256,25 +280,28 @@ class _Sweep:
 
     def _flush(self, t: float) -> None:
         """The period [cursor, t] ends: it was the pending op's own node, a later part of the owner, or idle."""
-        pending = self.pending
+        pending, cursor = self.pending, self.cursor
         if pending is not None:
-            pending.seg_end = end = max(t, pending.start)
-            self.cursor = max(self.cursor, end)
+            start = pending.start
+            pending.seg_end = end = start if start > t else t  # (max(t, start))
+            if end > cursor:
+                self.cursor = end
             self.pending = None
             return
-        if round(t) - round(self.cursor) < 1:  # shorter than the output's resolution: joins the next period
+        if round(t) - round(cursor) < 1:  # shorter than the output's resolution: joins the next period
             return
-        owner = self.owner
+        owner, g = self.owner, self.g
         if owner is not None:
             name = self.self_names.get(owner.name)
             if name is None:
                 name = self.self_names[owner.name] = f"{owner.name} [self]"
-            part = Item(id=0, kind=SELF_PART, name=name, part_of=owner.id)
+            part = Item(id=g.ids.next(), kind=SELF_PART, name=name, start=cursor, dur=t - cursor, excl=t - cursor,
+                        seg_end=t, measured=True, tid=self.tid, part_of=owner.id)
         else:
-            part = Item(id=0, kind=DELAY, name="[idle]")
-        part.start, part.seg_end, part.measured, part.tid = self.cursor, t, True, self.tid
-        part.dur = part.excl = t - self.cursor
-        self.g.add(part)
+            part = Item(id=g.ids.next(), kind=DELAY, name="[idle]", start=cursor, dur=t - cursor, excl=t - cursor,
+                        seg_end=t, measured=True, tid=self.tid)
+        g.items.append(part)  # Graph.add, its id already taken
+        g.by_id[part.id] = part
         self.chain.append(part.id)
         self.cursor = t
 

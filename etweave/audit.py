@@ -3,7 +3,10 @@ came out, what was left out and why, edges per evidence, delays on the critical 
 
 from __future__ import annotations
 
+import itertools
+import operator
 from array import array
+from collections import Counter
 
 from etweave.collectives import CollectiveStats
 from etweave.conversion import Conversion, need
@@ -19,7 +22,18 @@ from etweave.fidelity import (
     share_of_path,
 )
 from etweave.link import DeviceSelection, HostLink, LeftOut
-from etweave.model import DELAY, GPU_KINDS, HOST_OP, RUNTIME, THREAD_ROOT, UNTRACED, WAKEUP, Graph, Item
+from etweave.model import (
+    DELAY,
+    GPU_KINDS,
+    HOST_OP,
+    PROCESS_ROOT,
+    RUNTIME,
+    THREAD_ROOT,
+    UNTRACED,
+    WAKEUP,
+    Graph,
+    Item,
+)
 from etweave.nodes import duration
 from etweave.read.host_et import PG_INIT_NAME
 from etweave.read.kineto import KinetoTrace
@@ -40,7 +54,7 @@ from etweave.report import (
     Synthesized,
 )
 from etweave.roofline import Roofline
-from etweave.serialized import serialized
+from etweave.serialized import Rounded, serialized
 from etweave.waits import NoWaitEvidence
 
 LONG_DELAY = 100.0  # µs: delays on the critical path at least this long are listed with their evidence
@@ -58,12 +72,13 @@ def build_report(c: Conversion) -> Report:
         if cpu_left.count:
             left_out.append(LeftOutGroup("cpu_ops", "outside_window", cpu_left.count, cpu_left.examples))
     device = c.device
+    rounded = Rounded.of(g.items)  # the nodes' times: the delays and the serialized work read them
     return Report(
         rank=g.rank,
         link=_link_summary(link, c.mismatch),
         host_ops=_host_ops(c, g),
-        device_ops=Count(device.gpu_input if device else 0, sum(1 for it in g.items if it.kind in GPU_KINDS)),
-        runtime_calls=Count(device.runtime_input if device else 0, sum(1 for it in g.items if it.kind == RUNTIME)),
+        device_ops=Count(device.gpu_input if device else 0, sum(map(GPU_KINDS.__contains__, map(_KIND, g.items)))),
+        runtime_calls=Count(device.runtime_input if device else 0, operator.countOf(map(_KIND, g.items), RUNTIME)),
         collectives=Count(stats.calls, stats.comm_nodes),
         collective_type_mapping=dict(sorted(stats.mapped.items())),
         synthesized=_synthesized(c, g),
@@ -74,9 +89,9 @@ def build_report(c: Conversion) -> Report:
         edges=EdgeCounts(sum(deps.per_source.values()), by_name(deps.per_source), by_name(deps.inferred)),
         nodes=len(g.items),
         roofline=_roofline(g, c.roofline),
-        delays=delays(g, deps),
+        delays=delays(g, deps, rounded),
         collectives_without_dependents=collectives_without_dependents(g, deps),
-        astra_sim_serialized=serialized(g),
+        astra_sim_serialized=serialized(g, rounded),
         cpu_ops=cpu_ops,
     )
 
@@ -91,7 +106,7 @@ def _host_ops(c: Conversion, g: Graph) -> Count:
 
 def _synthesized(c: Conversion, g: Graph) -> Synthesized:
     if c.kineto_only:
-        return Synthesized(thread_roots=sum(1 for it in g.items if it.kind == THREAD_ROOT), process_root=1)
+        return Synthesized(thread_roots=operator.countOf(map(_KIND, g.items), THREAD_ROOT), process_root=1)
     return Synthesized(thread_roots=sum(1 for it in g.items if it.kind == THREAD_ROOT and it.host is None),
                        host_ops_from_kineto=len(c.added_ops))
 
@@ -148,17 +163,17 @@ def _warnings(c: Conversion, g: Graph, deps: Dependencies, stats: CollectiveStat
 
 def _roofline(g: Graph, rf: Roofline | None) -> RooflineSummary:
     """COMP nodes with real num_ops/tensor_size (from their launching op's shapes) and with zeros."""
-    comp = sum(1 for it in g.items if it.comm is None)
+    comp = operator.countOf(map(_COMM, g.items), None)
     real = sum(1 for _ops, size in rf.values.values() if size > 0) if rf is not None else 0
     gpu, covered = (rf.gpu_time_us, rf.gpu_time_covered_us) if rf is not None else (0.0, 0.0)
     return RooflineSummary(comp, real, comp - real, round(100.0 * covered / gpu, 2) if gpu > 0 else None,
                            rf.ops if rf is not None else {})
 
 
-def delays(g: Graph, deps: Dependencies) -> Delays:
+def delays(g: Graph, deps: Dependencies, rounded: Rounded | None = None) -> Delays:
     """The delay share of the critical path (fidelity.delay_share), every delay on it of LONG_DELAY µs or more with
     the evidence that nothing was awaited, and the distribution of wake-up latencies."""
-    ds, no_op_on_path = _delay_share(g, deps)
+    ds, no_op_on_path = _delay_share(g, deps, rounded or Rounded.of(g.items))
     long = []
     evidence: NoWaitEvidence | None = None
     for it in no_op_on_path:
@@ -180,26 +195,59 @@ def delays(g: Graph, deps: Dependencies) -> Delays:
     )
 
 
-def _delay_share(g: Graph, deps: Dependencies) -> tuple[DelayShare, list[Item]]:
+def _delay_share(g: Graph, deps: Dependencies, rounded: Rounded) -> tuple[DelayShare, list[Item]]:
     """`fidelity.delay_share` of the nodes the items become, read from the items and edges (no node per item), and
     the critical path's items that stand for no op, in path order: the only ones whose kind and duration the share
     adds up (`share_of_path`), so the only ones it is given (its `on_path` lists them alone)."""
     items = g.items
-    index = {it.id: k for k, it in enumerate(items)}
-    src, dst = array("q"), array("q")
-    get_preds = deps.preds.get
-    for k, it in enumerate(items):
-        edges = get_preds(it.id)
+    ids = list(map(_ID, items))
+    preds = deps.preds
+    # each node's successors in one array (`Successors`), filled in one pass over the items' edges: node k's edges
+    # from each source are met in item order, so each source's targets come out as in Successors.of
+    out_degree = Counter(map(_SRC, itertools.chain.from_iterable(preds.values())))
+    offsets = array("q", itertools.accumulate(map(out_degree.get, ids, itertools.repeat(0)), initial=0))
+    del out_degree
+    fill = dict(zip(ids, offsets, strict=False))  # source id -> where its next target goes
+    targets = array("q", bytes(8 * offsets[-1]))
+    indeg = [0] * len(items)
+    get_preds = preds.get
+    for k, i in enumerate(ids):
+        edges = get_preds(i)
         if edges:
+            indeg[k] = len(edges)
             for e in edges:
-                src.append(index[e.src])
-                dst.append(k)
-    del index
-    durations = [float(duration(it)) for it in items]
-    cp, path = longest_path([it.id for it in items], durations, Successors.of(len(items), src, dst))
+                at = fill[e.src]
+                targets[at] = k
+                fill[e.src] = at + 1
+    del fill
+    durations = _durations(items, rounded)
+    cp, path = longest_path(ids, durations, Successors(offsets, targets, indeg))
     no_op = [k for k in path if items[k].kind in NO_OP_KINDS or items[k].name == RANK_START_OFFSET]
     share = share_of_path(cp, [PathNode(items[k].id, items[k].name, items[k].kind, durations[k], ()) for k in no_op])
     return share, [items[k] for k in no_op]
+
+
+def _durations(items: list[Item], rounded: Rounded) -> list[float]:
+    """`nodes.duration` of every item, as a float, in C passes over the rounded times: negative lengths and the
+    markers (roots, `## process_group:init ##`) 0."""
+    lengths = list(map(operator.sub, rounded.seg_end, rounded.start))
+    n = len(items)
+    for k in itertools.compress(range(n), map(operator.gt, itertools.repeat(0), lengths)):
+        lengths[k] = 0
+    kinds = list(map(_KIND, items))
+    for k in itertools.compress(range(n), map(_MAYBE_MARKER.__contains__, kinds)):
+        if kinds[k] != HOST_OP or items[k].name == PG_INIT_NAME:
+            lengths[k] = 0
+    return list(map(float, lengths))
+
+
+_MAYBE_MARKER = frozenset({PROCESS_ROOT, THREAD_ROOT, HOST_OP})  # roots, and host ops named PG_INIT_NAME
+
+
+_ID, _SRC = operator.attrgetter("id"), operator.attrgetter("src")
+_KIND, _COMM, _SOURCE = operator.attrgetter("kind"), operator.attrgetter("comm"), operator.attrgetter("source")
+_PROGRAM_ORDER = frozenset({Evidence.THREAD_ORDER, Evidence.COLLECTIVE_ORDER})
+_ROOT_KINDS = frozenset({PROCESS_ROOT, THREAD_ROOT})
 
 
 def collectives_without_dependents(g: Graph, deps: Dependencies) -> list[CollectiveWithoutDependents]:
@@ -209,20 +257,15 @@ def collectives_without_dependents(g: Graph, deps: Dependencies) -> list[Collect
     gates: set[int] = set()
     next_on_stream: dict[int, int] = {}
     by_id = g.by_id
-    program_order = (Evidence.THREAD_ORDER, Evidence.COLLECTIVE_ORDER)
-    for target, edges in deps.preds.items():
-        place = None  # the target's thread and stream, once an edge needs it
-        for e in edges:
-            if e.source is Evidence.STREAM_ORDER:
-                next_on_stream[e.src] = target
-            if e.source in program_order:
-                continue
-            if place is None:
-                dst = by_id[target]
-                place = (dst.tid, dst.device, dst.stream)
-            src = by_id[e.src]
-            if (src.tid, src.device, src.stream) != place:
-                gates.add(src.part_of if src.part_of is not None and src.comm is None else src.id)
+    # every edge but program order's (most edges: left out in C), in the order of the targets' edges
+    edges = list(itertools.chain.from_iterable(deps.preds.values()))
+    stream_order = Evidence.STREAM_ORDER
+    for e in itertools.compress(edges, map(operator.not_, map(_PROGRAM_ORDER.__contains__, map(_SOURCE, edges)))):
+        if e.source is stream_order:
+            next_on_stream[e.src] = e.dst
+        dst, src = by_id[e.dst], by_id[e.src]
+        if (src.tid, src.device, src.stream) != (dst.tid, dst.device, dst.stream):
+            gates.add(src.part_of if src.part_of is not None and src.comm is None else src.id)
     out = []
     memo: dict[int, int | None] = {}
     for it in g.items:

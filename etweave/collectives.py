@@ -80,7 +80,7 @@ class CollectiveStats(msgspec.Struct):
 def find_collectives(g: Graph, groups: dict[str, str]) -> CollectiveStats:
     """Mark comm items in place. `groups` maps a trace's process-group name to its comm-group id ("" = world)."""
     stats = CollectiveStats()
-    calls = [it for it in g.items if it.kind == HOST_OP and _is_call(it)]
+    calls = [it for it in g.items if it.kind == HOST_OP and it.host is not None and it.host.collective_call]
     paired: set[int] = set()
     calls_by_thread: dict[int, list[Item]] = {}
     for c in calls:
@@ -92,7 +92,7 @@ def find_collectives(g: Graph, groups: dict[str, str]) -> CollectiveStats:
             # its call is among every thread's calls.
             call = _gloo_call(calls_by_thread.get(it.host.et_tid, []), it, paired) or _gloo_call(calls, it, paired)
             _make_comm(g, it, call, groups, stats)
-        elif is_nccl_kernel(it):
+        elif it.kind == KERNEL and is_nccl_kernel(it):  # (the kind first: no call for the other items)
             call = _enclosing(g, it, lambda h: h.kind == HOST_OP and _is_call(h))
             if call is not None:
                 paired.add(call.id)

@@ -183,7 +183,8 @@ def longest_path(ids: Sequence[int], dur: Sequence[float], succ: Successors) -> 
     start, decided = _longest_starts(dur, succ)
     ends = list(map(operator.add, start, dur))
     latest = max(ends)
-    last = min((ids[k], k) for k, e in enumerate(ends) if e == latest)[1]
+    last = min((ids[k], k) for k in itertools.compress(range(len(ends)), map(operator.eq, ends,
+                                                                            itertools.repeat(latest))))[1]
     path = [last]
     while decided[path[-1]] >= 0:
         path.append(decided[path[-1]])
@@ -196,7 +197,7 @@ def _longest_starts(dur: Sequence[float], succ: Successors) -> tuple[list[float]
     start = [0.0] * len(dur)
     decided = [-1] * len(dur)  # the predecessor whose end decided a node's start
     indeg, offsets, targets = succ.indeg, succ.offsets, succ.targets
-    ready = [k for k, d in enumerate(indeg) if d == 0]
+    ready = list(itertools.compress(range(len(indeg)), map(operator.not_, indeg)))  # (no predecessor)
     pop, push = ready.pop, ready.append
     while ready:
         k = pop()

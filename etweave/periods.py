@@ -4,6 +4,8 @@ sorted (for lookups by time) while periods are split, moved and removed."""
 from __future__ import annotations
 
 import bisect
+import itertools
+import operator
 
 from etweave.model import DELAY, RESUME, WAKEUP, Graph, Item
 
@@ -22,7 +24,7 @@ class Chains:
     def starts(self, tid: int | str) -> list[float]:
         s = self._starts.get(tid)
         if s is None:
-            s = self._starts[tid] = [self.g.by_id[i].start for i in self.ids[tid]]
+            s = self._starts[tid] = list(map(_START, map(self.g.by_id.__getitem__, self.ids[tid])))
         return s
 
     def reset_starts(self) -> None:
@@ -75,12 +77,17 @@ class Chains:
         return self.g.by_id[order[k]] if k >= 0 and self.g.by_id[order[k]].start >= op.start else op
 
     def store(self) -> None:
+        removed = self.removed.__contains__  # (the filters run in C)
         for tid, order in self.ids.items():
-            self.g.threads[tid] = [i for i in order if i not in self.removed]
+            self.g.threads[tid] = list(itertools.filterfalse(removed, order))
         if self.removed:
-            self.g.items = [it for it in self.g.items if it.id not in self.removed]
+            items = self.g.items
+            self.g.items = list(itertools.compress(items, map(operator.not_, map(removed, map(_ID, items)))))
             for i in self.removed:
                 del self.g.by_id[i]
+
+
+_START, _ID = operator.attrgetter("start"), operator.attrgetter("id")
 
 
 def thread_of(it: Item) -> int | str:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import msgspec
 
 from etweave.model import Ids
-from etweave.read.host_et import HostOp
+from etweave.read.host_et import PROCESS_ROOT_NAMES, THREAD_ROOT_NAMES, HostOp
 
 
 class MissingParent(msgspec.Struct):
@@ -53,8 +53,10 @@ def repair(ops: Sequence[HostOp], ids: Ids) -> Repair:
             rep.parent_of[op.id] = root
             rep.orphan_parent[op.id] = missing_id
     rep.cycles = _break_cycles(ops, rep.parent_of, children, thread_root_of)
-    by_id = {op.id: op for op in ops}
-    rep.missing = [_missing_parent(missing_id, missing[missing_id], children, by_id) for missing_id in sorted(missing)]
+    if missing:
+        by_id = {op.id: op for op in ops}
+        rep.missing = [_missing_parent(missing_id, missing[missing_id], children, by_id)
+                       for missing_id in sorted(missing)]
     return rep
 
 
@@ -67,14 +69,14 @@ def _recorded_parents(ops: Sequence[HostOp], parent_of: dict[int, int | None]) -
     children: dict[int, list[int]] = defaultdict(list)
     missing: dict[int, list[HostOp]] = defaultdict(list)
     for op in ops:
-        if op.is_process_root:
+        if op.name in PROCESS_ROOT_NAMES:  # (is_process_root, inline: one call less per op)
             parent_of[op.id] = None
         elif op.parent == op.id:  # a one-node parent cycle: broken below like the longer ones
             parent_of[op.id] = op.id
         elif op.parent in known:
             parent_of[op.id] = op.parent
             children[op.parent].append(op.id)
-        elif op.is_thread_root:
+        elif op.name in THREAD_ROOT_NAMES:  # is_thread_root
             parent_of[op.id] = process_root
         else:
             missing[op.parent].append(op)
@@ -103,7 +105,7 @@ def _break_cycles(ops: Sequence[HostOp], parent_of: dict[int, int | None], child
                   thread_root_of: dict[int, int]) -> int:
     """Each op has at most one parent, so a cycle is found by walking up with three colours, O(N)."""
     state: dict[int, int] = {}  # 1 = on the current walk, 2 = done
-    by_id = {op.id: op for op in ops}
+    by_id: dict[int, HostOp] = {}  # made at the first cycle (most traces have none)
     cycles = 0
     for start in sorted(parent_of):
         path: list[int] = []
@@ -115,6 +117,7 @@ def _break_cycles(ops: Sequence[HostOp], parent_of: dict[int, int | None], child
         if node is not None and state.get(node) == 1:  # walked back onto this path: a cycle
             loop = path[path.index(node):]
             cut = min(loop)
+            by_id = by_id or {op.id: op for op in ops}
             old = parent_of[cut]
             root = thread_root_of.get(by_id[cut].et_tid)
             parent_of[cut] = root if root != cut else None

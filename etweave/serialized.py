@@ -11,11 +11,17 @@ class: how long two or more of its nodes really ran at once, and how many nodes 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import itertools
+import math
+import operator
+from array import array
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 from etweave.chakra import schema
-from etweave.model import Graph, Item
+from etweave.model import GPU_KINDS, HOST_OP, PROCESS_ROOT, THREAD_ROOT, Graph, Item
 from etweave.nodes import is_marker, on_gpu
+from etweave.read.host_et import PG_INIT_NAME
 
 SLOT_CLASSES = ("cpu", "gpu", "comm")
 
@@ -52,7 +58,7 @@ def _nonempty(intervals: Iterable[tuple[float, float]]) -> tuple[list[float], li
     return starts, ends
 
 
-def _overlap(starts: list[float], ends: list[float]) -> float:
+def _overlap(starts: Sequence[float], ends: Sequence[float]) -> float:
     """`overlap_us` of nonempty intervals: a sweep over the starts and the ends, each sorted (at one instant, ends
     before starts)."""
     starts, ends = sorted(starts), sorted(ends)
@@ -75,17 +81,18 @@ def _overlap(starts: list[float], ends: list[float]) -> float:
     return total
 
 
-def _overlapping(starts: list[float], ends: list[float]) -> int:
+def _overlapping(starts: Sequence[float], ends: Sequence[float]) -> int:
     """`overlapping_count` of nonempty intervals."""
     order = sorted(range(len(starts)), key=starts.__getitem__)
-    count, reach = 0, float("-inf")  # reach: the latest end among the spans before this one
-    for k, x in enumerate(order):
-        s, e = starts[x], ends[x]
+    s_sorted = list(map(starts.__getitem__, order))
+    count, reach = 0, -math.inf  # reach: the latest end among the spans before this one
+    for s, e, next_start in zip(s_sorted, map(ends.__getitem__, order), [*s_sorted[1:], math.inf], strict=False):
         # sorted by start: a span meets an earlier one iff the earlier ends reach past its start, and a later one
         # iff the next span starts before it ends
-        if reach > s or (k + 1 < len(order) and starts[order[k + 1]] < e):
+        if reach > s or next_start < e:
             count += 1
-        reach = max(reach, e)
+        if e > reach:  # (max(reach, e))
+            reach = e
     return count
 
 
@@ -95,17 +102,68 @@ def _measured_span(it: Item) -> tuple[float, float]:
     return round(it.start), round(it.seg_end)  # the node's own period, as start_time_micros/duration_micros
 
 
-def serialized(g: Graph) -> dict[str, dict[str, int]]:
+class Rounded(NamedTuple):
+    """Every item's start and seg_end rounded to the µs, as its node's times are (the audit's passes share them)."""
+
+    start: array[int]  # (8 bytes each, not an int object; the readers bound every time below 2**62 µs)
+    seg_end: array[int]
+
+    @classmethod
+    def of(cls, items: list[Item]) -> Rounded:
+        return cls(array("q", map(round, map(_START, items))), array("q", map(round, map(_SEG_END, items))))
+
+
+_START, _SEG_END = operator.attrgetter("start"), operator.attrgetter("seg_end")
+
+
+def serialized(g: Graph, rounded: Rounded | None = None) -> dict[str, dict[str, int]]:
     """Per slot class: `overlap_micros` (time two or more of its nodes really ran at once) and `nodes` (how many
-    of its nodes ran while another one of the class did). Measured nodes only."""
-    starts: dict[str, list[float]] = {c: [] for c in SLOT_CLASSES}
-    ends: dict[str, list[float]] = {c: [] for c in SLOT_CLASSES}
-    for it in g.items:
-        c = slot_class(it)
-        if c is not None and it.start > 0:
-            s, e = _measured_span(it)
-            if e > s:
-                starts[c].append(s)
-                ends[c].append(e)
-    return {c: {"overlap_micros": round(_overlap(starts[c], ends[c])), "nodes": _overlapping(starts[c], ends[c])}
-            for c in SLOT_CLASSES}
+    of its nodes ran while another one of the class did). Measured nodes only. (`rounded`: the items' times, when
+    made already.)"""
+    spans: dict[str | None, tuple[list[int], list[int]]] = {c: ([], []) for c in SLOT_CLASSES}
+    cpu, gpu, comm = spans["cpu"], spans["gpu"], spans["comm"]
+    roots, gpu_kinds, recv = _ROOT_KINDS, GPU_KINDS, schema.COMM_RECV_NODE
+    starts, ends = rounded or Rounded.of(g.items)
+    for it, s, e in zip(g.items, starts, ends, strict=True):  # slot_class and _measured_span, inline: one pass
+        if not it.start > 0:
+            continue
+        kind = it.kind
+        if kind in roots or (kind == HOST_OP and it.name == PG_INIT_NAME):
+            continue
+        c = it.comm
+        if c is not None:
+            if c.node_type == recv:
+                continue
+            to, e = comm, s + round(it.dur)
+        else:
+            to = gpu if kind in gpu_kinds or it.stream is not None else cpu
+        if e > s:
+            to[0].append(s)
+            to[1].append(e)
+    return {c: _serialized_of(*spans[c]) for c in SLOT_CLASSES}
+
+
+_ROOT_KINDS = frozenset({PROCESS_ROOT, THREAD_ROOT})
+
+
+def _serialized_of(starts: list[int], ends: list[int]) -> dict[str, int]:
+    """One class's counts: `_overlap` and `_overlapping` in whole-list passes over the spans sorted once, on times
+    less the earliest start (Kineto's µs since the epoch are ints of two digits to Python, each step a slow one;
+    small ints are fast, and exact)."""
+    if not starts:
+        return {"overlap_micros": 0, "nodes": 0}
+    base = min(starts)
+    order = sorted(range(len(starts)), key=starts.__getitem__)
+    s = list(map(operator.sub, map(starts.__getitem__, order), itertools.repeat(base)))
+    e = list(map(operator.sub, map(ends.__getitem__, order), itertools.repeat(base)))
+    # Sorted by start, span k meets an earlier one iff the latest end before it (`reach`) passes its start, and a
+    # later one iff the next span starts before it ends (`_overlapping`). Two or more are open exactly in the
+    # union of [s_k, min(e_k, reach_k)) (the latest-starting open span and an earlier one reaching past it), and
+    # a union of spans sorted by start measures as each one's part beyond the ends before it (`_overlap`).
+    first = s[0]  # (a reach before the first span: no span ends before it)
+    reach = list(itertools.accumulate(e[:-1], max, initial=first))
+    nodes = sum(map(operator.or_, map(operator.gt, reach, s), map(operator.lt, [*s[1:], math.inf], e)))
+    both = list(map(min, e, reach))
+    covered = itertools.accumulate(both[:-1], max, initial=first)
+    overlap = sum(map(max, itertools.repeat(0), map(operator.sub, both, map(max, s, covered))))
+    return {"overlap_micros": round(overlap), "nodes": nodes}

@@ -13,11 +13,15 @@ stays a fixed duration: UNTRACED between a thread's ops, an `[idle]` DELAY befor
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
+import operator
 from collections import defaultdict
 
 import msgspec
 
+from etweave.deps.awaited import waiting
 from etweave.deps.cuda_sync import SyncRecords
 from etweave.deps.event_wait import recorded_event_waits, unrecorded_event_waits
 from etweave.deps.evidence import MAX_WAKEUP, Evidence
@@ -39,6 +43,7 @@ from etweave.model import (
     Await,
     Graph,
     Item,
+    first_measured_start,
 )
 from etweave.periods import Chains
 
@@ -98,10 +103,9 @@ def _await_last_periods(g: Graph, chains: Chains) -> None:
     """A thread waited for an op of another thread to end: the edge comes from the op's last period on its thread
     (the op may have been cut into periods after the wait was found)."""
     chains.reset_starts()
-    for it in g.items:
+    for it in waiting(g):
         awaits = it.awaits
-        if not isinstance(awaits, list):  # none
-            continue
+        assert isinstance(awaits, list)  # (waiting: it recorded some)
         for n, a in enumerate(awaits):
             x = g.by_id[a.item]
             if a.evidence is not Evidence.THREAD_WAIT or x.tid is None:
@@ -115,15 +119,16 @@ def _name_untraced(g: Graph, chains: Chains) -> None:
     """Idle time on a thread between its ops that no evidence says was waiting is code the profiler did not record
     (Python between ops, data loading): it stays a fixed duration, named for what it is. Idle time before a
     thread's first op that no hand-over explains stays an `[idle]` delay: the thread had not started working."""
+    removed = chains.removed
     for order in chains.ids.values():
-        started = False
-        for i in order:
-            it = g.by_id[i]
-            if i in chains.removed or it.kind == THREAD_ROOT:
-                continue
-            if it.kind == DELAY and started:
-                it.kind, it.name = UNTRACED, "[untraced]"
-            started = True
+        periods = list(map(g.by_id.__getitem__, order))
+        kinds = list(map(_KIND, periods))
+        # the thread started at its first period (its root and removed ones aside); each idle one after is untraced
+        first = next((k for k, (i, kind) in enumerate(zip(order, kinds, strict=True))
+                      if kind != THREAD_ROOT and i not in removed), len(order))
+        for pos in itertools.compress(range(len(order)), map(operator.eq, kinds, itertools.repeat(DELAY))):
+            if pos > first and order[pos] not in removed:
+                periods[pos].kind, periods[pos].name = UNTRACED, "[untraced]"
 
 
 def _handoffs(g: Graph, chains: Chains, evidence: HandOverEvidence, givers: dict[int, int | str],
@@ -160,6 +165,9 @@ def _handoffs(g: Graph, chains: Chains, evidence: HandOverEvidence, givers: dict
     return handed, moments
 
 
+_KIND = operator.attrgetter("kind")
+
+
 class _Worker(msgspec.Struct):
     """A thread whose idle gaps may end in a hand-over, the threads that may have handed it work (in the order
     asked, the main thread first), the moments each thread handed work over (filled in) and the thread credited
@@ -185,15 +193,19 @@ def _worker_handoffs(g: Graph, chains: Chains, evidence: HandOverEvidence, worke
                      apply: bool) -> list[_Given]:
     """The hand-overs that ended the idle gaps of one worker thread (see _handoffs), recorded and applied with
     `apply`."""
-    order = chains.ids[worker.tid]
-    started = False
+    order = chains.ids[worker.tid]  # (nothing here changes this thread's order: other threads' periods are cut)
+    periods = list(map(g.by_id.__getitem__, order))
+    kinds = list(map(_KIND, periods))
+    # the worker has started once a period of its own work came before (not its root, idle or waking up)
+    first_work = next((k for k, kind in enumerate(kinds) if kind not in (THREAD_ROOT, DELAY, WAKEUP)), len(kinds))
     given: list[_Given] = []
-    for pos, i in enumerate(list(order)):
-        gap = g.by_id[i]
-        if gap.kind != DELAY or pos + 1 >= len(order) or i in chains.removed:
-            started = started or gap.kind not in (THREAD_ROOT, DELAY, WAKEUP)
+    # each idle gap but the last period, picked in C
+    for pos in itertools.compress(range(len(order) - 1), map(operator.eq, kinds, itertools.repeat(DELAY))):
+        gap = periods[pos]
+        if gap.id in chains.removed:
             continue
-        nxt = g.by_id[order[pos + 1]]
+        started = first_work < pos
+        nxt = periods[pos + 1]
         found, moment, queued = hand_over(g, chains, evidence, worker.by, gap, nxt, started, worker.by[0])
         if queued is not None:  # the worker took it up after its previous work: its idle time stays its own
             if queued.tid is not None:
@@ -244,7 +256,7 @@ def _stream_waits(g: Graph) -> None:
     for dev, ops in by_device.items():
         ops.sort(key=lambda it: (it.start + it.dur, it.id))
         index[dev] = ([it.start + it.dur for it in ops], ops)
-    t0 = min((it.start for it in g.items if it.measured), default=0.0)
+    t0 = first_measured_start(g)
     for key, order in list(g.streams.items()):
         new_order: list[int] = []
         prev: Item | None = None
@@ -286,20 +298,30 @@ def _late_start(g: Graph, it: Item, key: tuple[int, int], stream_free: float,
 
 class NoWaitEvidence:
     """Why delay periods that stayed fixed durations were not taken for waits: what ended elsewhere while they ran
-    (indexed once, so the report can ask for every long delay of a large trace)."""
+    (indexed once, on first need, so the report can ask for every long delay of a large trace)."""
 
     def __init__(self, g: Graph) -> None:
-        tops = sorted((o for o in g.items if o.kind == HOST_OP and o.measured and o.enclosing is None
+        self.g = g
+
+    @functools.cached_property
+    def tops(self) -> tuple[list[Item], list[float]]:
+        """The top-level host ops of every thread, by end."""
+        tops = sorted((o for o in self.g.items if o.kind == HOST_OP and o.measured and o.enclosing is None
                        and o.tid is not None), key=lambda o: (o.start + o.dur, o.id))
-        self.tops = (tops, [o.start + o.dur for o in tops])
-        gpu: dict[int | None, list[Item]] = defaultdict(list)
-        for o in g.items:
+        return tops, [o.start + o.dur for o in tops]
+
+    @functools.cached_property
+    def gpu(self) -> dict[int | None, tuple[list[Item], list[float]]]:
+        """Each device's GPU ops, by end."""
+        per: dict[int | None, list[Item]] = defaultdict(list)
+        for o in self.g.items:
             if o.kind in GPU_KINDS:
-                gpu[o.device].append(o)
-        self.gpu = {}
-        for dev, ops in gpu.items():
+                per[o.device].append(o)
+        gpu = {}
+        for dev, ops in per.items():
             ops.sort(key=lambda o: (o.start + o.dur, o.id))
-            self.gpu[dev] = (ops, [o.start + o.dur for o in ops])
+            gpu[dev] = (ops, [o.start + o.dur for o in ops])
+        return gpu
 
     def of(self, it: Item) -> str:
         end = it.seg_end

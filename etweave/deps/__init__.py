@@ -7,6 +7,8 @@ one `Evidence` member and its place in SOURCES."""
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections import Counter
 from collections.abc import Callable, Iterable
 
@@ -54,35 +56,38 @@ def infer(g: Graph, applied: Iterable[Source] | None = None) -> Dependencies:
         for pos, i in enumerate(chain):
             by_id[i].pos = pos
     deps = Dependencies(preds={})
-    seen: set[tuple[int, int]] = set()
-    # an edge's source must start no later than its target (the order keys make the union acyclic); the whole
-    # key is built only on equal starts
-    preds, per_source, inferred = deps.preds, deps.per_source, deps.inferred
+    preds, rejected, late = deps.preds, deps.rejected, deps.late
+    get_preds, waits = preds.get, _WAITS
     for source in SOURCES.values() if applied is None else applied:
         for e in source(g):
             src, dst = e.src, e.dst
-            pair = (src, dst)
-            if src == dst or pair in seen:
+            if src == dst:
                 continue
+            edges = get_preds(dst)
+            # (src, dst) kept already: the first source wins (a target has a few edges: a scan, not a set of pairs)
+            if edges is not None and src in map(_SRC, edges):
+                continue
+            # an edge's source must start no later than its target (the order keys make the union acyclic); the
+            # whole key is built only on equal starts
             a, b = by_id[src], by_id[dst]
-            if not (a.start < b.start or (a.start == b.start and order_key(a) < order_key(b))):
-                deps.rejected[e.source] += 1
+            a_start, b_start = a.start, b.start
+            if not (a_start < b_start or (a_start == b_start and order_key(a) < order_key(b))):
+                rejected[e.source] += 1
                 continue
-            seen.add(pair)
-            evidence = e.source
-            if _WAITS[evidence] and a.start + a.dur > b.start + WAIT_TOLERANCE:  # it ended after its target began
-                deps.late[evidence] += 1
-            edges = preds.get(dst)
+            if waits[e.source] and a_start + a.dur > b_start + WAIT_TOLERANCE:  # it ended after its target began
+                late[e.source] += 1
             if edges is None:
                 preds[dst] = [e]
             else:
                 edges.append(e)
-            per_source[evidence] += 1
-            if e.inferred:
-                inferred[evidence] += 1
+    # counted once every edge is kept (one pass in C, not a count per edge)
+    kept = list(itertools.chain.from_iterable(preds.values()))
+    deps.per_source.update(map(_SOURCE, kept))
+    deps.inferred.update(map(_SOURCE, itertools.compress(kept, map(_INFERRED, kept))))
     return deps
 
 
+_SRC, _SOURCE, _INFERRED = operator.attrgetter("src"), operator.attrgetter("source"), operator.attrgetter("inferred")
 _WAITS = {evidence: evidence.waits for evidence in Evidence}  # (a dict lookup: the property costs a call per edge)
 
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import bisect
+import operator
 from collections import defaultdict
 
 from etweave.model import GPU_KINDS, RUNTIME, Graph, Item, SyncRecord
+
+_TIME_ID = operator.itemgetter(0, 1)
 
 
 class SyncRecords:
@@ -15,21 +18,22 @@ class SyncRecords:
     def __init__(self, g: Graph) -> None:
         self.by_call: dict[int, SyncRecord] = {}  # runtime call correlation -> its cuda_sync record
         self.runtime: dict[int, Item] = {}  # correlation -> runtime item
-        for it in g.items:
-            if it.kind == RUNTIME and it.correlation is not None:
-                self.runtime[it.correlation] = it
+        # per (device, stream): GPU ops in launch order, with their launch times
+        self.launched: dict[tuple[int, int], tuple[list[float], list[Item]]] = {}
+        per: dict[tuple[int, int], list[tuple[float, int, Item]]] = defaultdict(list)
+        for it in g.items:  # (one pass for both)
+            kind = it.kind
+            if kind == RUNTIME:
+                if it.correlation is not None:
+                    self.runtime[it.correlation] = it
+            elif kind in GPU_KINDS and it.launcher is not None:
+                per[(it.device or 0, it.stream or 0)].append((g.by_id[it.launcher].start, it.id, it))
         for ev in g.sync_events:
             if ev.correlation is not None:
                 self.by_call[ev.correlation] = ev
-        # per (device, stream): GPU ops in launch order, with their launch times
-        self.launched: dict[tuple[int, int], tuple[list[float], list[Item]]] = {}
-        per: dict[tuple[int, int], list[tuple[float, Item]]] = defaultdict(list)
-        for it in g.items:
-            if it.kind in GPU_KINDS and it.launcher is not None:
-                per[(it.device or 0, it.stream or 0)].append((g.by_id[it.launcher].start, it))
-        for key, pairs in per.items():
-            pairs.sort(key=lambda p: (p[0], p[1].id))
-            self.launched[key] = ([t for t, _ in pairs], [it for _, it in pairs])
+        for key, launches in per.items():
+            launches.sort(key=_TIME_ID)  # (launch time, id): ids are unique, the items never compared
+            self.launched[key] = ([t for t, _, _ in launches], [it for _, _, it in launches])
 
     def of(self, call: Item) -> SyncRecord | None:
         corr = call.correlation

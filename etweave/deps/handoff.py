@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import bisect
 import math
+import operator
 from collections import defaultdict
 
 from etweave.deps.awaited import awaited
 from etweave.deps.evidence import MAX_WAKEUP, Evidence
 from etweave.model import DELAY, HOST_OP, RESUME, RUNTIME, SELF_PART, THREAD_ROOT, Edge, Graph, Item, OpRecord
-from etweave.periods import Chains, thread_of
+from etweave.periods import Chains
 
 
 def handoff(g: Graph) -> list[Edge]:
@@ -61,15 +62,17 @@ class HandOverEvidence:
         # from 0, and a backward op names its forward op's ET thread (`fw_tid`). Without fw_tid in the trace
         # (Kineto alone) the key's thread is 0 and the first op of a sequence id is taken as its forward op.
         self.forward_tid: dict[tuple[int, int], int | str] = {}
-        self.names_forward_thread = any(it.host is not None and it.host.fw_tid for it in g.items)
+        # (any item's host record with a fw_tid: whole-list passes, no Python step per item)
+        self.names_forward_thread = any(map(_FW_TID, filter(None, map(_HOST, g.items))))
         # (tensor, storage, thread) -> the starts of that thread's ops that wrote the tensor, and the ops, in
         # (start, id) order: the latest writer by a time is one bisection, not a scan of every writer
         self.writers: dict[tuple[int, int, int | str], tuple[list[float], list[Item]]] = {}
         per: dict[int | str, list[Item]] = defaultdict(list)
         issued: dict[int | str, list[Item]] = defaultdict(list)
         for it in sorted((x for x in g.items if x.kind == HOST_OP and x.tid is not None and x.measured),
-                         key=lambda x: (x.start, x.id)):
-            tid = thread_of(it)
+                         key=_START_ID):
+            tid = it.tid
+            assert tid is not None  # (picked so; thread_of, inline)
             per[tid].append(it)
             if it.name.startswith(ISSUE_PREFIXES):
                 issued[tid].append(it)
@@ -82,8 +85,8 @@ class HandOverEvidence:
                 w_starts, w_ops = self.writers.setdefault((tensor, storage, tid), ([], []))
                 w_starts.append(it.start)
                 w_ops.append(it)
-        self.ops = {tid: ([x.start for x in ops], ops) for tid, ops in per.items()}
-        self.issued = {tid: ([x.start for x in ops], ops) for tid, ops in issued.items()}
+        self.ops = {tid: (list(map(_START, ops)), ops) for tid, ops in per.items()}
+        self.issued = {tid: (list(map(_START, ops)), ops) for tid, ops in issued.items()}
 
     def shows(self, by: int | str, gap: Item, woken: Item) -> tuple[bool, Item | None]:
         """Whether thread `by` handed over the work that `woken` (the first period after the idle `gap` of its
@@ -121,6 +124,10 @@ class HandOverEvidence:
         if h.seq_id < 0 or (self.names_forward_thread and not h.fw_tid):
             return None
         return self.forward_tid.get(self._forward_key(h.fw_tid, h.seq_id))
+
+
+_HOST, _FW_TID = operator.attrgetter("host"), operator.attrgetter("fw_tid")
+_START_ID, _START = operator.attrgetter("start", "id"), operator.attrgetter("start")
 
 
 def main_thread(g: Graph, chains: Chains) -> int | str | None:

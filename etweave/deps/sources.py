@@ -4,6 +4,7 @@ wait source is in its own module, with its finder)."""
 from __future__ import annotations
 
 import itertools
+import operator
 from collections import defaultdict
 
 from etweave.chakra import schema
@@ -16,7 +17,7 @@ def thread_order(g: Graph) -> list[Edge]:
     """Ops on one CPU thread run one after another in measured order; each thread root follows the process root."""
     edges: list[Edge] = []
     for order in g.threads.values():
-        edges.extend(Edge(a, b, Evidence.THREAD_ORDER) for a, b in itertools.pairwise(order))
+        edges.extend(map(Edge, order, order[1:], itertools.repeat(Evidence.THREAD_ORDER)))  # (pairwise, in C)
     root = next((it.id for it in g.items if it.kind == PROCESS_ROOT), None)
     if root is not None:
         edges.extend(Edge(root, it.id, Evidence.THREAD_ORDER) for it in g.items if it.kind == THREAD_ROOT)
@@ -26,15 +27,20 @@ def thread_order(g: Graph) -> list[Edge]:
 def launch(g: Graph) -> list[Edge]:
     """A runtime launch call -> the GPU event it launched (Kineto correlation), and -> the idle time on the stream
     before that event (it began once the launch was done)."""
-    return [Edge(it.launcher, it.id, Evidence.LAUNCH) for it in g.items if it.launcher is not None] + awaited(
-        g, Evidence.LAUNCH)
+    items = g.items
+    launched = list(itertools.compress(items, map(operator.is_not, map(_LAUNCHER, items), itertools.repeat(None))))
+    return [*map(Edge, map(_LAUNCHER, launched), map(_ID, launched), itertools.repeat(Evidence.LAUNCH)),
+            *awaited(g, Evidence.LAUNCH)]
+
+
+_LAUNCHER, _ID = operator.attrgetter("launcher"), operator.attrgetter("id")
 
 
 def stream_order(g: Graph) -> list[Edge]:
     """Events on one (device, stream) run in measured order."""
     edges: list[Edge] = []
     for order in g.streams.values():
-        edges.extend(Edge(a, b, Evidence.STREAM_ORDER) for a, b in itertools.pairwise(order))
+        edges.extend(map(Edge, order, order[1:], itertools.repeat(Evidence.STREAM_ORDER)))
     return edges
 
 

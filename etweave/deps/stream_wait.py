@@ -39,8 +39,9 @@ def find_late_start(g: Graph, it: Item, stream: int, stream_free: float,
     """Whether GPU op `it` on `stream` (free from `stream_free`) started late, and what it waited for
     (`device_ends`: its device's GPU ops by end, looked up only for a late op)."""
     launch = g.by_id.get(it.launcher) if it.launcher is not None else None
-    ready = max(stream_free, launch.seg_end if launch else float("-inf"),
-                *(g.by_id[a.item].start + g.by_id[a.item].dur for a in it.awaits if a.evidence is Evidence.EVENT_WAIT))
+    ready = max(stream_free, launch.seg_end if launch else -math.inf, *(
+        g.by_id[a.item].start + g.by_id[a.item].dur for a in it.awaits if a.evidence is Evidence.EVENT_WAIT
+    )) if it.awaits else max(stream_free, launch.seg_end if launch else -math.inf)  # (most ops: no generator)
     if it.start - ready <= TOLERANCE:
         return None
     assert device_ends is not None, "a late GPU op's device has GPU ops"

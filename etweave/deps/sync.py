@@ -32,10 +32,12 @@ def find_blocking_calls(g: Graph, records: SyncRecords) -> list[tuple[Item, Item
         if it.launcher is not None:
             launched[it.launcher].append(it)
     found: list[tuple[Item, Item]] = []
-    for it in [x for x in g.items if x.kind == RUNTIME]:
+    calls = [x for x in g.items if x.kind == RUNTIME]
+    sync_names = {n for n in {x.name for x in calls} if any(w in n for w in _SYNC_WORDS)}  # (per distinct name)
+    for it in calls:
         end = it.start + it.dur
         awaited_op: Item | None = None
-        if any(w in it.name for w in _SYNC_WORDS):
+        if it.name in sync_names:
             record = records.of(it)
             kind = record.kind if record is not None else None
             if record is not None and kind == "Event Sync":

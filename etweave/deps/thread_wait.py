@@ -56,12 +56,11 @@ def find_thread_waits(g: Graph, removed: set[int], served: Handed, moments: dict
                    and it.tid is not None and it.dur > 0), key=lambda it: (it.start + it.dur, it.id))
     ends = [it.start + it.dur for it in tops]
     finished = FinishedWork(tops)
-    periods = [x for x in g.items if x.kind in (HOST_OP, SELF_PART, DELAY) and x.measured and x.comm is None
-               and x.tid is not None and x.stream is None and x.id not in removed]
+    # long enough to have waited first: that test leaves out most items
+    periods = [x for x in g.items if not x.seg_end - x.start < MIN_WAIT and x.kind in (HOST_OP, SELF_PART, DELAY)
+               and x.measured and x.comm is None and x.tid is not None and x.stream is None and x.id not in removed]
     found: list[ThreadWait] = []
     for it in periods:
-        if it.seg_end - it.start < MIN_WAIT:
-            continue
         tid = thread_of(it)
         x = latest_before(ends, tops, it.start + TOLERANCE, it.seg_end, off_thread(tid)) if any_thread else None
         if x is None or it.seg_end - (x.start + x.dur) > TOLERANCE:

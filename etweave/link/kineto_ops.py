@@ -11,13 +11,14 @@ new ops; neither changes the reader's `HostTrace`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from etweave.link.host import HostLink
 from etweave.link.window import Window
 from etweave.model import NESTING_EPS, Ids
 from etweave.read.host_et import IO, PROCESS_ROOT_NAMES, THREAD_ROOT_NAMES, HostOp, HostTrace
-from etweave.read.kineto import Event, EventTable, KinetoTrace
+from etweave.read.kineto import NO_INDEX, Event, EventTable, KinetoTrace
 from etweave.values import as_int
 
 
@@ -25,9 +26,10 @@ def _window_threads(events: EventTable, window: Window | None) -> dict[int | str
     """The cpu ops per Kineto thread, file order: those that start in `window` (all when None)."""
     threads: dict[int | str, list[int]] = {}
     lo, hi = window if window is not None else (-math.inf, math.inf)
+    ts, tid = events.ts, events.tid
     for i in events.cpu:
-        if lo <= events.ts[i] <= hi:  # a cpu op belongs to the window when it starts in it
-            threads.setdefault(events.tid[i], []).append(i)
+        if lo <= ts[i] <= hi:  # a cpu op belongs to the window when it starts in it
+            threads.setdefault(tid[i], []).append(i)
     return threads
 
 
@@ -48,10 +50,11 @@ def kineto_host(kineto: KinetoTrace, window: Window | None, ids: Ids) -> tuple[l
     ops += [_op(thread_root[t], THREAD_ROOT_NAMES[0], root_id, et_tid[t], empty) for t in tids]
     # Fresh ids in entry order, as the host ET's counter hands them out at op entry: start time across threads,
     # and within a thread Kineto's entry order (outer before inner at equal starts).
+    entry = _entry_key(events)
     order = sorted(((t, i) for t, idx in threads.items() for i in idx),
-                   key=lambda ti: (events.ts[ti[1]], no[ti[0]], events.entry_key(ti[1])))
+                   key=lambda ti: (events.ts[ti[1]], no[ti[0]], entry(ti[1])))
     id_of = {i: ids.next() for _, i in order}
-    parent_of, partial = _parents(events, threads, id_of, thread_root)
+    parent_of, partial = _parents(events, threads, id_of, thread_root, entry)
     ops += [_cpu_op(events[i], id_of[i], parent_of[i], et_tid[t]) for t, i in order]
     link = HostLink("kineto", {id_of[i]: i for _, i in order}, {et_tid[t]: t for t in tids}, window=window)
     if partial:
@@ -98,26 +101,40 @@ def _cpu_op(ev: Event, op_id: int, parent: int, tid: int) -> HostOp:
     args = ev.args
     dims, types = args.input_dims, args.input_type
     inputs = _NO_IO if dims is None and types is None else IO(_NONE, _list(dims), _list(types))
-    op = _op(op_id, ev.name, parent, tid, inputs)
-    op.rf_id = as_int(args.rf_id, 0) or 0
-    seq = as_int(args.seq_number, -1)
-    op.seq_id = seq if seq is not None else -1
-    return op
+    rf_id, seq = args.rf_id, args.seq_number
+    # (as_int read inline where the id is absent or a plain int: most ops)
+    rf_id = 0 if rf_id is None else rf_id if type(rf_id) is int and 0 <= rf_id < _INT64 else as_int(rf_id, 0) or 0
+    seq = -1 if seq is None else seq if type(seq) is int and -_INT64 <= seq < _INT64 else as_int(seq, -1)
+    return HostOp(id=op_id, name=ev.name, parent=parent, et_tid=tid, rf_id=rf_id, seq_id=seq if seq is not None else -1,
+                  fw_parent=0, fw_tid=0, scope=0, op_schema="", inputs=inputs, outputs=_NO_IO)
+
+
+_INT64 = 1 << 63
+
+
+def _entry_key(events: EventTable) -> Callable[[int], tuple[float, float, int]]:
+    """`EventTable.entry_key` on the columns bound once (a plain function, not a method looking them up)."""
+    ts, dur, ev_idx = events.ts, events.dur, events.ev_idx
+    return lambda i: (ts[i], x if (x := ev_idx[i]) != NO_INDEX else -dur[i], i)
 
 
 def _parents(events: EventTable, threads: dict[int | str, list[int]], id_of: dict[int, int],
-             thread_root: dict[int | str, int]) -> tuple[dict[int, int], int]:
-    """Each op's parent id: the innermost op on its thread whose time contains it, else the thread root."""
+             thread_root: dict[int | str, int], entry: Callable[[int], tuple[float, float, int]] | None = None
+             ) -> tuple[dict[int, int], int]:
+    """Each op's parent id: the innermost op on its thread whose time contains it, else the thread root (`entry`:
+    the ops' entry key, when bound already)."""
     parent_of: dict[int, int] = {}
     partial = 0
+    ts, dur = events.ts, events.dur  # (the events' start and duration, from the columns)
+    entry_key = entry or events.entry_key
     for t, idx in threads.items():
         stack: list[tuple[int, float]] = []  # (position, end) of the ops open at this op's start
-        for i in sorted(idx, key=events.entry_key):
-            ev = events[i]
-            end = ev.ts + ev.dur
+        for i in sorted(idx, key=entry_key):
+            start = ts[i]
+            end = start + dur[i]
             # Epoch-µs floats near 1.7e15 hold only quarter µs: allow a couple of units in the last place.
             tol = max(NESTING_EPS, 2 * math.ulp(end))
-            while stack and stack[-1][1] <= ev.ts + NESTING_EPS:
+            while stack and stack[-1][1] <= start + NESTING_EPS:
                 stack.pop()
             # An op that starts inside another but ends after it (unbalanced annotations) is not contained: its
             # parent is the innermost op that does contain it.

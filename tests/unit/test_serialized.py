@@ -1,0 +1,27 @@
+"""The audit's serialized-work counts (etweave.serialized): the whole-list passes agree with the plain sweeps."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from etweave.serialized import _overlap, _overlapping, _serialized_of
+
+# spans of integer µs, some empty-free, many touching or sharing a start (the cases the sweep orders)
+_SPANS = st.lists(st.tuples(st.integers(0, 40), st.integers(1, 15)), max_size=30)
+
+
+@settings(deadline=None)  # (no timing in tests: a loaded host must not fail it)
+@given(_SPANS, st.integers(0, 1_700_000_000_000_000))
+def test_counts_agree_with_the_sweeps(spans: list[tuple[int, int]], base: int) -> None:
+    starts = [base + s for s, _ in spans]
+    ends = [base + s + d for s, d in spans]
+    assert _serialized_of(starts, ends) == {"overlap_micros": round(_overlap(starts, ends)),
+                                            "nodes": _overlapping(starts, ends)}
+
+
+def test_touching_spans_do_not_overlap_and_equal_starts_do() -> None:
+    assert _serialized_of([0, 5], [5, 9]) == {"overlap_micros": 0, "nodes": 0}
+    assert _serialized_of([3, 3, 20], [10, 4, 21]) == {"overlap_micros": 1, "nodes": 2}
+    assert _serialized_of([0, 2, 4], [10, 3, 6]) == {"overlap_micros": 3, "nodes": 3}
+    assert _serialized_of([], []) == {"overlap_micros": 0, "nodes": 0}
