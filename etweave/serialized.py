@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 import math
 import operator
-from array import array
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
@@ -105,12 +104,12 @@ def _measured_span(it: Item) -> tuple[float, float]:
 class Rounded(NamedTuple):
     """Every item's start and seg_end rounded to the µs, as its node's times are (the audit's passes share them)."""
 
-    start: array[int]  # (8 bytes each, not an int object; the readers bound every time below 2**62 µs)
-    seg_end: array[int]
+    start: list[int]  # (lists: int64 arrays would hold less, but box every time again each time it is read)
+    seg_end: list[int]
 
     @classmethod
     def of(cls, items: list[Item]) -> Rounded:
-        return cls(array("q", map(round, map(_START, items))), array("q", map(round, map(_SEG_END, items))))
+        return cls(list(map(round, map(_START, items))), list(map(round, map(_SEG_END, items))))
 
 
 _START, _SEG_END = operator.attrgetter("start"), operator.attrgetter("seg_end")
