@@ -591,7 +591,9 @@ def _start_offset(data: bytes, summary: RankSummary, start: int, run_t0: int, ed
     evidence = [Evidence.RANK_START_OFFSET.value] * len(delay.data_deps)
     delay.attr.add(name=DEP_EVIDENCE).string_list.values.extend(evidence)
     for node_id in summary.offset_targets:
-        n = edited.get(node_id) or edited.setdefault(node_id, _node_at(data, summary, node_id))
+        n = edited.get(node_id)
+        if n is None:  # not a comm node or period: parsed now
+            n = edited[node_id] = _node_at(data, summary, node_id)
         n.data_deps.append(delay.id)
         _add_evidence(n, Evidence.RANK_START_OFFSET.value)
     return offset, delay
