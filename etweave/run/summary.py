@@ -19,7 +19,7 @@ import msgspec
 
 from etweave.chakra import schema
 from etweave.chakra.accepts import COMM_NODE_TYPES
-from etweave.chakra.io import BYTE_VARINTS, decode_varint, parse, varint_bytes
+from etweave.chakra.io import BYTE_VARINTS, attr_value, decode_varint, parse, varint_bytes
 from etweave.errors import BadInput
 from etweave.model import PROCESS_ROOT
 from etweave.nodes import MARKER_KINDS
@@ -148,7 +148,6 @@ def _owner(node: pb.Node) -> int | None:
     """The node's `part_of` attr: the id of the op's first period (an int attr), else None."""
     for a in node.attr:
         if a.name == PART_OF:
-            kind = a.WhichOneof("value")
-            value = getattr(a, kind) if kind is not None else None
+            value = attr_value(a)
             return value if isinstance(value, int) and not isinstance(value, bool) else None
     return None
