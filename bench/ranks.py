@@ -376,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"{CPU_TARGET_S:g}); the median run counts")
     p.add_argument("--most-runs", type=int, default=MOST_RUNS, metavar="K",
                    help=f"at most K runs of a command on a folder (default {MOST_RUNS})")
+    p.add_argument("--fewest-runs", type=int, default=FEWEST_RUNS, metavar="K",
+                   help=f"at least K runs of a command on a folder (default {FEWEST_RUNS})")
     p.add_argument("--save", type=Path, metavar="FILE", help="write the rows as JSON")
     p.add_argument("--generate", type=int, metavar="N", help="only write an N-rank run to --out")
     p.add_argument("--out", type=Path, help="with --generate: the run folder")
@@ -486,16 +488,27 @@ def _pair_comm(kept: list[dict[StartupKey, Any]], ranks: list[int]) -> None:
 
 COMMANDS = ("convert-run", "check", "decode", "simulate", "simulate astra")
 CPU_TARGET_S = 20.0  # each (command, size) is run until its runs' CPU sums to this (the start-up run too) ...
-MOST_RUNS = 25  # ... or this many runs
+MOST_RUNS = 25  # ... or this many runs ...
+FEWEST_RUNS = 1  # ... and at least this many
 
 
-def runs_needed(first_cpu_s: float, target_s: float = CPU_TARGET_S, most: int = MOST_RUNS) -> int:
+@dataclass(frozen=True, slots=True)
+class Repeats:
+    """How often each command runs on each folder (`runs_needed`)."""
+
+    target_s: float = CPU_TARGET_S
+    most: int = MOST_RUNS
+    fewest: int = FEWEST_RUNS
+
+
+def runs_needed(first_cpu_s: float, repeats: Repeats = Repeats()) -> int:
     """How many runs a command gets on one folder, from its first run's CPU: enough that their CPU sums to
-    `target_s` (so every size is measured over a similar amount of CPU, as one long run of the largest is), at
-    least 1 and at most `most`."""
+    `repeats.target_s` (so every size is measured over a similar amount of CPU, as one long run of the largest
+    is), at least `repeats.fewest` (a second run of the largest sizes halves the weight of one slow stretch of
+    the host's time on their median) and at most `repeats.most`."""
     if first_cpu_s <= 0:
-        return most
-    return max(1, min(most, math.ceil(target_s / first_cpu_s)))
+        return repeats.most
+    return max(repeats.fewest, min(repeats.most, math.ceil(repeats.target_s / first_cpu_s)))
 
 
 @dataclass(slots=True)
@@ -506,10 +519,10 @@ class Runs:
     procs: list[Proc] = field(default_factory=list)
     wanted: int = 1
 
-    def add(self, proc: Proc, target_s: float, most: int) -> None:
+    def add(self, proc: Proc, repeats: Repeats) -> None:
         self.procs.append(proc)
         if len(self.procs) == 1:
-            self.wanted = runs_needed(proc.cpu_s, target_s, most) if proc.rc == 0 else 1
+            self.wanted = runs_needed(proc.cpu_s, repeats) if proc.rc == 0 else 1
 
     def step(self, scale: float = 1.0) -> Step:
         """The median run's figures (median CPU and wall; the largest peak RSS), CPU times `scale`."""
@@ -532,7 +545,7 @@ class Prepared:
     runs: dict[str, Runs] = field(default_factory=dict)
 
 
-def prepare(n: int, work: Path, jobs: int, source: tuple[str, Path | None], target_s: float, most: int
+def prepare(n: int, work: Path, jobs: int, source: tuple[str, Path | None], repeats: Repeats
             ) -> Prepared:
     run, out = work / f"run{n}", work / f"out{n}"
     kind, src = source
@@ -545,7 +558,7 @@ def prepare(n: int, work: Path, jobs: int, source: tuple[str, Path | None], targ
     prep.row["input_mb"] = sum(f.stat().st_size for f in run.rglob("*.json.gz")) / 1e6
     convert = Runs("convert-run")
     convert.add(run_proc(_etweave("convert-run", str(run), "-o", str(out), "--quiet", "--jobs", str(jobs)), REPO),
-                target_s, most)
+                repeats)
     prep.runs["convert-run"] = convert
     if convert.procs[0].rc == 0:
         prep.row["et_mb"] = sum(p.stat().st_size for p in out.glob("trace.*.et")) / 1e6
@@ -570,7 +583,7 @@ def _command(name: str, out: Path, run: Path | None, scratch: Path, jobs: int) -
     return _etweave("simulate", str(out), *(["--model", "astra-sim"] if name == "simulate astra" else []))
 
 
-def time_interleaved(sizes: list[Prepared], startup: Path, work: Path, jobs: int, target_s: float, most: int
+def time_interleaved(sizes: list[Prepared], startup: Path, work: Path, jobs: int, repeats: Repeats
                      ) -> dict[str, Runs]:
     """Every command on the start-up run and on every size, in rounds (round k runs each (command, folder) that
     wants a k-th run), so the repeats of the small sizes spread over the same stretch of the host's time as the
@@ -582,7 +595,7 @@ def time_interleaved(sizes: list[Prepared], startup: Path, work: Path, jobs: int
     scratch = work / "convert-again"
     while todo := [c for c in cells if not c[0].procs or len(c[0].procs) < c[0].wanted]:
         for runs, out, run in todo:
-            runs.add(run_proc(_command(runs.name, out, run, scratch, jobs), REPO), target_s, most)
+            runs.add(run_proc(_command(runs.name, out, run, scratch, jobs), REPO), repeats)
     shutil.rmtree(scratch, ignore_errors=True)
     return start
 
@@ -592,7 +605,8 @@ def table(args: argparse.Namespace) -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
     print(f"python {platform.python_version()}; {os.cpu_count()} CPUs; --jobs {args.jobs}; load average "
           f"{os.getloadavg()[0]:.2f} at the start; median CPU of runs summing to >= {args.cpu_target:g} s "
-          f"(at most {args.most_runs}) per command and folder", flush=True)
+          f"(at least {args.fewest_runs}, at most {args.most_runs}) per command and folder", flush=True)
+    repeats = Repeats(args.cpu_target, args.most_runs, args.fewest_runs)
     rows = []
     with tempfile.TemporaryDirectory(prefix="etweave-ranks-") as tmp:
         work = Path(tmp)
@@ -603,12 +617,12 @@ def table(args: argparse.Namespace) -> int:
         source = (args.source, src)
         prepared = []
         for n in sizes:
-            prepared.append(prepare(n, work, args.jobs, source, args.cpu_target, args.most_runs))
+            prepared.append(prepare(n, work, args.jobs, source, repeats))
             print(f"{n:>5} ranks generated and converted", flush=True)
         ok = [p for p in prepared if "et_mb" in p.row]
         if ok:
             startup_run(ok[0].out, work / "startup")
-            start = time_interleaved(prepared, work / "startup", work, args.jobs, args.cpu_target, args.most_runs)
+            start = time_interleaved(prepared, work / "startup", work, args.jobs, repeats)
             fixed = {name: r.step(1 + args.jobs if name == "convert-run" else 1.0) for name, r in start.items()}
             print(f"start-up: the start-up run of {ok[0].n} ranks' output (startup_run), median CPU: " + ", ".join(
                 f"{name} {s.cpu_s:.2f} s ({s.runs} runs{', FAILED rc ' + str(s.rc) if s.rc else ''})"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.ranks import _startup_key, generate, record_gloo, runs_needed, startup_run
+from bench.ranks import Repeats, _startup_key, generate, record_gloo, runs_needed, startup_run
 from bench.scale import load_json
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import node_attrs, read_et
@@ -119,10 +119,11 @@ def test_startup_run_holds_every_kind(run32: tuple[Path, Path, Path], tmp_path: 
 
 
 def test_runs_needed() -> None:
-    assert runs_needed(0.5, 10, 25) == 20  # a 0.5 s run: 20 runs make the 10 s
-    assert runs_needed(0.3, 10, 25) == 25 and runs_needed(0.0, 10, 25) == 25  # capped
-    assert runs_needed(4.0, 10, 25) == 3
-    assert runs_needed(30.0, 10, 25) == 1
+    assert runs_needed(0.5, Repeats(10, 25)) == 20  # a 0.5 s run: 20 runs make the 10 s
+    assert runs_needed(0.3, Repeats(10, 25)) == 25 and runs_needed(0.0, Repeats(10, 25)) == 25  # capped
+    assert runs_needed(4.0, Repeats(10, 25)) == 3
+    assert runs_needed(30.0, Repeats(10, 25)) == 1
+    assert runs_needed(30.0, Repeats(10, 25, fewest=2)) == 2 and runs_needed(4.0, Repeats(10, 25, fewest=2)) == 3
 
 
 # ---- the gloo source: a CPU run recorded with etweave.collect, with send/recv
