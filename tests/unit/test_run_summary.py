@@ -7,7 +7,8 @@ import pytest
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import parse, serialize
-from etweave.run.summary import PART_OF, message, node_spans, offset_targets, splice, summary_of
+from etweave.chakra.reduced import node_class
+from etweave.run.summary import PART_OF, message, node_spans, offset_targets, splice, summarize, summary_of
 
 
 def node(nid: int, kind: str, deps: tuple[int, ...] = (), ntype: int = pb.COMP_NODE, start: int = 0,
@@ -80,3 +81,29 @@ def test_broken_framing_is_bad_input() -> None:
         node_spans(data[:-3])
     with pytest.raises(BadInput, match="empty"):
         node_spans(b"")
+
+
+def test_summary_of_reads_what_a_whole_parse_reads() -> None:
+    """summary_of parses skeletons (and the attrs of a few nodes): the summary of the whole nodes, whatever the
+    length prefixes' widths (a node of over 127 and of over 16383 bytes)."""
+    data, nodes = stream()
+    big = node(10, "cpu_op", (9,), start=170)
+    big.inputs.values = "x" * 200
+    huge = node(11, "cpu_op", (10,), start=180)
+    huge.inputs.values = "y" * 20000
+    data = serialize(pb.GlobalMetadata(version="0.0.4"), [*nodes, big, huge])
+    _metadata, whole = parse(data)
+    assert summary_of(data) == summarize(data, whole, node_spans(data)[1])
+
+
+def test_reduced_node_class_reads_its_fields_as_chakra_writes_them() -> None:
+    n = node(7, "cpu_op", (3, 4), ntype=pb.COMM_COLL_NODE, start=2**40, part_of=3)
+    n.ctrl_deps.append(2)
+    skeleton = node_class("TestSkeleton", ("id", "type", "data_deps", "ctrl_deps", "start_time_micros"))
+    got = skeleton.FromString(n.SerializeToString())
+    assert (got.id, got.type, list(got.data_deps), list(got.ctrl_deps), got.start_time_micros) == \
+        (7, pb.COMM_COLL_NODE, [3, 4], [2], 2**40)
+    as_bytes = node_class("TestBytes", ("name", "attr"), as_bytes=frozenset({"name", "attr"}))
+    raw = as_bytes.FromString(n.SerializeToString())
+    assert raw.name == b"n7"
+    assert [pb.AttributeProto.FromString(a) for a in raw.attr] == list(n.attr)
