@@ -31,7 +31,7 @@ bench: $(BIN)/python
 
 bench-ranks: $(BIN)/python
 	$(BIN)/pip install -q -e '.[cluster]'
-	$(BIN)/python -m bench.ranks --sizes 8,64,256,1024 --dask 64
+	$(BIN)/python -m bench.ranks --sizes 8,64,256,1024 --dask 64 --fewest-runs 2
 
 bench-whatif: $(BIN)/python
 	$(BIN)/pip install -q -e '.[collect]'
