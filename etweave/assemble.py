@@ -229,81 +229,90 @@ class _Sweep:
                  t0: float) -> None:
         self.g, self.tid, self.seq = g, tid, seq
         self.chain: list[int] = []
-        self.stack: list[Item] = []
-        self.owner: Item | None = None  # innermost open op: the one the current period belongs to
-        self.pending: Item | None = None  # an op whose own node period is still open
+        self.stack: list[Item] = []  # the open ops, innermost last: the current period belongs to the innermost
         self.cursor = t0
         self.self_names: dict[str, str] = {}  # op name -> its self parts' name: one string per name, not per part
 
     def run(self) -> list[int]:
-        stack, chain = self.stack, self.chain  # (the hot loop reads them as locals)
+        # The state lives in locals (the hot loop reads no attribute of self): `pending` is an op whose own node
+        # period is still open, `cursor` where the current period began.
+        stack, chain, close = self.stack, self.chain, self._close
+        pending: Item | None = None
+        cursor = self.cursor
         for key, it in self.seq:
             if it.kind == THREAD_ROOT:
-                it.start = it.seg_end = self.cursor
+                it.start = it.seg_end = cursor
                 chain.append(it.id)
                 continue
             measured = it.measured
-            if measured:
-                t = it.start
-                if self.pending is None and self.owner is None and not stack:
-                    self._flush(t)  # idle before this op
-            else:
-                t = key[0]
-                if self.cursor > t:  # (max(key[0], cursor))
-                    t = self.cursor
-            self._close_until(t)
-            self._flush(t)
+            # an unmeasured op is placed at its key's time, not before the cursor (max(key[0], cursor))
+            t = it.start if measured else cursor if cursor > key[0] else key[0]
+            if stack and stack[-1].start + stack[-1].dur <= t + NESTING_EPS:  # ops that ended by t close
+                cursor, pending = close(t + NESTING_EPS, cursor, pending)
+            # the period up to t ends: the pending op's own node, a later part of the innermost open op, or idle
+            if pending is not None:
+                cursor, pending = _own_end(pending, t, cursor), None
+            elif round(t) - round(cursor) >= 1:  # (shorter than the output's resolution: joins the next period)
+                cursor = self._part(cursor, t, stack[-1] if stack else None)
             if stack:
-                parent = stack[-1]
-                it.enclosing = parent.id
-                if measured:
-                    end, parent_end = it.start + it.dur, parent.start + parent.dur
-                    overlap = (parent_end if parent_end < end else end) - it.start
-                    if overlap > 0.0:  # (parent.excl -= max(0.0, overlap))
-                        parent.excl -= overlap
+                _enclose(it, stack[-1], measured)
             chain.append(it.id)
             if measured and it.dur > 0:
                 stack.append(it)
-                self.owner = self.pending = it
+                pending = it
             else:
                 it.start = it.seg_end = t
-        self._close_until(math.inf)
+        if stack:
+            close(math.inf, cursor, pending)
         return chain
 
-    def _close_until(self, t: float) -> None:
+    def _close(self, limit: float, cursor: float, pending: Item | None) -> tuple[float, Item | None]:
+        """Close the open ops that end by `limit`, innermost first, each ending the period it owned; the new
+        cursor and pending op."""
         stack = self.stack
-        limit = t + NESTING_EPS
         while stack and stack[-1].start + stack[-1].dur <= limit:
             top = stack.pop()
-            self._flush(top.start + top.dur)
-            self.owner = stack[-1] if stack else None
+            end = top.start + top.dur
+            if pending is not None:
+                cursor, pending = _own_end(pending, end, cursor), None
+            elif round(end) - round(cursor) >= 1:
+                cursor = self._part(cursor, end, top)
+        return cursor, pending
 
-    def _flush(self, t: float) -> None:
-        """The period [cursor, t] ends: it was the pending op's own node, a later part of the owner, or idle."""
-        pending, cursor = self.pending, self.cursor
-        if pending is not None:
-            start = pending.start
-            pending.seg_end = end = start if start > t else t  # (max(t, start))
-            if end > cursor:
-                self.cursor = end
-            self.pending = None
-            return
-        if round(t) - round(cursor) < 1:  # shorter than the output's resolution: joins the next period
-            return
-        owner, g = self.owner, self.g
+    def _part(self, start: float, t: float, owner: Item | None) -> float:
+        """The period [start, t] as a node of its own: a later part of `owner`, or idle time with no op open.
+        Returns its end: the new cursor."""
+        g = self.g
         if owner is not None:
             name = self.self_names.get(owner.name)
             if name is None:
                 name = self.self_names[owner.name] = f"{owner.name} [self]"
-            part = Item(id=g.ids.next(), kind=SELF_PART, name=name, start=cursor, dur=t - cursor, excl=t - cursor,
+            part = Item(id=g.ids.next(), kind=SELF_PART, name=name, start=start, dur=t - start, excl=t - start,
                         seg_end=t, measured=True, tid=self.tid, part_of=owner.id)
         else:
-            part = Item(id=g.ids.next(), kind=DELAY, name="[idle]", start=cursor, dur=t - cursor, excl=t - cursor,
+            part = Item(id=g.ids.next(), kind=DELAY, name="[idle]", start=start, dur=t - start, excl=t - start,
                         seg_end=t, measured=True, tid=self.tid)
         g.items.append(part)  # Graph.add, its id already taken
         g.by_id[part.id] = part
         self.chain.append(part.id)
-        self.cursor = t
+        return t
+
+
+def _own_end(pending: Item, t: float, cursor: float) -> float:
+    """The pending op's own node period ends at t (not before its start); the new cursor."""
+    start = pending.start
+    pending.seg_end = end = start if start > t else t  # (max(t, start))
+    return end if end > cursor else cursor
+
+
+def _enclose(it: Item, parent: Item, measured: bool) -> None:
+    """`it` began inside `parent`: its time is not the parent's own."""
+    it.enclosing = parent.id
+    if measured:
+        end, parent_end = it.start + it.dur, parent.start + parent.dur
+        overlap = (parent_end if parent_end < end else end) - it.start
+        if overlap > 0.0:  # (parent.excl -= max(0.0, overlap))
+            parent.excl -= overlap
 
 
 def _stream_order(g: Graph) -> None:
