@@ -203,6 +203,9 @@ class Graph(msgspec.Struct):
     # The Kineto synchronization calls (cudaStreamSynchronize, cudaEventSynchronize, cudaStreamWaitEvent, ...):
     # the waits stage reads which stream or event each one waited on.
     sync_events: list[SyncRecord] = msgspec.field(default_factory=list)
+    # The items that recorded a wait (`Item.awaits`), in item order, kept by the waits stage once it is done: the wait
+    # sources read them here instead of each passing over every item. None until then.
+    waiting: list[Item] | None = None
 
     def add(self, it: Item) -> Item:
         """Add a synthesized item (its id is taken from the conversion's allocator)."""

@@ -49,6 +49,7 @@ from etweave.periods import Chains
 
 
 def resolve_waits(g: Graph) -> None:
+    g.waiting = None  # (found again below)
     chains = Chains(g)
     records = SyncRecords(g)
     recorded_event_waits(g, records)
@@ -67,6 +68,7 @@ def resolve_waits(g: Graph) -> None:
     _name_untraced(g, chains)
     chains.store()
     _stream_waits(g)
+    g.waiting = list(waiting(g))  # the waits are all recorded: the wait sources read them from here
 
 
 def _blocking_calls(g: Graph, chains: Chains, records: SyncRecords) -> None:
