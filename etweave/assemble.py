@@ -317,8 +317,7 @@ def _enclose(it: Item, parent: Item, measured: bool) -> None:
 
 def _stream_order(g: Graph) -> None:
     streams: dict[tuple[int, int], list[Item]] = defaultdict(list)
-    for it in g.items:
-        if it.kind in GPU_KINDS:
-            streams[(it.device or 0, it.stream or 0)].append(it)
+    for it in g.of_kinds(GPU_KINDS):
+        streams[(it.device or 0, it.stream or 0)].append(it)
     for key in sorted(streams):
         g.streams[key] = [it.id for it in sorted(streams[key], key=lambda it: (it.start, it.id))]

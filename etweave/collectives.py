@@ -16,7 +16,7 @@ from msgspec import field
 from etweave.chakra import schema
 from etweave.chakra.accepts import SIMULATOR_MAPPING, comm_type_name
 from etweave.errors import BadInput
-from etweave.model import HOST_OP, KERNEL, Comm, Graph, Item, OpRecord
+from etweave.model import HOST_OP, HOST_OP_KIND, KERNEL, Comm, Graph, Item, OpRecord
 from etweave.read import widths
 
 SEND, RECV = "send", "recv"
@@ -77,15 +77,18 @@ class CollectiveStats(msgspec.Struct):
     coalesced_without_metadata: int = 0  # NCCL kernels of a coalesced group that carry no Kineto args
 
 
+_GLOO_OR_KERNEL = frozenset({HOST_OP, KERNEL})  # the items a comm node may be made of
+
+
 def find_collectives(g: Graph, groups: dict[str, str]) -> CollectiveStats:
     """Mark comm items in place. `groups` maps a trace's process-group name to its comm-group id ("" = world)."""
     stats = CollectiveStats()
-    calls = [it for it in g.items if it.kind == HOST_OP and it.host is not None and it.host.collective_call]
+    calls = [it for it in g.of_kinds(HOST_OP_KIND) if it.host is not None and it.host.collective_call]
     paired: set[int] = set()
     calls_by_thread: dict[int, list[Item]] = {}
     for c in calls:
         calls_by_thread.setdefault(c.host.et_tid if c.host else 0, []).append(c)
-    for it in g.items:
+    for it in g.of_kinds(_GLOO_OR_KERNEL):  # (in item order)
         if it.kind == HOST_OP and it.name.startswith("gloo:"):
             assert it.host is not None
             # Without a host ET (Kineto only) a gloo op sits on its worker thread, not the issuing one: then

@@ -250,8 +250,8 @@ def assign(g: Graph) -> Roofline:
     cache: dict[int, int | None] = {}
     events_of: dict[int, list[Item]] = {}
     gpu_time = 0.0
-    for it in g.items:
-        if it.kind not in GPU_KINDS or it.comm is not None:
+    for it in g.of_kinds(GPU_KINDS):
+        if it.comm is not None:
             continue
         gpu_time += it.dur
         op_id = _family_op(g, it, cache)

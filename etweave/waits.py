@@ -251,9 +251,8 @@ def _stream_waits(g: Graph) -> None:
     """A GPU op that started later than its stream and its launch allowed waited for something: another stream's
     op that ended just before (deps.stream_wait), else idle (a DELAY)."""
     by_device: dict[int, list[Item]] = defaultdict(list)
-    for it in g.items:
-        if it.kind in GPU_KINDS:
-            by_device[it.device or 0].append(it)
+    for it in g.of_kinds(GPU_KINDS):
+        by_device[it.device or 0].append(it)
     index: dict[int, tuple[list[float], list[Item]]] = {}
     for dev, ops in by_device.items():
         ops.sort(key=lambda it: (it.start + it.dur, it.id))

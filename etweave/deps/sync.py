@@ -11,7 +11,7 @@ from etweave.deps.cuda_sync import SyncRecords
 from etweave.deps.evidence import WAIT_TOLERANCE as TOLERANCE
 from etweave.deps.evidence import Evidence
 from etweave.deps.timeline import gpu_ends, latest_before, on_stream
-from etweave.model import MEMCPY, RUNTIME, Edge, Graph, Item
+from etweave.model import GPU_KINDS, MEMCPY, RUNTIME_KIND, Edge, Graph, Item
 
 _SYNC_WORDS = ("Synchronize",)
 _COPY_PREFIXES = ("cudaMemcpy", "hipMemcpy", "cuMemcpy")
@@ -28,11 +28,11 @@ def find_blocking_calls(g: Graph, records: SyncRecords) -> list[tuple[Item, Item
     without one, the GPU op that ended last during the call is what it waited for."""
     ends, ops = gpu_ends(g)
     launched: dict[int, list[Item]] = defaultdict(list)
-    for it in g.items:
+    for it in g.of_kinds(GPU_KINDS):  # (only GPU ops are launched)
         if it.launcher is not None:
             launched[it.launcher].append(it)
     found: list[tuple[Item, Item]] = []
-    calls = [x for x in g.items if x.kind == RUNTIME]
+    calls = g.of_kinds(RUNTIME_KIND)
     sync_names = {n for n in {x.name for x in calls} if any(w in n for w in _SYNC_WORDS)}  # (per distinct name)
     for it in calls:
         end = it.start + it.dur
