@@ -7,6 +7,7 @@ This is where the reader's records end: each item carries the fields later stage
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 from collections import defaultdict
@@ -40,6 +41,8 @@ from etweave.read.kineto import Args, Event, KinetoTrace
 from etweave.repair import Repair, is_collective_call
 from etweave.values import as_int, tensors
 
+_INT64 = 1 << 63  # (values.as_int's range of a plain int)
+_INT64_MIN = -_INT64
 _GPU_KIND = {"kernel": KERNEL, "Kernel": KERNEL, "gpu_memcpy": MEMCPY, "Memcpy": MEMCPY,
              "gpu_memset": MEMSET, "Memset": MEMSET}
 
@@ -51,7 +54,7 @@ def assemble(c: Conversion) -> Graph:
     items.extend(_host_items(c.ops, kineto, need(c.link, "link"), need(c.repair, "repair")))
     if kineto is not None and device is not None:
         items.extend(_device_items(kineto, device, c.ids))
-    items.sort(key=lambda it: it.id)
+    items.sort(key=_ID)
     files = InputFiles(c.host.path if c.host is not None else "", kineto.path if kineto is not None else "")
     # the waits stage reads the sync calls: which stream or event a sync call waited on
     sync = [sync_record(kineto.events[i]) for i in kineto.events.sync] if kineto is not None else []
@@ -106,15 +109,20 @@ def _device_items(kineto: KinetoTrace, device: DeviceSelection, ids: Ids) -> lis
     launcher_of = device.launcher_of.get
     for i in chosen:
         ev = events[i]
+        args = ev.args
         if ev.cat in _GPU_KIND:
             r = launcher_of(i)
+            dev, stream = args.device, args.stream  # (as_int(x, 0), read inline where x is a plain int: most)
             it = Item(id=id_of[i], kind=_GPU_KIND[ev.cat], name=ev.name, start=ev.ts, dur=ev.dur, excl=ev.dur,
-                      seg_end=ev.ts + ev.dur,
-                      measured=True, kineto=kineto_args(ev.args), device=as_int(ev.args.device, 0),
-                      stream=as_int(ev.args.stream, 0), launcher=id_of[r] if r is not None else None)
+                      seg_end=ev.ts + ev.dur, measured=True, kineto=kineto_args(args),
+                      device=dev if type(dev) is int and _INT64_MIN <= dev < _INT64 else as_int(dev, 0),
+                      stream=stream if type(stream) is int and _INT64_MIN <= stream < _INT64 else as_int(stream, 0),
+                      launcher=id_of[r] if r is not None else None)
         else:
-            it = Item(id=id_of[i], kind=RUNTIME, name=ev.name, start=ev.ts, dur=ev.dur, excl=ev.dur,
-                      measured=True, correlation=as_int(ev.args.correlation), tid=ev.tid)
+            corr = args.correlation
+            it = Item(id=id_of[i], kind=RUNTIME, name=ev.name, start=ev.ts, dur=ev.dur, excl=ev.dur, measured=True,
+                      correlation=corr if type(corr) is int and _INT64_MIN <= corr < _INT64 else as_int(corr),
+                      tid=ev.tid)
         items.append(it)
     return items
 
@@ -214,12 +222,14 @@ def _thread_order(g: Graph) -> None:
     for tid in sorted(keyed, key=str):
         seq = sorted(keyed[tid], key=_KEY)
         g.threads[tid] = _Sweep(g, tid, seq, t0).run()
-    for it in g.items:
-        if not it.excl > 0.0:  # (max(0.0, excl) is excl itself otherwise)
-            it.excl = max(0.0, it.excl)
+    items = g.items  # (max(0.0, excl) is excl itself where excl > 0: most items, left out in C)
+    positive = map(operator.gt, map(_EXCL, items), itertools.repeat(0.0))
+    for it in itertools.compress(items, map(operator.not_, positive)):
+        it.excl = max(0.0, it.excl)
 
 
 _KEY = operator.itemgetter(0)
+_ID, _EXCL = operator.attrgetter("id"), operator.attrgetter("excl")
 
 
 class _Sweep:
