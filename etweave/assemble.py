@@ -262,7 +262,9 @@ class _Sweep:
             # the period up to t ends: the pending op's own node, a later part of the innermost open op, or idle
             if pending is not None:
                 cursor, pending = _own_end(pending, t, cursor), None
-            elif round(t) - round(cursor) >= 1:  # (shorter than the output's resolution: joins the next period)
+            # round(t) - round(cursor) >= 1, else shorter than the output's resolution: joins the next period (told
+            # by the length alone unless it is under 2: round moves each end by at most 0.5)
+            elif (length := t - cursor) >= 2.0 or (length > 0.0 and round(t) - round(cursor) >= 1):
                 cursor = self._part(cursor, t, stack[-1] if stack else None)
             if stack:
                 _enclose(it, stack[-1], measured)
@@ -285,7 +287,7 @@ class _Sweep:
             end = top.start + top.dur
             if pending is not None:
                 cursor, pending = _own_end(pending, end, cursor), None
-            elif round(end) - round(cursor) >= 1:
+            elif (length := end - cursor) >= 2.0 or (length > 0.0 and round(end) - round(cursor) >= 1):
                 cursor = self._part(cursor, end, top)
         return cursor, pending
 
