@@ -229,7 +229,7 @@ def _thread_order(g: Graph) -> None:
 
 
 _KEY = operator.itemgetter(0)
-_ID, _EXCL = operator.attrgetter("id"), operator.attrgetter("excl")
+_ID, _EXCL, _START_ID = operator.attrgetter("id"), operator.attrgetter("excl"), operator.attrgetter("start", "id")
 
 
 class _Sweep:
@@ -332,4 +332,4 @@ def _stream_order(g: Graph) -> None:
     for it in g.of_kinds(GPU_KINDS):
         streams[(it.device or 0, it.stream or 0)].append(it)
     for key in sorted(streams):
-        g.streams[key] = [it.id for it in sorted(streams[key], key=lambda it: (it.start, it.id))]
+        g.streams[key] = [it.id for it in sorted(streams[key], key=_START_ID)]

@@ -4,6 +4,7 @@ event was recorded after (run by the waits stage, whose stream waits build on th
 from __future__ import annotations
 
 import bisect
+import operator
 from collections import defaultdict
 
 from etweave.deps.awaited import awaited
@@ -42,7 +43,7 @@ def unrecorded_event_waits(g: Graph, records: SyncRecords) -> None:
     before one: the NCCL stream waits for its input). Inferred, and kept only where the timeline agrees (the awaited
     op ended before the waiting op started)."""
     calls = sorted((it for it in g.of_kinds(RUNTIME_KIND) if it.name.endswith("StreamWaitEvent")
-                    and records.of(it) is None), key=lambda it: (it.start, it.id))
+                    and records.of(it) is None), key=_START_ID)
     if not calls:
         return
     launches = _launches_by_thread(g)
@@ -62,6 +63,9 @@ def unrecorded_event_waits(g: Graph, records: SyncRecords) -> None:
         if awaited.start + awaited.dur <= waiter.start + TOLERANCE and awaited.start < waiter.start:
             waiter.wait_for(Await(awaited.id, Evidence.EVENT_WAIT, True))
             done.add((awaited.id, waiter.id))
+
+
+_START_ID = operator.attrgetter("start", "id")
 
 
 def _launches_by_thread(g: Graph) -> dict[int | str, list[tuple[float, Item]]]:

@@ -43,6 +43,7 @@ def launch(g: Graph) -> list[Edge]:
 
 
 _LAUNCHER, _ID = operator.attrgetter("launcher"), operator.attrgetter("id")
+_START_ID, _START_POS_ID = operator.attrgetter("start", "id"), operator.attrgetter("start", "pos", "id")
 
 
 def stream_order(g: Graph) -> list[Edge]:
@@ -64,7 +65,7 @@ def autograd(g: Graph) -> list[Edge]:
         return _autograd_any_thread(seq_ops)
     forward: dict[tuple[int, int], Item] = {}  # (ET thread, sequence number) -> its forward op
     backward: dict[tuple[int, int], list[Item]] = defaultdict(list)
-    for it in sorted(seq_ops, key=lambda it: (it.start, it.id)):
+    for it in sorted(seq_ops, key=_START_ID):
         h = it.host
         assert h is not None
         if h.fw_tid:
@@ -92,7 +93,7 @@ def _autograd_any_thread(seq_ops: list[Item]) -> list[Edge]:
         by_seq[it.host.seq_id].append(it)
     edges: list[Edge] = []
     for seq in sorted(by_seq):
-        ops = sorted(by_seq[seq], key=lambda it: (it.start, it.id))
+        ops = sorted(by_seq[seq], key=_START_ID)
         fwd = ops[0]
         ids = {it.id for it in ops}
         edges.extend(Edge(fwd.id, it.id, Evidence.AUTOGRAD) for it in ops[1:]
@@ -108,7 +109,7 @@ def tensor_flow(g: Graph) -> list[Edge]:
     writer: dict[tuple[int, int], Item] = {}
     edges: list[Edge] = []
     ops = sorted((it for it in g.of_kinds(HOST_OP_KIND) if it.host is not None),
-                 key=lambda it: (it.start, it.pos, it.id))
+                 key=_START_POS_ID)
     for it in ops:
         h = it.host
         assert h is not None
