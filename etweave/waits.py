@@ -34,7 +34,7 @@ from etweave.deps.timeline import latest_before
 from etweave.model import (
     DELAY,
     GPU_KINDS,
-    HOST_OP,
+    HOST_OP_KIND,
     RESUME,
     SELF_PART,
     THREAD_ROOT,
@@ -307,7 +307,7 @@ class NoWaitEvidence:
     @functools.cached_property
     def tops(self) -> tuple[list[Item], list[float]]:
         """The top-level host ops of every thread, by end."""
-        tops = sorted((o for o in self.g.items if o.kind == HOST_OP and o.measured and o.enclosing is None
+        tops = sorted((o for o in self.g.of_kinds(HOST_OP_KIND) if o.measured and o.enclosing is None
                        and o.tid is not None), key=lambda o: (o.start + o.dur, o.id))
         return tops, [o.start + o.dur for o in tops]
 
@@ -315,9 +315,8 @@ class NoWaitEvidence:
     def gpu(self) -> dict[int | None, tuple[list[Item], list[float]]]:
         """Each device's GPU ops, by end."""
         per: dict[int | None, list[Item]] = defaultdict(list)
-        for o in self.g.items:
-            if o.kind in GPU_KINDS:
-                per[o.device].append(o)
+        for o in self.g.of_kinds(GPU_KINDS):
+            per[o.device].append(o)
         gpu = {}
         for dev, ops in per.items():
             ops.sort(key=lambda o: (o.start + o.dur, o.id))
