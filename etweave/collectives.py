@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import operator
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -64,7 +65,11 @@ def classify(name: str) -> int | str | None:
 
 
 def is_nccl_kernel(it: Item) -> bool:
-    return it.kind == KERNEL and ("nccl" in it.name[:24].lower() or "rccl" in it.name[:24].lower())
+    return it.kind == KERNEL and _is_nccl_name(it.name)
+
+
+def _is_nccl_name(name: str) -> bool:
+    return "nccl" in name[:24].lower() or "rccl" in name[:24].lower()
 
 
 class CollectiveStats(msgspec.Struct):
@@ -78,6 +83,8 @@ class CollectiveStats(msgspec.Struct):
 
 
 _GLOO_OR_KERNEL = frozenset({HOST_OP, KERNEL})  # the items a comm node may be made of
+_KERNEL = frozenset({KERNEL})
+_NAME = operator.attrgetter("name")
 
 
 def find_collectives(g: Graph, groups: dict[str, str]) -> CollectiveStats:
@@ -88,6 +95,8 @@ def find_collectives(g: Graph, groups: dict[str, str]) -> CollectiveStats:
     calls_by_thread: dict[int, list[Item]] = {}
     for c in calls:
         calls_by_thread.setdefault(c.host.et_tid if c.host else 0, []).append(c)
+    # NCCL/RCCL kernels told by name, once per distinct name
+    nccl_names = {n for n in set(map(_NAME, g.of_kinds(_KERNEL))) if _is_nccl_name(n)}
     for it in g.of_kinds(_GLOO_OR_KERNEL):  # (in item order)
         if it.kind == HOST_OP and it.name.startswith("gloo:"):
             assert it.host is not None
@@ -95,7 +104,7 @@ def find_collectives(g: Graph, groups: dict[str, str]) -> CollectiveStats:
             # its call is among every thread's calls.
             call = _gloo_call(calls_by_thread.get(it.host.et_tid, []), it, paired) or _gloo_call(calls, it, paired)
             _make_comm(g, it, call, groups, stats)
-        elif it.kind == KERNEL and is_nccl_kernel(it):  # (the kind first: no call for the other items)
+        elif it.kind == KERNEL and it.name in nccl_names:
             call = _enclosing(g, it, lambda h: h.kind == HOST_OP and _is_call(h))
             if call is not None:
                 paired.add(call.id)
