@@ -260,9 +260,16 @@ def assign(g: Graph) -> Roofline:
     values: dict[int, tuple[int, int]] = {}
     covered = 0.0
     ops: dict[str, int] = {}
+    # an op's work is a function of its name and IO: ops that share their IO objects (the Kineto cpu ops without
+    # shapes share one) share it, computed once (ids of objects alive throughout)
+    work_of: dict[tuple[str, int, int], Work | None] = {}
     for op_id in sorted(events_of):
         op = g.by_id[op_id]
-        work = op_work(op.name, op.host) if op.host is not None else None
+        h = op.host
+        if h is None:
+            continue
+        key = (op.name, id(h.inputs), id(h.outputs))
+        work = work_of[key] if key in work_of else work_of.setdefault(key, op_work(op.name, h))
         if work is None:
             continue
         events = events_of[op_id]
