@@ -104,7 +104,7 @@ def _device_items(kineto: KinetoTrace, device: DeviceSelection, ids: Ids) -> lis
     keys = list(zip(map(ts.__getitem__, chosen), map(operator.neg, map(dur.__getitem__, chosen)),
                     map(gpu.__contains__, chosen), chosen, strict=True))
     chosen = [key[3] for key in sorted(keys)]
-    id_of = {i: ids.next() for i in chosen}
+    id_of = dict(zip(chosen, ids.take(len(chosen)), strict=True))
     items: list[Item] = []
     launcher_of = device.launcher_of.get
     for i in chosen:

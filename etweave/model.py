@@ -173,6 +173,12 @@ class Ids:
         self._next = n + 1
         return n
 
+    def take(self, n: int) -> range:
+        """n fresh ids in a row (what n calls of `next()` would hand out)."""
+        first = self._next
+        self._next = first + n
+        return range(first, first + n)
+
     def peek(self) -> int:
         """The id `next()` would hand out (nothing is taken)."""
         return self._next

@@ -58,7 +58,7 @@ def kineto_host(kineto: KinetoTrace, window: Window | None, ids: Ids) -> tuple[l
     places = sorted(zip(map(events.ts.__getitem__, map(_SECOND, pairs)), map(no.__getitem__, map(_FIRST, pairs)),
                         range(len(pairs)), strict=True))
     order = list(map(pairs.__getitem__, map(_THIRD, places)))
-    id_of = {i: ids.next() for _, i in order}
+    id_of = dict(zip(map(_SECOND, order), ids.take(len(order)), strict=True))
     parent_of, partial = _parents(events, threads, id_of, thread_root, in_entry_order=True)
     ops += [_cpu_op(events[i], id_of[i], parent_of[i], et_tid[t]) for t, i in order]
     link = HostLink("kineto", {id_of[i]: i for _, i in order}, {et_tid[t]: t for t in tids}, window=window)
