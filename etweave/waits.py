@@ -264,7 +264,9 @@ def _stream_waits(g: Graph) -> None:
         for i in order:
             it = g.by_id[i]
             # A stream starts idle at the run's first instant: a first op with no launch record waited from there.
-            idle = _late_start(g, it, key, prev.start + prev.dur if prev else t0, index)
+            free = prev.start + prev.dur if prev else t0
+            # (an op that began within TOLERANCE of its stream's being free was ready no earlier: not late, no call)
+            idle = _late_start(g, it, key, free, index) if it.start - free > TOLERANCE else None
             if idle is not None:
                 new_order.append(idle.id)
             new_order.append(i)
