@@ -7,6 +7,7 @@ This is where the reader's records end: each item carries the fields later stage
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 from collections import defaultdict
@@ -40,6 +41,8 @@ from etweave.read.kineto import Args, Event, KinetoTrace
 from etweave.repair import Repair, is_collective_call
 from etweave.values import as_int, tensors
 
+_INT64 = 1 << 63  # (values.as_int's range of a plain int)
+_INT64_MIN = -_INT64
 _GPU_KIND = {"kernel": KERNEL, "Kernel": KERNEL, "gpu_memcpy": MEMCPY, "Memcpy": MEMCPY,
              "gpu_memset": MEMSET, "Memset": MEMSET}
 
@@ -51,7 +54,7 @@ def assemble(c: Conversion) -> Graph:
     items.extend(_host_items(c.ops, kineto, need(c.link, "link"), need(c.repair, "repair")))
     if kineto is not None and device is not None:
         items.extend(_device_items(kineto, device, c.ids))
-    items.sort(key=lambda it: it.id)
+    items.sort(key=_ID)
     files = InputFiles(c.host.path if c.host is not None else "", kineto.path if kineto is not None else "")
     # the waits stage reads the sync calls: which stream or event a sync call waited on
     sync = [sync_record(kineto.events[i]) for i in kineto.events.sync] if kineto is not None else []
@@ -101,20 +104,25 @@ def _device_items(kineto: KinetoTrace, device: DeviceSelection, ids: Ids) -> lis
     keys = list(zip(map(ts.__getitem__, chosen), map(operator.neg, map(dur.__getitem__, chosen)),
                     map(gpu.__contains__, chosen), chosen, strict=True))
     chosen = [key[3] for key in sorted(keys)]
-    id_of = {i: ids.next() for i in chosen}
+    id_of = dict(zip(chosen, ids.take(len(chosen)), strict=True))
     items: list[Item] = []
     launcher_of = device.launcher_of.get
     for i in chosen:
         ev = events[i]
+        args = ev.args
         if ev.cat in _GPU_KIND:
             r = launcher_of(i)
+            dev, stream = args.device, args.stream  # (as_int(x, 0), read inline where x is a plain int: most)
             it = Item(id=id_of[i], kind=_GPU_KIND[ev.cat], name=ev.name, start=ev.ts, dur=ev.dur, excl=ev.dur,
-                      seg_end=ev.ts + ev.dur,
-                      measured=True, kineto=kineto_args(ev.args), device=as_int(ev.args.device, 0),
-                      stream=as_int(ev.args.stream, 0), launcher=id_of[r] if r is not None else None)
+                      seg_end=ev.ts + ev.dur, measured=True, kineto=kineto_args(args),
+                      device=dev if type(dev) is int and _INT64_MIN <= dev < _INT64 else as_int(dev, 0),
+                      stream=stream if type(stream) is int and _INT64_MIN <= stream < _INT64 else as_int(stream, 0),
+                      launcher=id_of[r] if r is not None else None)
         else:
-            it = Item(id=id_of[i], kind=RUNTIME, name=ev.name, start=ev.ts, dur=ev.dur, excl=ev.dur,
-                      measured=True, correlation=as_int(ev.args.correlation), tid=ev.tid)
+            corr = args.correlation
+            it = Item(id=id_of[i], kind=RUNTIME, name=ev.name, start=ev.ts, dur=ev.dur, excl=ev.dur, measured=True,
+                      correlation=corr if type(corr) is int and _INT64_MIN <= corr < _INT64 else as_int(corr),
+                      tid=ev.tid)
         items.append(it)
     return items
 
@@ -214,12 +222,14 @@ def _thread_order(g: Graph) -> None:
     for tid in sorted(keyed, key=str):
         seq = sorted(keyed[tid], key=_KEY)
         g.threads[tid] = _Sweep(g, tid, seq, t0).run()
-    for it in g.items:
-        if not it.excl > 0.0:  # (max(0.0, excl) is excl itself otherwise)
-            it.excl = max(0.0, it.excl)
+    items = g.items  # (max(0.0, excl) is excl itself where excl > 0: most items, left out in C)
+    positive = map(operator.gt, map(_EXCL, items), itertools.repeat(0.0))
+    for it in itertools.compress(items, map(operator.not_, positive)):
+        it.excl = max(0.0, it.excl)
 
 
 _KEY = operator.itemgetter(0)
+_ID, _EXCL, _START_ID = operator.attrgetter("id"), operator.attrgetter("excl"), operator.attrgetter("start", "id")
 
 
 class _Sweep:
@@ -229,87 +239,97 @@ class _Sweep:
                  t0: float) -> None:
         self.g, self.tid, self.seq = g, tid, seq
         self.chain: list[int] = []
-        self.stack: list[Item] = []
-        self.owner: Item | None = None  # innermost open op: the one the current period belongs to
-        self.pending: Item | None = None  # an op whose own node period is still open
+        self.stack: list[Item] = []  # the open ops, innermost last: the current period belongs to the innermost
         self.cursor = t0
         self.self_names: dict[str, str] = {}  # op name -> its self parts' name: one string per name, not per part
 
     def run(self) -> list[int]:
-        stack, chain = self.stack, self.chain  # (the hot loop reads them as locals)
+        # The state lives in locals (the hot loop reads no attribute of self): `pending` is an op whose own node
+        # period is still open, `cursor` where the current period began.
+        stack, chain, close = self.stack, self.chain, self._close
+        pending: Item | None = None
+        cursor = self.cursor
         for key, it in self.seq:
             if it.kind == THREAD_ROOT:
-                it.start = it.seg_end = self.cursor
+                it.start = it.seg_end = cursor
                 chain.append(it.id)
                 continue
             measured = it.measured
-            if measured:
-                t = it.start
-                if self.pending is None and self.owner is None and not stack:
-                    self._flush(t)  # idle before this op
-            else:
-                t = key[0]
-                if self.cursor > t:  # (max(key[0], cursor))
-                    t = self.cursor
-            self._close_until(t)
-            self._flush(t)
+            # an unmeasured op is placed at its key's time, not before the cursor (max(key[0], cursor))
+            t = it.start if measured else cursor if cursor > key[0] else key[0]
+            if stack and stack[-1].start + stack[-1].dur <= t + NESTING_EPS:  # ops that ended by t close
+                cursor, pending = close(t + NESTING_EPS, cursor, pending)
+            # the period up to t ends: the pending op's own node, a later part of the innermost open op, or idle
+            if pending is not None:
+                cursor, pending = _own_end(pending, t, cursor), None
+            # round(t) - round(cursor) >= 1, else shorter than the output's resolution: joins the next period (told
+            # by the length alone unless it is under 2: round moves each end by at most 0.5)
+            elif (length := t - cursor) >= 2.0 or (length > 0.0 and round(t) - round(cursor) >= 1):
+                cursor = self._part(cursor, t, stack[-1] if stack else None)
             if stack:
-                parent = stack[-1]
-                it.enclosing = parent.id
-                if measured:
-                    end, parent_end = it.start + it.dur, parent.start + parent.dur
-                    overlap = (parent_end if parent_end < end else end) - it.start
-                    if overlap > 0.0:  # (parent.excl -= max(0.0, overlap))
-                        parent.excl -= overlap
+                _enclose(it, stack[-1], measured)
             chain.append(it.id)
             if measured and it.dur > 0:
                 stack.append(it)
-                self.owner = self.pending = it
+                pending = it
             else:
                 it.start = it.seg_end = t
-        self._close_until(math.inf)
+        if stack:
+            close(math.inf, cursor, pending)
         return chain
 
-    def _close_until(self, t: float) -> None:
+    def _close(self, limit: float, cursor: float, pending: Item | None) -> tuple[float, Item | None]:
+        """Close the open ops that end by `limit`, innermost first, each ending the period it owned; the new
+        cursor and pending op."""
         stack = self.stack
-        limit = t + NESTING_EPS
         while stack and stack[-1].start + stack[-1].dur <= limit:
             top = stack.pop()
-            self._flush(top.start + top.dur)
-            self.owner = stack[-1] if stack else None
+            end = top.start + top.dur
+            if pending is not None:
+                cursor, pending = _own_end(pending, end, cursor), None
+            elif (length := end - cursor) >= 2.0 or (length > 0.0 and round(end) - round(cursor) >= 1):
+                cursor = self._part(cursor, end, top)
+        return cursor, pending
 
-    def _flush(self, t: float) -> None:
-        """The period [cursor, t] ends: it was the pending op's own node, a later part of the owner, or idle."""
-        pending, cursor = self.pending, self.cursor
-        if pending is not None:
-            start = pending.start
-            pending.seg_end = end = start if start > t else t  # (max(t, start))
-            if end > cursor:
-                self.cursor = end
-            self.pending = None
-            return
-        if round(t) - round(cursor) < 1:  # shorter than the output's resolution: joins the next period
-            return
-        owner, g = self.owner, self.g
+    def _part(self, start: float, t: float, owner: Item | None) -> float:
+        """The period [start, t] as a node of its own: a later part of `owner`, or idle time with no op open.
+        Returns its end: the new cursor."""
+        g = self.g
         if owner is not None:
             name = self.self_names.get(owner.name)
             if name is None:
                 name = self.self_names[owner.name] = f"{owner.name} [self]"
-            part = Item(id=g.ids.next(), kind=SELF_PART, name=name, start=cursor, dur=t - cursor, excl=t - cursor,
+            part = Item(id=g.ids.next(), kind=SELF_PART, name=name, start=start, dur=t - start, excl=t - start,
                         seg_end=t, measured=True, tid=self.tid, part_of=owner.id)
         else:
-            part = Item(id=g.ids.next(), kind=DELAY, name="[idle]", start=cursor, dur=t - cursor, excl=t - cursor,
+            part = Item(id=g.ids.next(), kind=DELAY, name="[idle]", start=start, dur=t - start, excl=t - start,
                         seg_end=t, measured=True, tid=self.tid)
         g.items.append(part)  # Graph.add, its id already taken
         g.by_id[part.id] = part
         self.chain.append(part.id)
-        self.cursor = t
+        return t
+
+
+def _own_end(pending: Item, t: float, cursor: float) -> float:
+    """The pending op's own node period ends at t (not before its start); the new cursor."""
+    start = pending.start
+    pending.seg_end = end = start if start > t else t  # (max(t, start))
+    return end if end > cursor else cursor
+
+
+def _enclose(it: Item, parent: Item, measured: bool) -> None:
+    """`it` began inside `parent`: its time is not the parent's own."""
+    it.enclosing = parent.id
+    if measured:
+        end, parent_end = it.start + it.dur, parent.start + parent.dur
+        overlap = (parent_end if parent_end < end else end) - it.start
+        if overlap > 0.0:  # (parent.excl -= max(0.0, overlap))
+            parent.excl -= overlap
 
 
 def _stream_order(g: Graph) -> None:
     streams: dict[tuple[int, int], list[Item]] = defaultdict(list)
-    for it in g.items:
-        if it.kind in GPU_KINDS:
-            streams[(it.device or 0, it.stream or 0)].append(it)
+    for it in g.of_kinds(GPU_KINDS):
+        streams[(it.device or 0, it.stream or 0)].append(it)
     for key in sorted(streams):
-        g.streams[key] = [it.id for it in sorted(streams[key], key=lambda it: (it.start, it.id))]
+        g.streams[key] = [it.id for it in sorted(streams[key], key=_START_ID)]

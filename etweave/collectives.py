@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import operator
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from msgspec import field
 from etweave.chakra import schema
 from etweave.chakra.accepts import SIMULATOR_MAPPING, comm_type_name
 from etweave.errors import BadInput
-from etweave.model import HOST_OP, KERNEL, Comm, Graph, Item, OpRecord
+from etweave.model import HOST_OP, HOST_OP_KIND, KERNEL, Comm, Graph, Item, OpRecord
 from etweave.read import widths
 
 SEND, RECV = "send", "recv"
@@ -64,7 +65,11 @@ def classify(name: str) -> int | str | None:
 
 
 def is_nccl_kernel(it: Item) -> bool:
-    return it.kind == KERNEL and ("nccl" in it.name[:24].lower() or "rccl" in it.name[:24].lower())
+    return it.kind == KERNEL and _is_nccl_name(it.name)
+
+
+def _is_nccl_name(name: str) -> bool:
+    return "nccl" in name[:24].lower() or "rccl" in name[:24].lower()
 
 
 class CollectiveStats(msgspec.Struct):
@@ -77,22 +82,29 @@ class CollectiveStats(msgspec.Struct):
     coalesced_without_metadata: int = 0  # NCCL kernels of a coalesced group that carry no Kineto args
 
 
+_GLOO_OR_KERNEL = frozenset({HOST_OP, KERNEL})  # the items a comm node may be made of
+_KERNEL = frozenset({KERNEL})
+_NAME = operator.attrgetter("name")
+
+
 def find_collectives(g: Graph, groups: dict[str, str]) -> CollectiveStats:
     """Mark comm items in place. `groups` maps a trace's process-group name to its comm-group id ("" = world)."""
     stats = CollectiveStats()
-    calls = [it for it in g.items if it.kind == HOST_OP and it.host is not None and it.host.collective_call]
+    calls = [it for it in g.of_kinds(HOST_OP_KIND) if it.host is not None and it.host.collective_call]
     paired: set[int] = set()
     calls_by_thread: dict[int, list[Item]] = {}
     for c in calls:
         calls_by_thread.setdefault(c.host.et_tid if c.host else 0, []).append(c)
-    for it in g.items:
+    # NCCL/RCCL kernels told by name, once per distinct name
+    nccl_names = {n for n in set(map(_NAME, g.of_kinds(_KERNEL))) if _is_nccl_name(n)}
+    for it in g.of_kinds(_GLOO_OR_KERNEL):  # (in item order)
         if it.kind == HOST_OP and it.name.startswith("gloo:"):
             assert it.host is not None
             # Without a host ET (Kineto only) a gloo op sits on its worker thread, not the issuing one: then
             # its call is among every thread's calls.
             call = _gloo_call(calls_by_thread.get(it.host.et_tid, []), it, paired) or _gloo_call(calls, it, paired)
             _make_comm(g, it, call, groups, stats)
-        elif it.kind == KERNEL and is_nccl_kernel(it):  # (the kind first: no call for the other items)
+        elif it.kind == KERNEL and it.name in nccl_names:
             call = _enclosing(g, it, lambda h: h.kind == HOST_OP and _is_call(h))
             if call is not None:
                 paired.add(call.id)

@@ -27,6 +27,8 @@ SELF_PART, RESUME = "self_part", "resume"
 # thread spent with no op open that no evidence says it waited in: code the profiler did not record.
 WAKEUP, UNTRACED = "wakeup", "untraced"
 GPU_KINDS = frozenset({KERNEL, MEMCPY, MEMSET})
+# The kinds only assemble makes: no later stage adds, removes or changes an item of these (`Graph.of_kinds`).
+ASSEMBLED_KINDS = frozenset({PROCESS_ROOT, THREAD_ROOT, HOST_OP, RUNTIME, *GPU_KINDS})
 # Kineto rounds to the µs on old traces: a child may seem to end a hair after its parent. Ends this close (µs) are
 # taken as one moment when nesting ops by time.
 NESTING_EPS = 1e-3
@@ -171,6 +173,12 @@ class Ids:
         self._next = n + 1
         return n
 
+    def take(self, n: int) -> range:
+        """n fresh ids in a row (what n calls of `next()` would hand out)."""
+        first = self._next
+        self._next = first + n
+        return range(first, first + n)
+
     def peek(self) -> int:
         """The id `next()` would hand out (nothing is taken)."""
         return self._next
@@ -182,7 +190,11 @@ def first_measured_start(g: Graph) -> float:
     return min(itertools.compress(map(_START, items), map(_MEASURED, items)), default=0.0)
 
 
-_START, _MEASURED = operator.attrgetter("start"), operator.attrgetter("measured")
+_START, _MEASURED, _KIND = operator.attrgetter("start"), operator.attrgetter("measured"), operator.attrgetter("kind")
+# kind sets asked of `Graph.of_kinds`, one object each
+RUNTIME_KIND, HOST_OP_KIND = frozenset({RUNTIME}), frozenset({HOST_OP})
+PROCESS_ROOT_KIND, THREAD_ROOT_KIND = frozenset({PROCESS_ROOT}), frozenset({THREAD_ROOT})
+OP_KINDS = frozenset({PROCESS_ROOT, THREAD_ROOT, HOST_OP})  # the items of host ops (those that may have `host`)
 
 
 class InputFiles(msgspec.Struct, frozen=True):
@@ -203,10 +215,27 @@ class Graph(msgspec.Struct):
     # The Kineto synchronization calls (cudaStreamSynchronize, cudaEventSynchronize, cudaStreamWaitEvent, ...):
     # the waits stage reads which stream or event each one waited on.
     sync_events: list[SyncRecord] = msgspec.field(default_factory=list)
+    # The items that recorded a wait (`Item.awaits`), in item order, kept by the waits stage once it is done: the wait
+    # sources read them here instead of each passing over every item. None until then.
+    waiting: list[Item] | None = None
+    # what `of_kinds` found, per set of kinds asked
+    kind_index: dict[frozenset[str], list[Item]] = msgspec.field(default_factory=dict)
 
     def add(self, it: Item) -> Item:
         """Add a synthesized item (its id is taken from the conversion's allocator)."""
         it.id = self.ids.next()
         self.items.append(it)
         self.by_id[it.id] = it
+        if it.kind in ASSEMBLED_KINDS:  # (later stages add only periods)
+            self.kind_index.clear()
         return it
+
+    def of_kinds(self, kinds: frozenset[str]) -> list[Item]:
+        """The items of these kinds (of `ASSEMBLED_KINDS`), in item order: found in one pass in C the first time,
+        then shared by every stage that reads them (not to be changed by the caller)."""
+        found = self.kind_index.get(kinds)
+        if found is None:
+            assert kinds <= ASSEMBLED_KINDS, f"{sorted(kinds - ASSEMBLED_KINDS)} are not kinds only assemble makes"
+            items = self.items
+            found = self.kind_index[kinds] = list(itertools.compress(items, map(kinds.__contains__, map(_KIND, items))))
+        return found

@@ -250,8 +250,8 @@ def assign(g: Graph) -> Roofline:
     cache: dict[int, int | None] = {}
     events_of: dict[int, list[Item]] = {}
     gpu_time = 0.0
-    for it in g.items:
-        if it.kind not in GPU_KINDS or it.comm is not None:
+    for it in g.of_kinds(GPU_KINDS):
+        if it.comm is not None:
             continue
         gpu_time += it.dur
         op_id = _family_op(g, it, cache)
@@ -260,9 +260,16 @@ def assign(g: Graph) -> Roofline:
     values: dict[int, tuple[int, int]] = {}
     covered = 0.0
     ops: dict[str, int] = {}
+    # an op's work is a function of its name and IO: ops that share their IO objects (the Kineto cpu ops without
+    # shapes share one) share it, computed once (ids of objects alive throughout)
+    work_of: dict[tuple[str, int, int], Work | None] = {}
     for op_id in sorted(events_of):
         op = g.by_id[op_id]
-        work = op_work(op.name, op.host) if op.host is not None else None
+        h = op.host
+        if h is None:
+            continue
+        key = (op.name, id(h.inputs), id(h.outputs))
+        work = work_of[key] if key in work_of else work_of.setdefault(key, op_work(op.name, h))
         if work is None:
             continue
         events = events_of[op_id]

@@ -34,7 +34,7 @@ from etweave.deps.timeline import latest_before
 from etweave.model import (
     DELAY,
     GPU_KINDS,
-    HOST_OP,
+    HOST_OP_KIND,
     RESUME,
     SELF_PART,
     THREAD_ROOT,
@@ -49,6 +49,7 @@ from etweave.periods import Chains
 
 
 def resolve_waits(g: Graph) -> None:
+    g.waiting = None  # (found again below)
     chains = Chains(g)
     records = SyncRecords(g)
     recorded_event_waits(g, records)
@@ -67,6 +68,7 @@ def resolve_waits(g: Graph) -> None:
     _name_untraced(g, chains)
     chains.store()
     _stream_waits(g)
+    g.waiting = list(waiting(g))  # the waits are all recorded: the wait sources read them from here
 
 
 def _blocking_calls(g: Graph, chains: Chains, records: SyncRecords) -> None:
@@ -249,9 +251,8 @@ def _stream_waits(g: Graph) -> None:
     """A GPU op that started later than its stream and its launch allowed waited for something: another stream's
     op that ended just before (deps.stream_wait), else idle (a DELAY)."""
     by_device: dict[int, list[Item]] = defaultdict(list)
-    for it in g.items:
-        if it.kind in GPU_KINDS:
-            by_device[it.device or 0].append(it)
+    for it in g.of_kinds(GPU_KINDS):
+        by_device[it.device or 0].append(it)
     index: dict[int, tuple[list[float], list[Item]]] = {}
     for dev, ops in by_device.items():
         ops.sort(key=lambda it: (it.start + it.dur, it.id))
@@ -263,7 +264,9 @@ def _stream_waits(g: Graph) -> None:
         for i in order:
             it = g.by_id[i]
             # A stream starts idle at the run's first instant: a first op with no launch record waited from there.
-            idle = _late_start(g, it, key, prev.start + prev.dur if prev else t0, index)
+            free = prev.start + prev.dur if prev else t0
+            # (an op that began within TOLERANCE of its stream's being free was ready no earlier: not late, no call)
+            idle = _late_start(g, it, key, free, index) if it.start - free > TOLERANCE else None
             if idle is not None:
                 new_order.append(idle.id)
             new_order.append(i)
@@ -306,7 +309,7 @@ class NoWaitEvidence:
     @functools.cached_property
     def tops(self) -> tuple[list[Item], list[float]]:
         """The top-level host ops of every thread, by end."""
-        tops = sorted((o for o in self.g.items if o.kind == HOST_OP and o.measured and o.enclosing is None
+        tops = sorted((o for o in self.g.of_kinds(HOST_OP_KIND) if o.measured and o.enclosing is None
                        and o.tid is not None), key=lambda o: (o.start + o.dur, o.id))
         return tops, [o.start + o.dur for o in tops]
 
@@ -314,9 +317,8 @@ class NoWaitEvidence:
     def gpu(self) -> dict[int | None, tuple[list[Item], list[float]]]:
         """Each device's GPU ops, by end."""
         per: dict[int | None, list[Item]] = defaultdict(list)
-        for o in self.g.items:
-            if o.kind in GPU_KINDS:
-                per[o.device].append(o)
+        for o in self.g.of_kinds(GPU_KINDS):
+            per[o.device].append(o)
         gpu = {}
         for dev, ops in per.items():
             ops.sort(key=lambda o: (o.start + o.dur, o.id))

@@ -19,7 +19,10 @@ def awaited(g: Graph, evidence: Evidence) -> list[Edge]:
 
 
 def waiting(g: Graph) -> Iterator[Item]:
-    """The items that recorded a wait, in item order (picked in C: most items wait for nothing)."""
+    """The items that recorded a wait, in item order (those the waits stage kept, else picked in C: most items wait
+    for nothing)."""
+    if g.waiting is not None:
+        return iter(g.waiting)
     items = g.items
     return itertools.compress(items, map(_AWAITS, items))  # `()` until a wait is recorded
 

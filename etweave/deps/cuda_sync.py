@@ -6,7 +6,7 @@ import bisect
 import operator
 from collections import defaultdict
 
-from etweave.model import GPU_KINDS, RUNTIME, Graph, Item, SyncRecord
+from etweave.model import GPU_KINDS, RUNTIME_KIND, Graph, Item, SyncRecord
 
 _TIME_ID = operator.itemgetter(0, 1)
 
@@ -21,12 +21,11 @@ class SyncRecords:
         # per (device, stream): GPU ops in launch order, with their launch times
         self.launched: dict[tuple[int, int], tuple[list[float], list[Item]]] = {}
         per: dict[tuple[int, int], list[tuple[float, int, Item]]] = defaultdict(list)
-        for it in g.items:  # (one pass for both)
-            kind = it.kind
-            if kind == RUNTIME:
-                if it.correlation is not None:
-                    self.runtime[it.correlation] = it
-            elif kind in GPU_KINDS and it.launcher is not None:
+        for it in g.of_kinds(RUNTIME_KIND):
+            if it.correlation is not None:
+                self.runtime[it.correlation] = it
+        for it in g.of_kinds(GPU_KINDS):
+            if it.launcher is not None:
                 per[(it.device or 0, it.stream or 0)].append((g.by_id[it.launcher].start, it.id, it))
         for ev in g.sync_events:
             if ev.correlation is not None:

@@ -4,13 +4,14 @@ event was recorded after (run by the waits stage, whose stream waits build on th
 from __future__ import annotations
 
 import bisect
+import operator
 from collections import defaultdict
 
 from etweave.deps.awaited import awaited
 from etweave.deps.cuda_sync import SyncRecords
 from etweave.deps.evidence import WAIT_TOLERANCE as TOLERANCE
 from etweave.deps.evidence import Evidence
-from etweave.model import GPU_KINDS, RUNTIME, Await, Edge, Graph, Item
+from etweave.model import GPU_KINDS, RUNTIME_KIND, Await, Edge, Graph, Item
 
 
 def event_wait(g: Graph) -> list[Edge]:
@@ -41,8 +42,8 @@ def unrecorded_event_waits(g: Graph, records: SyncRecords) -> None:
     before the call (`work.wait()` after a NCCL collective: the compute stream waits for the collective's kernel;
     before one: the NCCL stream waits for its input). Inferred, and kept only where the timeline agrees (the awaited
     op ended before the waiting op started)."""
-    calls = sorted((it for it in g.items if it.kind == RUNTIME and it.name.endswith("StreamWaitEvent")
-                    and records.of(it) is None), key=lambda it: (it.start, it.id))
+    calls = sorted((it for it in g.of_kinds(RUNTIME_KIND) if it.name.endswith("StreamWaitEvent")
+                    and records.of(it) is None), key=_START_ID)
     if not calls:
         return
     launches = _launches_by_thread(g)
@@ -64,11 +65,14 @@ def unrecorded_event_waits(g: Graph, records: SyncRecords) -> None:
             done.add((awaited.id, waiter.id))
 
 
+_START_ID = operator.attrgetter("start", "id")
+
+
 def _launches_by_thread(g: Graph) -> dict[int | str, list[tuple[float, Item]]]:
     """thread -> (launch time, GPU op) of every GPU op its runtime calls launched, in launch order."""
     launches: dict[int | str, list[tuple[float, Item]]] = defaultdict(list)
-    for it in g.items:
-        if it.kind in GPU_KINDS and it.launcher is not None:
+    for it in g.of_kinds(GPU_KINDS):
+        if it.launcher is not None:
             call = g.by_id[it.launcher]
             if call.tid is not None:
                 launches[call.tid].append((call.start, it))

@@ -11,7 +11,20 @@ from collections import defaultdict
 
 from etweave.deps.awaited import awaited
 from etweave.deps.evidence import MAX_WAKEUP, Evidence
-from etweave.model import DELAY, HOST_OP, RESUME, RUNTIME, SELF_PART, THREAD_ROOT, Edge, Graph, Item, OpRecord
+from etweave.model import (
+    DELAY,
+    HOST_OP,
+    HOST_OP_KIND,
+    OP_KINDS,
+    RESUME,
+    RUNTIME,
+    SELF_PART,
+    THREAD_ROOT,
+    Edge,
+    Graph,
+    Item,
+    OpRecord,
+)
 from etweave.periods import Chains
 
 
@@ -63,13 +76,13 @@ class HandOverEvidence:
         # (Kineto alone) the key's thread is 0 and the first op of a sequence id is taken as its forward op.
         self.forward_tid: dict[tuple[int, int], int | str] = {}
         # (any item's host record with a fw_tid: whole-list passes, no Python step per item)
-        self.names_forward_thread = any(map(_FW_TID, filter(None, map(_HOST, g.items))))
+        self.names_forward_thread = any(map(_FW_TID, filter(None, map(_HOST, g.of_kinds(OP_KINDS)))))
         # (tensor, storage, thread) -> the starts of that thread's ops that wrote the tensor, and the ops, in
         # (start, id) order: the latest writer by a time is one bisection, not a scan of every writer
         self.writers: dict[tuple[int, int, int | str], tuple[list[float], list[Item]]] = {}
         per: dict[int | str, list[Item]] = defaultdict(list)
         issued: dict[int | str, list[Item]] = defaultdict(list)
-        for it in sorted((x for x in g.items if x.kind == HOST_OP and x.tid is not None and x.measured),
+        for it in sorted((x for x in g.of_kinds(HOST_OP_KIND) if x.tid is not None and x.measured),
                          key=_START_ID):
             tid = it.tid
             assert tid is not None  # (picked so; thread_of, inline)

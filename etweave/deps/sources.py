@@ -10,7 +10,15 @@ from collections import defaultdict
 from etweave.chakra import schema
 from etweave.deps.awaited import awaited
 from etweave.deps.evidence import WAIT_TOLERANCE, Evidence
-from etweave.model import HOST_OP, PROCESS_ROOT, THREAD_ROOT, Edge, Graph, Item
+from etweave.model import (
+    GPU_KINDS,
+    HOST_OP_KIND,
+    PROCESS_ROOT_KIND,
+    THREAD_ROOT_KIND,
+    Edge,
+    Graph,
+    Item,
+)
 
 
 def thread_order(g: Graph) -> list[Edge]:
@@ -18,22 +26,24 @@ def thread_order(g: Graph) -> list[Edge]:
     edges: list[Edge] = []
     for order in g.threads.values():
         edges.extend(map(Edge, order, order[1:], itertools.repeat(Evidence.THREAD_ORDER)))  # (pairwise, in C)
-    root = next((it.id for it in g.items if it.kind == PROCESS_ROOT), None)
-    if root is not None:
-        edges.extend(Edge(root, it.id, Evidence.THREAD_ORDER) for it in g.items if it.kind == THREAD_ROOT)
+    roots = g.of_kinds(PROCESS_ROOT_KIND)
+    if roots:
+        root = roots[0].id
+        edges.extend(Edge(root, it.id, Evidence.THREAD_ORDER) for it in g.of_kinds(THREAD_ROOT_KIND))
     return edges
 
 
 def launch(g: Graph) -> list[Edge]:
     """A runtime launch call -> the GPU event it launched (Kineto correlation), and -> the idle time on the stream
     before that event (it began once the launch was done)."""
-    items = g.items
+    items = g.of_kinds(GPU_KINDS)  # (only GPU ops are launched)
     launched = list(itertools.compress(items, map(operator.is_not, map(_LAUNCHER, items), itertools.repeat(None))))
     return [*map(Edge, map(_LAUNCHER, launched), map(_ID, launched), itertools.repeat(Evidence.LAUNCH)),
             *awaited(g, Evidence.LAUNCH)]
 
 
 _LAUNCHER, _ID = operator.attrgetter("launcher"), operator.attrgetter("id")
+_START_ID, _START_POS_ID = operator.attrgetter("start", "id"), operator.attrgetter("start", "pos", "id")
 
 
 def stream_order(g: Graph) -> list[Edge]:
@@ -49,13 +59,13 @@ def autograd(g: Graph) -> list[Edge]:
     names the forward op's thread (`fw_tid` of a backward op): a backward op follows the op of its sequence number
     on that thread (the earliest, not itself a backward op), when it runs on another thread and started after that
     op ended. A trace that names no forward thread (Kineto alone) pairs by sequence number on any other thread."""
-    seq_ops = [it for it in g.items
-               if it.kind == HOST_OP and it.host is not None and it.host.seq_id >= 0 and it.tid is not None]
+    seq_ops = [it for it in g.of_kinds(HOST_OP_KIND)
+               if it.host is not None and it.host.seq_id >= 0 and it.tid is not None]
     if not any(it.host is not None and it.host.fw_tid for it in seq_ops):
         return _autograd_any_thread(seq_ops)
     forward: dict[tuple[int, int], Item] = {}  # (ET thread, sequence number) -> its forward op
     backward: dict[tuple[int, int], list[Item]] = defaultdict(list)
-    for it in sorted(seq_ops, key=lambda it: (it.start, it.id)):
+    for it in sorted(seq_ops, key=_START_ID):
         h = it.host
         assert h is not None
         if h.fw_tid:
@@ -83,7 +93,7 @@ def _autograd_any_thread(seq_ops: list[Item]) -> list[Edge]:
         by_seq[it.host.seq_id].append(it)
     edges: list[Edge] = []
     for seq in sorted(by_seq):
-        ops = sorted(by_seq[seq], key=lambda it: (it.start, it.id))
+        ops = sorted(by_seq[seq], key=_START_ID)
         fwd = ops[0]
         ids = {it.id for it in ops}
         edges.extend(Edge(fwd.id, it.id, Evidence.AUTOGRAD) for it in ops[1:]
@@ -98,8 +108,8 @@ def tensor_flow(g: Graph) -> list[Edge]:
     an edge (this places an all_reduce on a comm thread after the loss that produced its input)."""
     writer: dict[tuple[int, int], Item] = {}
     edges: list[Edge] = []
-    ops = sorted((it for it in g.items if it.host is not None and it.kind == HOST_OP),
-                 key=lambda it: (it.start, it.pos, it.id))
+    ops = sorted((it for it in g.of_kinds(HOST_OP_KIND) if it.host is not None),
+                 key=_START_POS_ID)
     for it in ops:
         h = it.host
         assert h is not None

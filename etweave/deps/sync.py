@@ -4,6 +4,8 @@ waiting time out of the call); the source gives the edges."""
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections import defaultdict
 
 from etweave.deps.awaited import awaited
@@ -11,9 +13,10 @@ from etweave.deps.cuda_sync import SyncRecords
 from etweave.deps.evidence import WAIT_TOLERANCE as TOLERANCE
 from etweave.deps.evidence import Evidence
 from etweave.deps.timeline import gpu_ends, latest_before, on_stream
-from etweave.model import MEMCPY, RUNTIME, Edge, Graph, Item
+from etweave.model import GPU_KINDS, MEMCPY, RUNTIME_KIND, Edge, Graph, Item
 
 _SYNC_WORDS = ("Synchronize",)
+_NAME = operator.attrgetter("name")
 _COPY_PREFIXES = ("cudaMemcpy", "hipMemcpy", "cuMemcpy")
 
 
@@ -26,29 +29,24 @@ def find_blocking_calls(g: Graph, records: SyncRecords) -> list[tuple[Item, Item
     """(call, GPU op it waited for): cudaStreamSynchronize & co., and copies that ran inside their call, waited for
     GPU work that ended after they began (recorded). A `cuda_sync` record names the stream or event waited on;
     without one, the GPU op that ended last during the call is what it waited for."""
+    calls = g.of_kinds(RUNTIME_KIND)
+    # (classified per distinct name; the calls of neither kind left out in C: most calls)
+    names = set(map(_NAME, calls))
+    sync_names = {n for n in names if any(w in n for w in _SYNC_WORDS)}
+    blocking = sync_names | {n for n in names if n.startswith(_COPY_PREFIXES)}
+    if not blocking:
+        return []
     ends, ops = gpu_ends(g)
     launched: dict[int, list[Item]] = defaultdict(list)
-    for it in g.items:
+    for it in g.of_kinds(GPU_KINDS):  # (only GPU ops are launched)
         if it.launcher is not None:
             launched[it.launcher].append(it)
     found: list[tuple[Item, Item]] = []
-    calls = [x for x in g.items if x.kind == RUNTIME]
-    sync_names = {n for n in {x.name for x in calls} if any(w in n for w in _SYNC_WORDS)}  # (per distinct name)
-    for it in calls:
+    for it in itertools.compress(calls, map(blocking.__contains__, map(_NAME, calls))):
         end = it.start + it.dur
         awaited_op: Item | None = None
         if it.name in sync_names:
-            record = records.of(it)
-            kind = record.kind if record is not None else None
-            if record is not None and kind == "Event Sync":
-                awaited_op = records.recorded_op(record)
-                if awaited_op is not None and not it.start <= awaited_op.start + awaited_op.dur <= end + TOLERANCE:
-                    awaited_op = None
-            elif record is not None and kind == "Stream Sync" and (record.stream or -1) >= 0:
-                stream = record.stream
-                awaited_op = latest_before(ends, ops, it.start, end + TOLERANCE, on_stream(stream))
-            else:
-                awaited_op = latest_before(ends, ops, it.start, end + TOLERANCE)
+            awaited_op = _synced(it, records, ends, ops)
         elif it.name.startswith(_COPY_PREFIXES):
             # A synchronous copy runs inside its call. A pageable one returns once the last chunk is staged,
             # a little before the DMA ends: the call covered most of the copy, so it waited for it.
@@ -58,3 +56,18 @@ def find_blocking_calls(g: Graph, records: SyncRecords) -> list[tuple[Item, Item
         if awaited_op is not None and awaited_op.start + awaited_op.dur > it.start:
             found.append((it, awaited_op))
     return found
+
+
+def _synced(it: Item, records: SyncRecords, ends: list[float], ops: list[Item]) -> Item | None:
+    """The GPU op a sync call waited for: its record's event or stream, else what ended last during the call."""
+    end = it.start + it.dur
+    record = records.of(it)
+    kind = record.kind if record is not None else None
+    if record is not None and kind == "Event Sync":
+        awaited_op = records.recorded_op(record)
+        if awaited_op is not None and not it.start <= awaited_op.start + awaited_op.dur <= end + TOLERANCE:
+            awaited_op = None
+        return awaited_op
+    if record is not None and kind == "Stream Sync" and (record.stream or -1) >= 0:
+        return latest_before(ends, ops, it.start, end + TOLERANCE, on_stream(record.stream))
+    return latest_before(ends, ops, it.start, end + TOLERANCE)

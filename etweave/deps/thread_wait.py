@@ -15,7 +15,7 @@ from etweave.deps.evidence import MAX_WAKEUP, Evidence
 from etweave.deps.evidence import WAIT_TOLERANCE as TOLERANCE
 from etweave.deps.handoff import ISSUE_PREFIXES, Handed
 from etweave.deps.timeline import latest_before, off_thread
-from etweave.model import DELAY, HOST_OP, SELF_PART, Edge, Graph, Item
+from etweave.model import DELAY, HOST_OP, HOST_OP_KIND, SELF_PART, Edge, Graph, Item
 from etweave.periods import thread_of
 
 # Only periods at least this long are examined for a hidden wait on another thread (µs).
@@ -52,7 +52,7 @@ def find_thread_waits(g: Graph, removed: set[int], served: Handed, moments: dict
     thread's, is no wait.) Inferred from that structure and the timing. A period in which the thread also handed
     work over (`moments`: the collective it then waited for) waits from the first such moment. Without
     `any_thread`, only waits for work in `served`."""
-    tops = sorted((it for it in g.items if it.kind == HOST_OP and it.measured and it.enclosing is None
+    tops = sorted((it for it in g.of_kinds(HOST_OP_KIND) if it.measured and it.enclosing is None
                    and it.tid is not None and it.dur > 0), key=lambda it: (it.start + it.dur, it.id))
     ends = [it.start + it.dur for it in tops]
     finished = FinishedWork(tops)

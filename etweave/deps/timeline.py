@@ -9,7 +9,7 @@ from etweave.model import GPU_KINDS, Graph, Item
 
 
 def gpu_ends(g: Graph) -> tuple[list[float], list[Item]]:
-    ops = sorted((it for it in g.items if it.kind in GPU_KINDS), key=lambda it: (it.start + it.dur, it.id))
+    ops = sorted(g.of_kinds(GPU_KINDS), key=lambda it: (it.start + it.dur, it.id))
     return [it.start + it.dur for it in ops], ops
 
 

@@ -11,6 +11,7 @@ new ops; neither changes the reader's `HostTrace`.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -50,11 +51,15 @@ def kineto_host(kineto: KinetoTrace, window: Window | None, ids: Ids) -> tuple[l
     ops += [_op(thread_root[t], THREAD_ROOT_NAMES[0], root_id, et_tid[t], empty) for t in tids]
     # Fresh ids in entry order, as the host ET's counter hands them out at op entry: start time across threads,
     # and within a thread Kineto's entry order (outer before inner at equal starts).
-    entry = _entry_key(events)
-    order = sorted(((t, i) for t, idx in threads.items() for i in idx),
-                   key=lambda ti: (events.ts[ti[1]], no[ti[0]], entry(ti[1])))
-    id_of = {i: ids.next() for _, i in order}
-    parent_of, partial = _parents(events, threads, id_of, thread_root, entry)
+    # (each thread's ops sorted once in entry order, which _parents walks too; then a sort of (start, thread,
+    # place) tuples, compared in C, orders them across threads: no key function called per op)
+    threads = {t: sorted(idx, key=_entry_key(events)) for t, idx in threads.items()}
+    pairs = [(t, i) for t, idx in threads.items() for i in idx]
+    places = sorted(zip(map(events.ts.__getitem__, map(_SECOND, pairs)), map(no.__getitem__, map(_FIRST, pairs)),
+                        range(len(pairs)), strict=True))
+    order = list(map(pairs.__getitem__, map(_THIRD, places)))
+    id_of = dict(zip(map(_SECOND, order), ids.take(len(order)), strict=True))
+    parent_of, partial = _parents(events, threads, id_of, thread_root, in_entry_order=True)
     ops += [_cpu_op(events[i], id_of[i], parent_of[i], et_tid[t]) for t, i in order]
     link = HostLink("kineto", {id_of[i]: i for _, i in order}, {et_tid[t]: t for t in tids}, window=window)
     if partial:
@@ -110,6 +115,7 @@ def _cpu_op(ev: Event, op_id: int, parent: int, tid: int) -> HostOp:
 
 
 _INT64 = 1 << 63
+_FIRST, _SECOND, _THIRD = operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(2)
 
 
 def _entry_key(events: EventTable) -> Callable[[int], tuple[float, float, int]]:
@@ -119,21 +125,22 @@ def _entry_key(events: EventTable) -> Callable[[int], tuple[float, float, int]]:
 
 
 def _parents(events: EventTable, threads: dict[int | str, list[int]], id_of: dict[int, int],
-             thread_root: dict[int | str, int], entry: Callable[[int], tuple[float, float, int]] | None = None
-             ) -> tuple[dict[int, int], int]:
-    """Each op's parent id: the innermost op on its thread whose time contains it, else the thread root (`entry`:
-    the ops' entry key, when bound already)."""
+             thread_root: dict[int | str, int], in_entry_order: bool = False) -> tuple[dict[int, int], int]:
+    """Each op's parent id: the innermost op on its thread whose time contains it, else the thread root
+    (`in_entry_order`: each thread's ops are in entry order already)."""
     parent_of: dict[int, int] = {}
     partial = 0
     ts, dur = events.ts, events.dur  # (the events' start and duration, from the columns)
-    entry_key = entry or events.entry_key
+    ulp = math.ulp
     for t, idx in threads.items():
         stack: list[tuple[int, float]] = []  # (position, end) of the ops open at this op's start
-        for i in sorted(idx, key=entry_key):
+        for i in idx if in_entry_order else sorted(idx, key=events.entry_key):
             start = ts[i]
             end = start + dur[i]
             # Epoch-µs floats near 1.7e15 hold only quarter µs: allow a couple of units in the last place.
-            tol = max(NESTING_EPS, 2 * math.ulp(end))
+            tol = 2 * ulp(end)
+            if tol < NESTING_EPS:  # (max(NESTING_EPS, tol))
+                tol = NESTING_EPS
             while stack and stack[-1][1] <= start + NESTING_EPS:
                 stack.pop()
             # An op that starts inside another but ends after it (unbalanced annotations) is not contained: its
