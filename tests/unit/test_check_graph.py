@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from etweave.chakra import et_def_pb2 as pb
-from etweave.check import NodeChecker, _graph_violations, _keys_rise, _Shapes
+from etweave.check import NodeChecker, RisingKeys, _graph_violations, _keys_rise, _Shapes
 from etweave.deps import Dependencies
 from etweave.deps.evidence import Evidence
 from etweave.model import HOST_OP, KERNEL, Comm, Edge, Graph, Ids, Item
@@ -26,7 +26,10 @@ def _checked(items: list[Item], preds: dict[int, list[Edge]], with_order: bool =
     encoded = list(encode_nodes(graph, Dependencies(preds=preds)))
     assert list(checker.passing(iter(encoded))) == [data for data, _, _, _ in encoded]  # the bytes pass unchanged
     order = [(it.start, it.pos, it.id) for it in items] if with_order else None
-    return [v.rule for v in checker.violations(order)]
+    rules = [v.rule for v in checker.violations(order)]
+    if order is not None:  # the same keys in two parts, as `Result.encoded_nodes` gives them
+        assert [v.rule for v in checker.violations(RisingKeys([it.start for it in items], order.__getitem__))] == rules
+    return rules
 
 
 def _edge(src: int, dst: int) -> Edge:
@@ -70,6 +73,16 @@ def _shapes(deps: list[tuple[int, ...]], ids: list[int] | None = None) -> _Shape
 def _rise(shapes: _Shapes, keys: list[int] | None = None) -> bool:
     keys = keys if keys is not None else list(range(len(shapes)))
     return _keys_rise(shapes, dict(zip(shapes.ids, keys, strict=True)), keys)
+
+
+def test_keys_in_two_parts_decide_ties_in_the_first_by_the_whole_key() -> None:
+    chain = _shapes([(), (1,), (2,)])
+    assert _graph_violations(chain, "r", RisingKeys([5, 5, 6], lambda k: (5 + k // 2, k))) == []
+    # node 2 depends on node 3 at the same first part: the whole key says it falls, so the search decides
+    backward = _shapes([(), (3,), (1,)])
+    assert _graph_violations(backward, "r", RisingKeys([0, 1, 1], lambda k: (min(k, 1), k))) == []
+    cycle = _shapes([(2,), (1,)])
+    assert [v.rule for v in _graph_violations(cycle, "r", RisingKeys([0, 0], lambda k: (0, k)))] == ["cycle"]
 
 
 def test_the_short_cut_takes_edges_that_rise_in_the_key_and_nothing_else() -> None:
@@ -120,5 +133,7 @@ def test_the_graph_checks_find_what_a_brute_force_walk_finds(case: tuple[list[tu
     deps, ids, order = case
     shapes = _shapes(deps, ids)
     expected = _reference_rules(deps, ids)
-    for key in (None, order):
+    # the order's keys also in two parts: a coarse first part (many ties) and the whole (first part, order)
+    two = RisingKeys([k // 3 for k in order], lambda k: (order[k] // 3, order[k]))
+    for key in (None, order, two):
         assert {v.rule for v in _graph_violations(shapes, "r", key)} == expected
