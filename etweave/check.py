@@ -49,7 +49,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from itertools import compress, repeat
-from operator import attrgetter, eq, itemgetter, le, lt
+from operator import attrgetter, eq, itemgetter, lt, not_, sub
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
@@ -353,8 +353,8 @@ def check_each(nodes: Iterable[pb.Node], where: str, warnings: list[Violation] |
 
 
 class RisingKeys(NamedTuple):
-    """A key per node given in two parts (no tuple per node held): `first`, each node's first component, and
-    `whole`, a node's whole key by its position, built only for the edges whose ends tie in `first` (a
+    """A key per node given in two parts (no tuple per node held): `first`, each node's first component (finite
+    numbers), and `whole`, a node's whole key by its id, built only for the edges whose ends tie in `first` (a
     conversion's (start, pos, id): 3% of its edges join two nodes of one start)."""
 
     first: Sequence[Any]
@@ -420,8 +420,8 @@ def _keys_rise(nodes: _Shapes, key_of: dict[int, Any], keys: Sequence[Any]) -> b
 
 def _keys_rise_in_two(nodes: _Shapes, first_of: dict[int, Any], keys: RisingKeys) -> bool:
     """`_keys_rise` of the keys `keys` gives in two parts (`first_of`: id -> first part, the ids unique): every
-    edge rises or ties in the first part, shown in whole-list passes, and the edges of each node one of whose deps
-    ties with it rise in the whole key."""
+    edge rises or ties in the first part, shown in whole-list passes over the gaps (a node's first part less its
+    latest dep's), and the edges of each node with a gap of 0 rise in the whole key."""
     if nodes.ctrl_deps:
         return False
     data_deps, first, n = nodes.data_deps, keys.first, len(nodes)
@@ -429,23 +429,17 @@ def _keys_rise_in_two(nodes: _Shapes, first_of: dict[int, Any], keys: RisingKeys
     one = list(map(eq, counts, repeat(1)))
     many = list(map(lt, repeat(1), counts))
     key = first_of.__getitem__
-    try:
-        dep_one = list(map(key, map(itemgetter(0), compress(data_deps, one))))  # the one dep's first part
-        dep_max = list(map(max, map(map, repeat(key), compress(data_deps, many))))  # the latest dep's
+    try:  # the one dep's first part, or the latest dep's
+        gap_one = list(map(sub, compress(first, one), map(key, map(itemgetter(0), compress(data_deps, one)))))
+        gap_many = list(map(sub, compress(first, many), map(max, map(map, repeat(key), compress(data_deps, many)))))
     except KeyError:  # a dangling dep
         return False
-    own_one, own_many = list(compress(first, one)), list(compress(first, many))
-    if not (all(map(le, dep_one, own_one)) and all(map(le, dep_max, own_many))):
+    if min(gap_one, default=0) < 0 or min(gap_many, default=0) < 0:
         return False
-    tied = [*compress(compress(range(n), one), map(eq, dep_one, own_one)),
-            *compress(compress(range(n), many), map(eq, dep_max, own_many))]
-    if not tied:
-        return True
-    wanted = {d for k in tied for d in data_deps[k]}  # (all ids of nodes: none dangles)
-    picked = list(map(wanted.__contains__, nodes.ids))
-    at = dict(zip(compress(nodes.ids, picked), compress(range(n), picked), strict=True))
-    whole = keys.whole
-    return all(whole(at[d]) < whole(k) for k in tied for d in data_deps[k])
+    tied = [*compress(compress(range(n), one), map(not_, gap_one)),
+            *compress(compress(range(n), many), map(not_, gap_many))]
+    whole, ids = keys.whole, nodes.ids
+    return all(whole(d) < whole(ids[k]) for k in tied for d in data_deps[k])
 
 
 def _edges(nodes: _Shapes, index: dict[int, int], where: str, out: list[Violation]

@@ -111,9 +111,9 @@ class Result(msgspec.Struct):
         # every edge rises in (start, pos, id) (deps.order_key, but for roots first on equal starts): the proof of
         # acyclicity the graph check looks for first, on the starts and, where an edge's ends start at once, the
         # whole keys
-        items = self.graph.items
-        violations = checker.violations(RisingKeys(list(map(attrgetter("start"), items)),
-                                                   lambda k: _ORDER_KEY(items[k])))
+        by_id = self.graph.by_id
+        violations = checker.violations(RisingKeys(list(map(attrgetter("start"), self.graph.items)),
+                                                   lambda i: _ORDER_KEY(by_id[i])))
         if violations:
             raise RuntimeError(f"output failed its own check: {violations[0]}")
 
