@@ -31,6 +31,7 @@ from etweave.model import (
     THREAD_ROOT,
     UNTRACED,
     WAKEUP,
+    Edge,
     Graph,
     Item,
 )
@@ -73,25 +74,26 @@ def build_report(c: Conversion) -> Report:
             left_out.append(LeftOutGroup("cpu_ops", "outside_window", cpu_left.count, cpu_left.examples))
     device = c.device
     rounded = Rounded.of(g.items)  # the nodes' times: the delays and the serialized work read them
+    kinds = list(map(_KIND, g.items))  # (read by several counts: one pass)
     return Report(
         rank=g.rank,
         link=_link_summary(link, c.mismatch),
         host_ops=_host_ops(c, g),
-        device_ops=Count(device.gpu_input if device else 0, sum(map(GPU_KINDS.__contains__, map(_KIND, g.items)))),
-        runtime_calls=Count(device.runtime_input if device else 0, operator.countOf(map(_KIND, g.items), RUNTIME)),
+        device_ops=Count(device.gpu_input if device else 0, sum(map(GPU_KINDS.__contains__, kinds))),
+        runtime_calls=Count(device.runtime_input if device else 0, operator.countOf(kinds, RUNTIME)),
         collectives=Count(stats.calls, stats.comm_nodes),
         collective_type_mapping=dict(sorted(stats.mapped.items())),
-        synthesized=_synthesized(c, g),
+        synthesized=_synthesized(c, g, kinds),
         left_out=left_out,
-        warnings=_warnings(c, g, deps, stats, rep),
+        warnings=_warnings(c, g, deps, stats, rep, kinds),
         orphans=Orphans(len(rep.orphan_parent), [
             MissingParentEntry(m.id, m.thread, len(m.orphans), m.nodes_below, m.collectives) for m in rep.missing]),
         edges=EdgeCounts(sum(deps.per_source.values()), by_name(deps.per_source), by_name(deps.inferred)),
         nodes=len(g.items),
         roofline=_roofline(g, c.roofline),
-        delays=delays(g, deps, rounded),
+        delays=delays(g, deps, rounded, kinds),
         collectives_without_dependents=collectives_without_dependents(g, deps),
-        astra_sim_serialized=serialized(g, rounded),
+        astra_sim_serialized=serialized(g, rounded, kinds),
         cpu_ops=cpu_ops,
     )
 
@@ -104,9 +106,9 @@ def _host_ops(c: Conversion, g: Graph) -> Count:
     return Count(len(c.host.ops), sum(1 for it in g.items if it.host is not None and it.id not in from_kineto))
 
 
-def _synthesized(c: Conversion, g: Graph) -> Synthesized:
+def _synthesized(c: Conversion, g: Graph, kinds: list[str]) -> Synthesized:
     if c.kineto_only:
-        return Synthesized(thread_roots=operator.countOf(map(_KIND, g.items), THREAD_ROOT), process_root=1)
+        return Synthesized(thread_roots=operator.countOf(kinds, THREAD_ROOT), process_root=1)
     return Synthesized(thread_roots=sum(1 for it in g.items if it.kind == THREAD_ROOT and it.host is None),
                        host_ops_from_kineto=len(c.added_ops))
 
@@ -132,7 +134,8 @@ def _left_out(device: DeviceSelection | None, stats: CollectiveStats) -> list[Le
     return left_out
 
 
-def _warnings(c: Conversion, g: Graph, deps: Dependencies, stats: CollectiveStats, rep: Repair) -> dict[str, int]:
+def _warnings(c: Conversion, g: Graph, deps: Dependencies, stats: CollectiveStats, rep: Repair,
+              kinds: list[str]) -> dict[str, int]:
     """Every warning count, sorted by name; `inputs_mismatched` last (converted because --allow-mismatch)."""
     warnings: dict[str, int] = {}
     for src in (c.host.warnings if c.host else {}, c.kineto.warnings if c.kineto else {},
@@ -140,7 +143,8 @@ def _warnings(c: Conversion, g: Graph, deps: Dependencies, stats: CollectiveStat
         warnings.update(src)
     if c.kineto is not None and c.host is not None:
         # `## process_group:init ##` is written when the observer starts: Kineto never has it.
-        unlinked = sum(1 for it in g.items if it.kind == HOST_OP and not it.measured and it.name != PG_INIT_NAME)
+        host_ops = itertools.compress(g.items, map(operator.eq, kinds, itertools.repeat(HOST_OP)))
+        unlinked = sum(1 for it in host_ops if not it.measured and it.name != PG_INIT_NAME)
         warnings["host_ops_unlinked"] = unlinked
     if rep.cycles:
         warnings["host_parent_cycles_broken"] = rep.cycles
@@ -149,8 +153,11 @@ def _warnings(c: Conversion, g: Graph, deps: Dependencies, stats: CollectiveStat
     warnings["collective_size_unknown"] = stats.size_unknown
     if stats.coalesced_without_metadata:
         warnings["collective_coalesced_without_metadata"] = stats.coalesced_without_metadata
-    warnings["gpu_ops_without_launcher"] = sum(1 for it in g.items if it.kind in GPU_KINDS and it.launcher is None) \
-        if c.kineto is not None else 0
+    if c.kineto is not None:
+        gpu_ops = itertools.compress(g.items, map(GPU_KINDS.__contains__, kinds))  # (a tenth of the items)
+        warnings["gpu_ops_without_launcher"] = operator.countOf(map(_LAUNCHER, gpu_ops), None)
+    else:
+        warnings["gpu_ops_without_launcher"] = 0
     for source, n in sorted(deps.rejected.items()):
         warnings[f"edges_rejected_{source}"] = n
     for source, n in sorted(deps.late.items()):
@@ -170,10 +177,12 @@ def _roofline(g: Graph, rf: Roofline | None) -> RooflineSummary:
                            rf.ops if rf is not None else {})
 
 
-def delays(g: Graph, deps: Dependencies, rounded: Rounded | None = None) -> Delays:
+def delays(g: Graph, deps: Dependencies, rounded: Rounded | None = None, kinds: list[str] | None = None) -> Delays:
     """The delay share of the critical path (fidelity.delay_share), every delay on it of LONG_DELAY µs or more with
-    the evidence that nothing was awaited, and the distribution of wake-up latencies."""
-    ds, no_op_on_path = _delay_share(g, deps, rounded or Rounded.of(g.items))
+    the evidence that nothing was awaited, and the distribution of wake-up latencies. (`rounded`, `kinds`: the
+    items' times and kinds, when made already.)"""
+    kinds = list(map(_KIND, g.items)) if kinds is None else kinds
+    ds, no_op_on_path = _delay_share(g, deps, rounded or Rounded.of(g.items), kinds)
     long = []
     evidence: NoWaitEvidence | None = None
     for it in no_op_on_path:
@@ -184,7 +193,9 @@ def delays(g: Graph, deps: Dependencies, rounded: Rounded | None = None) -> Dela
             evidence = evidence or NoWaitEvidence(g)
             long.append(LongDelay(it.id, it.name, it.kind, it.stream, str(it.tid) if it.stream is None else None,
                                   round(it.start), d, evidence.of(it)))
-    wakeups = sorted(duration(it) for it in g.items if it.kind == WAKEUP)
+    items = g.items
+    wakeups = sorted(map(duration, map(items.__getitem__, itertools.compress(
+        range(len(items)), map(operator.eq, kinds, itertools.repeat(WAKEUP))))))
     return Delays(
         critical_path_micros=round(ds.critical_path),
         share_percent=round(ds.share, 2),
@@ -195,57 +206,75 @@ def delays(g: Graph, deps: Dependencies, rounded: Rounded | None = None) -> Dela
     )
 
 
-def _delay_share(g: Graph, deps: Dependencies, rounded: Rounded) -> tuple[DelayShare, list[Item]]:
+def _delay_share(g: Graph, deps: Dependencies, rounded: Rounded, kinds: list[str]) -> tuple[DelayShare, list[Item]]:
     """`fidelity.delay_share` of the nodes the items become, read from the items and edges (no node per item), and
     the critical path's items that stand for no op, in path order: the only ones whose kind and duration the share
     adds up (`share_of_path`), so the only ones it is given (its `on_path` lists them alone)."""
     items = g.items
     ids = list(map(_ID, items))
-    preds = deps.preds
-    # each node's successors in one array (`Successors`), filled in one pass over the items' edges: node k's edges
-    # from each source are met in item order, so each source's targets come out as in Successors.of
+    durations = _durations(items, rounded, kinds)
+    cp, path = longest_path(ids, durations, _successors(ids, deps.preds))
+    no_op = [k for k in path if items[k].kind in NO_OP_KINDS or items[k].name == RANK_START_OFFSET]
+    share = share_of_path(cp, [PathNode(items[k].id, items[k].name, items[k].kind, float(durations[k]), ())
+                               for k in no_op])
+    return share, [items[k] for k in no_op]
+
+
+def _successors(ids: list[int], preds: dict[int, list[Edge]]) -> Successors:
+    """Each node's successors (`fidelity.Successors`), filled in one pass over the items' edges: node k's edges from
+    each source are met in item order, so each source's targets come out as in `Successors.of`."""
     out_degree = Counter(map(_SRC, itertools.chain.from_iterable(preds.values())))
     offsets = array("q", itertools.accumulate(map(out_degree.get, ids, itertools.repeat(0)), initial=0))
     del out_degree
-    fill = dict(zip(ids, offsets, strict=False))  # source id -> where its next target goes
+    fill = array("q", offsets)  # by position: where the node's next target goes
+    pos = _positions(ids)
     targets = array("q", bytes(8 * offsets[-1]))
-    indeg = [0] * len(items)
+    indeg = [0] * len(ids)
     get_preds = preds.get
     for k, i in enumerate(ids):
         edges = get_preds(i)
         if edges:
             indeg[k] = len(edges)
             for e in edges:
-                at = fill[e.src]
+                p = pos[e.src]
+                at = fill[p]
                 targets[at] = k
-                fill[e.src] = at + 1
-    del fill
-    durations = _durations(items, rounded)
-    cp, path = longest_path(ids, durations, Successors(offsets, targets, indeg))
-    no_op = [k for k in path if items[k].kind in NO_OP_KINDS or items[k].name == RANK_START_OFFSET]
-    share = share_of_path(cp, [PathNode(items[k].id, items[k].name, items[k].kind, durations[k], ()) for k in no_op])
-    return share, [items[k] for k in no_op]
+                fill[p] = at + 1
+    return Successors(offsets, targets, indeg)
 
 
-def _durations(items: list[Item], rounded: Rounded) -> list[float]:
-    """`nodes.duration` of every item, as a float, in C passes over the rounded times: negative lengths and the
-    markers (roots, `## process_group:init ##`) 0."""
+def _positions(ids: list[int]) -> array[int] | dict[int, int]:
+    """id -> position: an array indexed by id where the ids are dense enough (8 bytes an id, where a dict held
+    about 70 bytes a node on a trace of 224k items), else a dict."""
+    n = len(ids)
+    if n and min(ids) >= 0 and max(ids) < 4 * n + 1024:
+        pos = array("q", bytes(8 * (max(ids) + 1)))
+        for k, i in enumerate(ids):
+            pos[i] = k
+        return pos
+    return dict(zip(ids, range(n), strict=True))
+
+
+def _durations(items: list[Item], rounded: Rounded, kinds: list[str]) -> list[int]:
+    """`nodes.duration` of every item in C passes over the rounded times: negative lengths and the markers (roots,
+    `## process_group:init ##`) 0. (Ints: the path's float starts add them exactly as their floats, and most are
+    small ints Python shares, where a float each held 5 MB more on a trace of 224k items.)"""
     lengths = list(map(operator.sub, rounded.seg_end, rounded.start))
     n = len(items)
     for k in itertools.compress(range(n), map(operator.gt, itertools.repeat(0), lengths)):
         lengths[k] = 0
-    kinds = list(map(_KIND, items))
     for k in itertools.compress(range(n), map(_MAYBE_MARKER.__contains__, kinds)):
         if kinds[k] != HOST_OP or items[k].name == PG_INIT_NAME:
             lengths[k] = 0
-    return list(map(float, lengths))
+    return lengths
 
 
 _MAYBE_MARKER = frozenset({PROCESS_ROOT, THREAD_ROOT, HOST_OP})  # roots, and host ops named PG_INIT_NAME
 
 
-_ID, _SRC = operator.attrgetter("id"), operator.attrgetter("src")
+_ID, _SRC, _DST = operator.attrgetter("id"), operator.attrgetter("src"), operator.attrgetter("dst")
 _KIND, _COMM, _SOURCE = operator.attrgetter("kind"), operator.attrgetter("comm"), operator.attrgetter("source")
+_LAUNCHER = operator.attrgetter("launcher")
 _PROGRAM_ORDER = frozenset({Evidence.THREAD_ORDER, Evidence.COLLECTIVE_ORDER})
 _ROOT_KINDS = frozenset({PROCESS_ROOT, THREAD_ROOT})
 

@@ -47,9 +47,9 @@ Warnings (the file runs, but not as measured), by rule:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from itertools import compress, repeat
-from operator import attrgetter, eq, itemgetter, lt
+from operator import attrgetter, eq, itemgetter, lt, not_, sub
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
@@ -311,10 +311,11 @@ class NodeChecker:
         self.shapes.ids += map(attrgetter("id"), items)  # (after the last node: whole-list passes, not per node)
         self.shapes.names += map(attrgetter("name"), items)
 
-    def violations(self, order: Sequence[Any] | None = None) -> list[Violation]:
+    def violations(self, order: Sequence[Any] | RisingKeys | None = None) -> list[Violation]:
         """The violations found. `order`: a key per node, in the order they were added, that the edges rise in
         (each node's key above its deps'), such as a conversion's order of its items: it shows the graph acyclic
-        without a search (`_keys_rise`). Without it, node order is tried (a file in topological order)."""
+        without a search (`_keys_rise`), also given as `RisingKeys`. Without it, node order is tried (a file in
+        topological order)."""
         return self.out + _graph_violations(self.shapes, self.where, order)
 
 
@@ -351,7 +352,17 @@ def check_each(nodes: Iterable[pb.Node], where: str, warnings: list[Violation] |
     return out
 
 
-def _graph_violations(nodes: _Shapes, where: str, order: Sequence[Any] | None = None) -> list[Violation]:
+class RisingKeys(NamedTuple):
+    """A key per node given in two parts (no tuple per node held): `first`, each node's first component (finite
+    numbers), and `whole`, a node's whole key by its id, built only for the edges whose ends tie in `first` (a
+    conversion's (start, pos, id): 3% of its edges join two nodes of one start)."""
+
+    first: Sequence[Any]
+    whole: Callable[[int], Any]
+
+
+def _graph_violations(nodes: _Shapes, where: str, order: Sequence[Any] | RisingKeys | None = None
+                      ) -> list[Violation]:
     ids = nodes.ids
     n = len(ids)
     positions = None
@@ -359,9 +370,14 @@ def _graph_violations(nodes: _Shapes, where: str, order: Sequence[Any] | None = 
         positions = _first_positions(ids)
         key_of: dict[int, Any] = positions
         keys: Sequence[Any] = range(n)
+    elif isinstance(order, RisingKeys):
+        key_of = dict(zip(ids, order.first, strict=True))
+        if len(key_of) == n and _keys_rise_in_two(nodes, key_of, order):
+            return []
+        keys = ()  # (not risen: the search below)
     else:
         key_of, keys = dict(zip(ids, order, strict=True)), order
-    if len(key_of) == n and _keys_rise(nodes, key_of, keys):
+    if keys and len(key_of) == n and _keys_rise(nodes, key_of, keys):
         return []
     index = positions if positions is not None else _first_positions(ids)
     out: list[Violation] = []
@@ -400,6 +416,30 @@ def _keys_rise(nodes: _Shapes, key_of: dict[int, Any], keys: Sequence[Any]) -> b
                 and all(map(lt, map(max, map(map, repeat(key), compress(data_deps, many))), compress(keys, many))))
     except KeyError:  # a dangling dep
         return False
+
+
+def _keys_rise_in_two(nodes: _Shapes, first_of: dict[int, Any], keys: RisingKeys) -> bool:
+    """`_keys_rise` of the keys `keys` gives in two parts (`first_of`: id -> first part, the ids unique): every
+    edge rises or ties in the first part, shown in whole-list passes over the gaps (a node's first part less its
+    latest dep's), and the edges of each node with a gap of 0 rise in the whole key."""
+    if nodes.ctrl_deps:
+        return False
+    data_deps, first, n = nodes.data_deps, keys.first, len(nodes)
+    counts = list(map(len, data_deps))
+    one = list(map(eq, counts, repeat(1)))
+    many = list(map(lt, repeat(1), counts))
+    key = first_of.__getitem__
+    try:  # the one dep's first part, or the latest dep's
+        gap_one = list(map(sub, compress(first, one), map(key, map(itemgetter(0), compress(data_deps, one)))))
+        gap_many = list(map(sub, compress(first, many), map(max, map(map, repeat(key), compress(data_deps, many)))))
+    except KeyError:  # a dangling dep
+        return False
+    if min(gap_one, default=0) < 0 or min(gap_many, default=0) < 0:
+        return False
+    tied = [*compress(compress(range(n), one), map(not_, gap_one)),
+            *compress(compress(range(n), many), map(not_, gap_many))]
+    whole, ids = keys.whole, nodes.ids
+    return all(whole(d) < whole(ids[k]) for k in tied for d in data_deps[k])
 
 
 def _edges(nodes: _Shapes, index: dict[int, int], where: str, out: list[Violation]

@@ -16,7 +16,7 @@ from etweave import progress, roofline
 from etweave.assemble import assemble
 from etweave.audit import build_report
 from etweave.chakra.io import SCHEMA_VERSION, encoded_et_chunks
-from etweave.check import NodeChecker
+from etweave.check import NodeChecker, RisingKeys
 from etweave.collectives import find_collectives
 from etweave.conversion import Conversion, need
 from etweave.deps import Dependencies, infer
@@ -109,10 +109,16 @@ class Result(msgspec.Struct):
         checker = NodeChecker(f"rank {rank}")
         yield from checker.passing(encode_nodes(self.graph, self.deps, self.roofline))
         # every edge rises in (start, pos, id) (deps.order_key, but for roots first on equal starts): the proof of
-        # acyclicity the graph check looks for first
-        violations = checker.violations(list(map(attrgetter("start", "pos", "id"), self.graph.items)))
+        # acyclicity the graph check looks for first, on the starts and, where an edge's ends start at once, the
+        # whole keys
+        by_id = self.graph.by_id
+        violations = checker.violations(RisingKeys(list(map(attrgetter("start"), self.graph.items)),
+                                                   lambda i: _ORDER_KEY(by_id[i])))
         if violations:
             raise RuntimeError(f"output failed its own check: {violations[0]}")
+
+
+_ORDER_KEY = attrgetter("start", "pos", "id")
 
 
 # The stages, each a small function of the conversion: it reads what earlier stages set and sets its own field.

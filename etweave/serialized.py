@@ -115,10 +115,10 @@ class Rounded(NamedTuple):
 _START, _SEG_END = operator.attrgetter("start"), operator.attrgetter("seg_end")
 
 
-def serialized(g: Graph, rounded: Rounded | None = None) -> dict[str, dict[str, int]]:
+def serialized(g: Graph, rounded: Rounded | None = None, kinds: list[str] | None = None) -> dict[str, dict[str, int]]:
     """Per slot class: `overlap_micros` (time two or more of its nodes really ran at once) and `nodes` (how many
     of its nodes ran while another one of the class did). Measured nodes only. (`rounded`: the items' times, when
-    made already.)"""
+    made already; `kinds`: unused, the one pass over the items reads them.)"""
     spans: dict[str | None, tuple[list[int], list[int]]] = {c: ([], []) for c in SLOT_CLASSES}
     cpu, gpu, comm = spans["cpu"], spans["gpu"], spans["comm"]
     roots, gpu_kinds, recv = _ROOT_KINDS, GPU_KINDS, schema.COMM_RECV_NODE
@@ -151,10 +151,15 @@ def _serialized_of(starts: list[int], ends: list[int]) -> dict[str, int]:
     small ints are fast, and exact)."""
     if not starts:
         return {"overlap_micros": 0, "nodes": 0}
-    base = min(starts)
     order = sorted(range(len(starts)), key=starts.__getitem__)
+    if all(map(operator.le, map(ends.__getitem__, order), map(starts.__getitem__, itertools.islice(order, 1, None)))):
+        # each span ends before the next one starts: none meets another (the usual case: the sweeps below, and
+        # their lists, skipped)
+        return {"overlap_micros": 0, "nodes": 0}
+    base = min(starts)
     s = list(map(operator.sub, map(starts.__getitem__, order), itertools.repeat(base)))
     e = list(map(operator.sub, map(ends.__getitem__, order), itertools.repeat(base)))
+    del order  # (its ints: 5 MB of the audit's peak on a trace of 224k items)
     # Sorted by start, span k meets an earlier one iff the latest end before it (`reach`) passes its start, and a
     # later one iff the next span starts before it ends (`_overlapping`). Two or more are open exactly in the
     # union of [s_k, min(e_k, reach_k)) (the latest-starting open span and an earlier one reaching past it), and

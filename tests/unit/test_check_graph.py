@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from etweave.chakra import et_def_pb2 as pb
-from etweave.check import NodeChecker, _graph_violations, _keys_rise, _Shapes
+from etweave.check import NodeChecker, RisingKeys, _graph_violations, _keys_rise, _keys_rise_in_two, _Shapes
 from etweave.deps import Dependencies
 from etweave.deps.evidence import Evidence
 from etweave.model import HOST_OP, KERNEL, Comm, Edge, Graph, Ids, Item
@@ -26,7 +26,11 @@ def _checked(items: list[Item], preds: dict[int, list[Edge]], with_order: bool =
     encoded = list(encode_nodes(graph, Dependencies(preds=preds)))
     assert list(checker.passing(iter(encoded))) == [data for data, _, _, _ in encoded]  # the bytes pass unchanged
     order = [(it.start, it.pos, it.id) for it in items] if with_order else None
-    return [v.rule for v in checker.violations(order)]
+    rules = [v.rule for v in checker.violations(order)]
+    if order is not None:  # the same keys in two parts, as `Result.encoded_nodes` gives them
+        key_of = dict(zip([it.id for it in items], order, strict=True))
+        assert [v.rule for v in checker.violations(RisingKeys([it.start for it in items], key_of.__getitem__))] == rules
+    return rules
 
 
 def _edge(src: int, dst: int) -> Edge:
@@ -70,6 +74,19 @@ def _shapes(deps: list[tuple[int, ...]], ids: list[int] | None = None) -> _Shape
 def _rise(shapes: _Shapes, keys: list[int] | None = None) -> bool:
     keys = keys if keys is not None else list(range(len(shapes)))
     return _keys_rise(shapes, dict(zip(shapes.ids, keys, strict=True)), keys)
+
+
+def test_keys_in_two_parts_decide_ties_in_the_first_by_the_whole_key() -> None:
+    # (ids 1, 2, 3 at positions 0, 1, 2)
+    chain = _shapes([(), (1,), (2,)])
+    assert _keys_rise_in_two(chain, {1: 5, 2: 5, 3: 6}, RisingKeys([5, 5, 6], lambda i: (5 + (i - 1) // 2, i)))
+    assert _graph_violations(chain, "r", RisingKeys([5, 5, 6], lambda i: (5 + (i - 1) // 2, i))) == []
+    # node 2 depends on node 3 at the same first part: the whole key says it falls, so the search decides
+    backward = _shapes([(), (3,), (1,)])
+    assert not _keys_rise_in_two(backward, {1: 0, 2: 1, 3: 1}, RisingKeys([0, 1, 1], lambda i: (min(i - 1, 1), i)))
+    assert _graph_violations(backward, "r", RisingKeys([0, 1, 1], lambda i: (min(i - 1, 1), i))) == []
+    cycle = _shapes([(2,), (1,)])
+    assert [v.rule for v in _graph_violations(cycle, "r", RisingKeys([0, 0], lambda i: (0, i)))] == ["cycle"]
 
 
 def test_the_short_cut_takes_edges_that_rise_in_the_key_and_nothing_else() -> None:
@@ -120,5 +137,8 @@ def test_the_graph_checks_find_what_a_brute_force_walk_finds(case: tuple[list[tu
     deps, ids, order = case
     shapes = _shapes(deps, ids)
     expected = _reference_rules(deps, ids)
-    for key in (None, order):
+    # the order's keys also in two parts: a coarse first part (many ties) and the whole (first part, order)
+    whole = {nid: (k // 3, k) for nid, k in zip(ids, order, strict=True)}  # (by id: a duplicate is refused first)
+    two = RisingKeys([k // 3 for k in order], whole.__getitem__)
+    for key in (None, order, two):
         assert {v.rule for v in _graph_violations(shapes, "r", key)} == expected

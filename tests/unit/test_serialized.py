@@ -25,3 +25,22 @@ def test_touching_spans_do_not_overlap_and_equal_starts_do() -> None:
     assert _serialized_of([3, 3, 20], [10, 4, 21]) == {"overlap_micros": 1, "nodes": 2}
     assert _serialized_of([0, 2, 4], [10, 3, 6]) == {"overlap_micros": 3, "nodes": 3}
     assert _serialized_of([], []) == {"overlap_micros": 0, "nodes": 0}
+
+
+@settings(deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(1, 9)), min_size=1, max_size=30), st.data())
+def test_a_chain_of_disjoint_spans_counts_nothing_until_one_overlaps(gaps: list[tuple[int, int]],
+                                                                    data: st.DataObject) -> None:
+    # one thread's periods: each starts at or after the previous one's end (the shortcut's case)
+    starts, ends, t = [], [], 0
+    for gap, length in gaps:
+        starts.append(t + gap)
+        ends.append(t + gap + length)
+        t = ends[-1]
+    assert _serialized_of(starts, ends) == {"overlap_micros": 0, "nodes": 0}
+    # a span added over the chain: the full sweeps again, and they agree
+    s = data.draw(st.integers(0, t))
+    starts.append(s)
+    ends.append(s + data.draw(st.integers(1, 9)))
+    assert _serialized_of(starts, ends) == {"overlap_micros": round(_overlap(starts, ends)),
+                                            "nodes": _overlapping(starts, ends)}
