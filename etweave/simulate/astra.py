@@ -39,7 +39,7 @@ from etweave.chakra.accepts import COMM_NODE_TYPES
 from etweave.chakra.schema import node_type_name
 from etweave.errors import BadInput
 from etweave.runfolder import file_rank, lone_file_rank
-from etweave.simulate.engine import GraphError, node_positions, rank_edges
+from etweave.simulate.engine import GraphError, node_positions, packed_ints, rank_edges
 from etweave.simulate.network import DEFAULT_NETWORK, NETWORK_TIMED, Network, collective_ns, send_ns
 from etweave.simulate.reader import read_nodes
 
@@ -377,6 +377,7 @@ class _EventLoop:
                  network: Network, collectives: str, contention: bool = True, machine_ints: bool = True) -> None:
         n = len(flat.kind)
         self.indeg = flat.indeg.copy()  # counted down here: the flat columns serve every run
+        self.dur_ns = packed_ints(flat.dur_ns)  # what the loop reads per node, in place (`packed_ints`)
         self.ranks, self.flat, self.instances, self.peer = ranks, flat, instances, peer
         self.network, self.collectives, self.contention = network, collectives, contention
         # machine ints, not an int object per node and time: memory stays near the graph's at 1000 ranks
@@ -412,7 +413,7 @@ class _EventLoop:
         node: they run per node)."""
         flat = self.flat
         indeg, children, slot, owner, kind, dur_ns = (self.indeg, flat.children, flat.slot, flat.owner, flat.kind,
-                                                      flat.dur_ns)
+                                                      self.dur_ns)
         events, ready_t, issue_t, end, holder, ready, slot_wait = (self.events, self.ready_t, self.issue_t, self.end,
                                                                    self.holder, self.ready, self.slot_wait)
         pop, push, issue, tick = heapq.heappop, heapq.heappush, self.issue, self.seq.__next__

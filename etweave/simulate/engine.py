@@ -405,7 +405,10 @@ class _EventLoop:
 
     def __init__(self, graph: _Graph, colls: _Collectives, messages: _Messages) -> None:
         n, resources = len(graph.dur), len(graph.res_names)
-        self.dur, self.kind, self.res, self.node_id = graph.dur, graph.kind, graph.res, graph.node_id
+        # durations and ids as machine ints: read in place, not through a pointer to an int object made while
+        # loading (those lie spread over each rank's memory, and the loop visits every rank's in turn)
+        self.dur, self.kind, self.res, self.node_id = (packed_ints(graph.dur), graph.kind, graph.res,
+                                                       packed_ints(graph.node_id))
         self.indeg, self.children = graph.indeg, graph.children
         self.offset = graph.offset
         self.peer = messages.peer
@@ -564,6 +567,16 @@ class _EventLoop:
         else:
             self.end[g], self.pred[g] = own_end, self.issue_cause[g]
         _push(self.events, (self.end[g] << self.g_bits) | g)
+
+
+def packed_ints(values: list[int]) -> MutableSequence[int]:
+    """`values` as an array of machine ints, or as they are where one does not fit (a uint64 past 2^63). For the
+    columns an event loop reads at every event (both replays): the value in place, not a pointer to an int object
+    somewhere in the rank's memory."""
+    try:
+        return array("q", values)
+    except OverflowError:
+        return values
 
 
 # --- results: the critical path, or why nodes never ran
