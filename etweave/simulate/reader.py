@@ -23,13 +23,11 @@ from collections.abc import Callable, Collection, Iterator
 from operator import attrgetter
 from pathlib import Path
 from sys import intern
-from typing import Any, cast
-
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-from google.protobuf.message import Message
+from typing import Any
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import attr_value, iter_et_raw
+from etweave.chakra.reduced import node_class
 from etweave.errors import BadInput
 
 # (id, name, type, deps: data_deps then ctrl_deps, start_time_micros, duration_micros, wanted attrs)
@@ -40,37 +38,12 @@ class _Unusual(Exception):
     """An attr entry not in the canonical form this module decodes: read the node with full protobuf."""
 
 
-def _reduced_node_class() -> type[Message]:
-    """Chakra's Node with `attr` (field 10) as repeated bytes: the same wire format, no object per attribute."""
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(descriptor_pb2.FileDescriptorProto.FromString(pb.DESCRIPTOR.serialized_pb))
-    f = descriptor_pb2.FileDescriptorProto(name="etweave_reduced_node.proto", package="etweave_reduced",
-                                           syntax="proto3", dependency=[pb.DESCRIPTOR.name])
-    node = f.message_type.add(name="Node")
-    fd = descriptor_pb2.FieldDescriptorProto
-    for number, name, kind, repeated in ((1, "id", fd.TYPE_UINT64, False),
-                                         (2, "name", fd.TYPE_BYTES, False),  # decoded once per distinct name
-                                         (3, "type", fd.TYPE_INT32, False),  # an open enum reads as int32
-                                         (4, "ctrl_deps", fd.TYPE_UINT64, True),
-                                         (5, "data_deps", fd.TYPE_UINT64, True),
-                                         (6, "start_time_micros", fd.TYPE_UINT64, False),
-                                         (7, "duration_micros", fd.TYPE_UINT64, False),
-                                         (8, "inputs", fd.TYPE_MESSAGE, False), (9, "outputs", fd.TYPE_MESSAGE, False),
-                                         (10, "attr", fd.TYPE_BYTES, True)):
-        field = node.field.add(name=name, number=number, type=kind,
-                               label=fd.LABEL_REPEATED if repeated else fd.LABEL_OPTIONAL)
-        if kind == fd.TYPE_MESSAGE:
-            field.type_name = ".ChakraProtoMsg.IOInfo"  # parsed (and its strings checked) as Chakra's
-    pool.Add(f)
-    descriptor = pool.FindMessageTypeByName("etweave_reduced.Node")
-    get_class = getattr(message_factory, "GetMessageClass", None)  # protobuf >= 4.22; the floor (4.21) lacks it
-    if get_class is not None:
-        return cast(type[Message], get_class(descriptor))
-    factory: Any = message_factory.MessageFactory(pool)  # GetPrototype: in 4.21, gone from the newer stubs
-    return cast(type[Message], factory.GetPrototype(descriptor))
+# Chakra's Node with `attr` (field 10) as repeated bytes: the same wire format, no object per attribute; the name
+# as bytes, decoded once per distinct name
+_ReducedNode = node_class("Node", ("id", "name", "type", "ctrl_deps", "data_deps", "start_time_micros",
+                                   "duration_micros", "inputs", "outputs", "attr"),
+                          as_bytes=frozenset({"name", "attr"}))
 
-
-_ReducedNode = _reduced_node_class()
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
     """(unsigned value, position after it); _Unusual when it runs past the entry or past 10 bytes."""
