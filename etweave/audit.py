@@ -93,7 +93,7 @@ def build_report(c: Conversion) -> Report:
         roofline=_roofline(g, c.roofline),
         delays=delays(g, deps, rounded, kinds),
         collectives_without_dependents=collectives_without_dependents(g, deps),
-        astra_sim_serialized=serialized(g, rounded, kinds),
+        astra_sim_serialized=serialized(g, rounded),
         cpu_ops=cpu_ops,
     )
 
@@ -272,7 +272,7 @@ def _durations(items: list[Item], rounded: Rounded, kinds: list[str]) -> list[in
 _MAYBE_MARKER = frozenset({PROCESS_ROOT, THREAD_ROOT, HOST_OP})  # roots, and host ops named PG_INIT_NAME
 
 
-_ID, _SRC, _DST = operator.attrgetter("id"), operator.attrgetter("src"), operator.attrgetter("dst")
+_ID, _SRC = operator.attrgetter("id"), operator.attrgetter("src")
 _KIND, _COMM, _SOURCE = operator.attrgetter("kind"), operator.attrgetter("comm"), operator.attrgetter("source")
 _LAUNCHER = operator.attrgetter("launcher")
 _PROGRAM_ORDER = frozenset({Evidence.THREAD_ORDER, Evidence.COLLECTIVE_ORDER})

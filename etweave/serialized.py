@@ -115,10 +115,10 @@ class Rounded(NamedTuple):
 _START, _SEG_END = operator.attrgetter("start"), operator.attrgetter("seg_end")
 
 
-def serialized(g: Graph, rounded: Rounded | None = None, kinds: list[str] | None = None) -> dict[str, dict[str, int]]:
+def serialized(g: Graph, rounded: Rounded | None = None) -> dict[str, dict[str, int]]:
     """Per slot class: `overlap_micros` (time two or more of its nodes really ran at once) and `nodes` (how many
     of its nodes ran while another one of the class did). Measured nodes only. (`rounded`: the items' times, when
-    made already; `kinds`: unused, the one pass over the items reads them.)"""
+    made already.)"""
     spans: dict[str | None, tuple[list[int], list[int]]] = {c: ([], []) for c in SLOT_CLASSES}
     cpu, gpu, comm = spans["cpu"], spans["gpu"], spans["comm"]
     roots, gpu_kinds, recv = _ROOT_KINDS, GPU_KINDS, schema.COMM_RECV_NODE
