@@ -7,7 +7,7 @@ import bisect
 import itertools
 import operator
 
-from etweave.model import DELAY, RESUME, WAKEUP, Graph, Item
+from etweave.model import ASSEMBLED_KINDS, DELAY, RESUME, WAKEUP, Graph, Item
 
 
 class Chains:
@@ -83,8 +83,11 @@ class Chains:
         if self.removed:
             items = self.g.items
             self.g.items = list(itertools.compress(items, map(operator.not_, map(removed, map(_ID, items)))))
+            by_id = self.g.by_id
+            if any(by_id[i].kind in ASSEMBLED_KINDS for i in self.removed):  # (only idle gaps are, so far)
+                self.g.kind_index.clear()  # `Graph.of_kinds` would list an item that is gone
             for i in self.removed:
-                del self.g.by_id[i]
+                del by_id[i]
 
 
 _START, _ID = operator.attrgetter("start"), operator.attrgetter("id")

@@ -8,6 +8,7 @@ import pytest
 from etweave.deps.awaited import awaited
 from etweave.deps.evidence import Evidence
 from etweave.model import DELAY, GPU_KINDS, HOST_OP, KERNEL, MEMCPY, RUNTIME, Await, Ids, Item
+from etweave.periods import Chains
 from etweave.read.host_et import IO, HostOp
 from etweave.repair import repair
 from tests.unit.graphs import graph
@@ -29,6 +30,19 @@ def test_of_kinds_gives_the_items_of_those_kinds_in_item_order_and_forgets_them_
     assert [it.id for it in g.of_kinds(GPU_KINDS)] == [2, 4, added.id]
     with pytest.raises(AssertionError, match="delay"):
         g.of_kinds(frozenset({DELAY}))  # a kind later stages add and change: no index
+
+
+def test_of_kinds_forgets_an_item_of_its_kinds_that_the_chains_remove() -> None:
+    g = graph(Item(1, KERNEL, "k"), Item(2, DELAY, "[idle]"), Item(3, MEMCPY, "copy"))
+    assert [it.id for it in g.of_kinds(GPU_KINDS)] == [1, 3]
+    chains = Chains(g)
+    chains.removed.add(2)  # an idle gap: the index holds
+    chains.store()
+    assert [it.id for it in g.of_kinds(GPU_KINDS)] == [1, 3] and g.kind_index
+    chains = Chains(g)  # (store is once a stage)
+    chains.removed.add(3)
+    chains.store()
+    assert [it.id for it in g.of_kinds(GPU_KINDS)] == [1]
 
 
 def test_the_wait_sources_read_the_kept_waits_as_a_pass_would() -> None:
