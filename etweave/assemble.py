@@ -38,11 +38,10 @@ from etweave.model import (
 )
 from etweave.read.host_et import PROCESS_ROOT_NAMES, THREAD_ROOT_NAMES, HostOp
 from etweave.read.kineto import Args, Event, KinetoTrace
+from etweave.read.widths import INT64_MAX, INT64_MIN
 from etweave.repair import Repair, is_collective_call
 from etweave.values import as_int, tensors
 
-_INT64 = 1 << 63  # (values.as_int's range of a plain int)
-_INT64_MIN = -_INT64
 _GPU_KIND = {"kernel": KERNEL, "Kernel": KERNEL, "gpu_memcpy": MEMCPY, "Memcpy": MEMCPY,
              "gpu_memset": MEMSET, "Memset": MEMSET}
 
@@ -115,13 +114,13 @@ def _device_items(kineto: KinetoTrace, device: DeviceSelection, ids: Ids) -> lis
             dev, stream = args.device, args.stream  # (as_int(x, 0), read inline where x is a plain int: most)
             it = Item(id=id_of[i], kind=_GPU_KIND[ev.cat], name=ev.name, start=ev.ts, dur=ev.dur, excl=ev.dur,
                       seg_end=ev.ts + ev.dur, measured=True, kineto=kineto_args(args),
-                      device=dev if type(dev) is int and _INT64_MIN <= dev < _INT64 else as_int(dev, 0),
-                      stream=stream if type(stream) is int and _INT64_MIN <= stream < _INT64 else as_int(stream, 0),
+                      device=dev if type(dev) is int and INT64_MIN <= dev <= INT64_MAX else as_int(dev, 0),
+                      stream=stream if type(stream) is int and INT64_MIN <= stream <= INT64_MAX else as_int(stream, 0),
                       launcher=id_of[r] if r is not None else None)
         else:
             corr = args.correlation
             it = Item(id=id_of[i], kind=RUNTIME, name=ev.name, start=ev.ts, dur=ev.dur, excl=ev.dur, measured=True,
-                      correlation=corr if type(corr) is int and _INT64_MIN <= corr < _INT64 else as_int(corr),
+                      correlation=corr if type(corr) is int and INT64_MIN <= corr <= INT64_MAX else as_int(corr),
                       tid=ev.tid)
         items.append(it)
     return items

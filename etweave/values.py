@@ -1,25 +1,25 @@
 """How the traces write values, decoded the same way by the readers (`read/`) and by the stage that builds items
 (`assemble`): ids that are numbers in one PyTorch version and strings in another, tensors inside an op's inputs and
-outputs. A leaf module: it imports nothing of etweave."""
+outputs. A leaf module: it imports nothing of etweave but the width limits (`read/widths.py`)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
 
-_INT64 = 1 << 63
+from etweave.read.widths import INT64_MAX, INT64_MIN  # the range of an id read as a plain int
 
 
 def as_int(value: Any, default: int | None = None) -> int | None:
     """Kineto writes some ids as numbers in one version and strings in another."""
     if isinstance(value, int) and not isinstance(value, bool):
-        return value if -_INT64 <= value < _INT64 else default  # nothing real is that large: a corrupt field
+        return value if INT64_MIN <= value <= INT64_MAX else default  # nothing real is that large: a corrupt field
     if isinstance(value, str):
         try:
             return int(value)
         except ValueError:
             return default
-    if isinstance(value, float) and value.is_integer() and -_INT64 <= value < _INT64:
+    if isinstance(value, float) and value.is_integer() and INT64_MIN <= value <= INT64_MAX:
         return int(value)
     return default
 

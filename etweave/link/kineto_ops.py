@@ -20,6 +20,7 @@ from etweave.link.window import Window
 from etweave.model import NESTING_EPS, Ids
 from etweave.read.host_et import IO, PROCESS_ROOT_NAMES, THREAD_ROOT_NAMES, HostOp, HostTrace
 from etweave.read.kineto import NO_INDEX, Event, EventTable, KinetoTrace
+from etweave.read.widths import INT64_MAX, INT64_MIN
 from etweave.values import as_int
 
 
@@ -108,13 +109,12 @@ def _cpu_op(ev: Event, op_id: int, parent: int, tid: int) -> HostOp:
     inputs = _NO_IO if dims is None and types is None else IO(_NONE, _list(dims), _list(types))
     rf_id, seq = args.rf_id, args.seq_number
     # (as_int read inline where the id is absent or a plain int: most ops)
-    rf_id = 0 if rf_id is None else rf_id if type(rf_id) is int and 0 <= rf_id < _INT64 else as_int(rf_id, 0) or 0
-    seq = -1 if seq is None else seq if type(seq) is int and -_INT64 <= seq < _INT64 else as_int(seq, -1)
+    rf_id = 0 if rf_id is None else rf_id if type(rf_id) is int and 0 <= rf_id <= INT64_MAX else as_int(rf_id, 0) or 0
+    seq = -1 if seq is None else seq if type(seq) is int and INT64_MIN <= seq <= INT64_MAX else as_int(seq, -1)
     return HostOp(id=op_id, name=ev.name, parent=parent, et_tid=tid, rf_id=rf_id, seq_id=seq if seq is not None else -1,
                   fw_parent=0, fw_tid=0, scope=0, op_schema="", inputs=inputs, outputs=_NO_IO)
 
 
-_INT64 = 1 << 63
 _FIRST, _SECOND, _THIRD = operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(2)
 
 

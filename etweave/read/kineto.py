@@ -18,6 +18,7 @@ from etweave.errors import BadInput
 from etweave.read import widths
 from etweave.read.host_et import check_groups
 from etweave.read.source import read_bytes
+from etweave.read.widths import INT64_MAX, INT64_MIN
 from etweave.values import as_int
 
 CPU_OP_CATS = frozenset({"cpu_op", "user_annotation"})
@@ -55,8 +56,6 @@ class Args(msgspec.Struct, frozen=True, gc=False):
 _NO_ARGS = Args()
 
 
-_INT64 = 1 << 63
-_INT64_MIN = -_INT64  # a name: `-_INT64` in a comprehension would negate it once per event
 _MAX_TIME = widths.MAX_TIME_MICROS
 
 
@@ -169,12 +168,13 @@ class EventTable(Sequence[Event]):
         args = [e.args for e in evs]
         # most events have no such id, and most that have one have a plain int: _id_column reads the rest
         self.correlation.fromlist([-1 if (c := a.correlation) is None
-                                   else c if type(c) is int and _INT64_MIN <= c < _INT64
+                                   else c if type(c) is int and INT64_MIN <= c <= INT64_MAX
                                    else _id_column(c, -1) for a in args])
-        self.ev_idx.fromlist([i if type(i := a.ev_idx) is int and _INT64_MIN < i < _INT64 else NO_INDEX for a in args])
-        self.seq.fromlist([-1 if (s := a.seq_number) is None else s if type(s) is int and _INT64_MIN <= s < _INT64
+        self.ev_idx.fromlist([i if type(i := a.ev_idx) is int and INT64_MIN < i <= INT64_MAX else NO_INDEX
+                              for a in args])
+        self.seq.fromlist([-1 if (s := a.seq_number) is None else s if type(s) is int and INT64_MIN <= s <= INT64_MAX
                            else _id_column(s, -1) for a in args])
-        self.rf_id.fromlist([0 if (r := a.rf_id) is None else r if type(r) is int and _INT64_MIN <= r < _INT64
+        self.rf_id.fromlist([0 if (r := a.rf_id) is None else r if type(r) is int and INT64_MIN <= r <= INT64_MAX
                              else _id_column(r, 0) for a in args])
         del args
         tids, names = [e.tid for e in evs], [e.name for e in evs]
@@ -231,7 +231,7 @@ def _id_column(value: Any, default: int) -> int:
     """An id that is not a plain 64-bit int, as a column holds it: `as_int`'s reading, else `default`; one beyond
     64 bits (a string can spell it) at the nearest 64-bit bound."""
     number = as_int(value, default)
-    return default if number is None else max(-_INT64, min(number, _INT64 - 1))
+    return default if number is None else max(INT64_MIN, min(number, INT64_MAX))
 
 
 _SYNC_CATS = frozenset({SYNC_CAT})
@@ -466,7 +466,7 @@ def _check_widths(table: EventTable, base: int, evs: Sequence[Event]) -> None:
     if ts and (min(ts) <= -_MAX_TIME or max(ts) >= _MAX_TIME or max(dur) >= _MAX_TIME):  # no NaN: JSON has none
         raise _Irregular
     ids = set(table.tid[base:]) | {e.pid for e in evs}  # a handful of distinct threads and processes
-    if [t for t in ids if type(t) is int and not -_INT64 <= t < _INT64]:
+    if [t for t in ids if type(t) is int and not INT64_MIN <= t <= INT64_MAX]:
         raise _Irregular
     for args in [a for e in evs if (a := e.args).in_nelems is not None or a.out_nelems is not None]:
         for value in (args.in_nelems, args.out_nelems):
