@@ -47,7 +47,7 @@ Warnings (the file runs, but not as measured), by rule:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from itertools import compress, repeat
 from operator import attrgetter, eq, itemgetter, lt, not_, sub
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -293,23 +293,19 @@ class NodeChecker:
         """A node for the graph checks only (ids, edges, cycles): its own attrs and type were checked before."""
         self.shapes.add(node.id, node.name, tuple(node.data_deps), tuple(node.ctrl_deps))
 
-    def passing(self, nodes: Iterable[tuple[bytes, Item, int, tuple[int, ...]]]) -> Iterator[bytes]:
-        """Each node as `etweave.nodes.encode_nodes` yields it (its bytes, its item, type and data_deps), its bytes
-        passed on. A COMP_NODE other than `## process_group:init ##` is kept for the graph checks only: the
-        encoder writes its attrs in the oneofs of ATTR_TYPES, always with num_ops and tensor_size, and is_cpu_op
-        false on GPU work, so the per-node rules hold by construction; every other node is decoded and checked in
-        full."""
-        items: list[Item] = []
-        add_item, add_deps = items.append, self.shapes.data_deps.append
-        comp = schema.COMP_NODE
-        for data, it, node_type, data_deps in nodes:
-            if node_type != comp or it.name == PG_INIT_NAME:
-                _check_node_semantics(_decoded(data), self.where, self.out, self.warnings)
-            add_item(it)
-            add_deps(data_deps)
-            yield data
-        self.shapes.ids += map(attrgetter("id"), items)  # (after the last node: whole-list passes, not per node)
-        self.shapes.names += map(attrgetter("name"), items)
+    def add_encoded(self, items: Sequence[Item], data_deps: Iterable[tuple[int, ...]], in_full: Iterable[bytes]
+                    ) -> None:
+        """A conversion's nodes as `etweave.nodes.EncodedNodes` encoded them: `items`, each node's item in node order,
+        `data_deps`, each node's data_deps in that order, and `in_full`, the bytes of its nodes but plain COMP nodes
+        (comm nodes and `## process_group:init ##`), which are decoded and checked in full. A plain COMP node is kept
+        for the graph checks only: the encoder writes its attrs in the oneofs of ATTR_TYPES, always with num_ops and
+        tensor_size, and is_cpu_op false on GPU work, so the per-node rules hold by construction."""
+        for data in in_full:
+            _check_node_semantics(_decoded(data), self.where, self.out, self.warnings)
+        shapes = self.shapes
+        shapes.ids += map(attrgetter("id"), items)  # (whole-list passes, not per node)
+        shapes.names += map(attrgetter("name"), items)
+        shapes.data_deps += data_deps
 
     def violations(self, order: Sequence[Any] | RisingKeys | None = None) -> list[Violation]:
         """The violations found. `order`: a key per node, in the order they were added, that the edges rise in

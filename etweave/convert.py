@@ -32,7 +32,7 @@ from etweave.link import (
     select_device,
 )
 from etweave.model import Graph
-from etweave.nodes import encode_metadata, encode_nodes
+from etweave.nodes import EncodedNodes, encode_metadata, encode_nodes
 from etweave.nogc import no_gc
 from etweave.output import FileBytes, JsonFile, Writer, check_outputs, write_together
 from etweave.process_groups import local_group_ids
@@ -105,17 +105,23 @@ class Result(msgspec.Struct):
         """Each node's protobuf bytes in turn; after the last, the whole graph is checked. A violation is an
         etweave bug: raising there leaves no output, since the writer renames its temporary file only once this
         ends."""
-        rank = self.graph.rank
-        checker = NodeChecker(f"rank {rank}")
-        yield from checker.passing(encode_nodes(self.graph, self.deps, self.roofline))
+        nodes = encode_nodes(self.graph, self.deps, self.roofline)
+        return itertools.chain(nodes, self._self_check(nodes))  # (a chain: no generator step per node)
+
+    def _self_check(self, nodes: EncodedNodes) -> Iterator[bytes]:
+        """Checks the nodes once all are encoded; yields none."""
+        g = self.graph
+        checker = NodeChecker(f"rank {g.rank}")
+        checker.add_encoded(g.items, nodes.data_deps, nodes.in_full)
         # every edge rises in (start, pos, id) (deps.order_key, but for roots first on equal starts): the proof of
         # acyclicity the graph check looks for first, on the starts and, where an edge's ends start at once, the
         # whole keys
-        by_id = self.graph.by_id
-        violations = checker.violations(RisingKeys(list(map(attrgetter("start"), self.graph.items)),
+        by_id = g.by_id
+        violations = checker.violations(RisingKeys(list(map(attrgetter("start"), g.items)),
                                                    lambda i: _ORDER_KEY(by_id[i])))
         if violations:
             raise RuntimeError(f"output failed its own check: {violations[0]}")
+        yield from ()
 
 
 _ORDER_KEY = attrgetter("start", "pos", "id")

@@ -160,11 +160,11 @@ def _int_attr(name: str, oneof: str = "int64_val") -> _IntAttr:
     kind = oneof.removesuffix("_val")
     common = {v: _attr(key, _signed_varint(v)) for v in [*range(0x80), -1] if low <= v}
     # the entry's length fits one byte: the key and at most ten bytes of varint
-    prefixes = [_N_ATTR + _varint(len(key) + n) + key for n in range(11)]
+    prefixes = [_attr_prefix(key, n) for n in range(11)]
     two, three = prefixes[2], prefixes[3]
 
     def encode(value: int) -> bytes:
-        if 0x4000 <= value < 1 << 21:  # ids, correlations: three bytes, split as in _Encoder.node
+        if 0x4000 <= value < 1 << 21:  # ids, correlations: three bytes, split as in EncodedNodes.node
             return three + _MORE14[value & 0x3FFF] + _BYTE[value >> 14]
         entry = common.get(value)
         if entry is not None:
@@ -177,6 +177,11 @@ def _int_attr(name: str, oneof: str = "int64_val") -> _IntAttr:
         return prefixes[len(encoded)] + encoded
 
     return encode
+
+
+def _attr_prefix(key: bytes, n: int) -> bytes:
+    """The bytes of an `attr` entry before an n-byte varint value: its tag, its length and `key`."""
+    return _N_ATTR + _varint(len(key) + n) + key
 
 
 def _signed_varint(value: int) -> bytes:
@@ -237,78 +242,109 @@ class _Shape(NamedTuple):
     marker: bool  # stands for no work: duration 0
     pg_init: bool  # the `## process_group:init ##` node
     host_op: bool  # of kind HOST_OP: its exclusive time is an attr when measured
+    in_full: bool  # not a plain COMP_NODE: the self-check decodes and checks it in full (`EncodedNodes.in_full`)
 
 
-class _Encoder:
-    """Encodes one conversion's nodes; caches the bytes that repeat across nodes (name, type and place per
-    `_Shape`, evidence lists, the high bits of times).
+# part_of and correlation before a three-byte value (ids and correlations: EncodedNodes._attrs writes them inline)
+_PART_OF_3, _CORRELATION_3 = (_attr_prefix(_key(name, "int64_val"), 3) for name in ("part_of", "correlation"))
 
-    A varint of 0x4000 <= v < 2**64 is written as two parts, `_MORE14[v & 0x3FFF]` and the varint of v >> 14: a
-    table entry while v < 2**28 (ids), else `_high`'s cache (times in µs since the epoch share their high bits)."""
 
-    def __init__(self, deps: Dependencies, roofline: Roofline | None) -> None:
-        self.preds = deps.preds
+class EncodedNodes:
+    """One conversion's nodes, encoded lazily in item order as they are taken (iterate it once), so the writer can
+    stream them; GPU COMP nodes take num_ops and tensor_size from `roofline` (zeros without). Once all are taken,
+    it holds what the self-check reads of them (`check.NodeChecker.add_encoded`): `data_deps`, each node's in node
+    order, and `in_full`, the bytes of the nodes that are not plain COMP nodes (comm nodes and `## process_group:init
+    ##`).
+
+    One function per node (`node`) writes the fields in number order with the common cases inline; it caches the
+    bytes that repeat across nodes (name, type and place per `_Shape`, evidence lists, the high bits of times). A
+    varint of 0x4000 <= v < 2**64 is written as two parts, `_MORE14[v & 0x3FFF]` and the varint of v >> 14: a table
+    entry while v < 2**28 (ids), else a cache (times in µs since the epoch share their high bits)."""
+
+    def __init__(self, g: Graph, deps: Dependencies, roofline: Roofline | None = None) -> None:
+        self.items = g.items
+        self.data_deps: list[tuple[int, ...]] = []
+        self.in_full: list[bytes] = []
         self.work = roofline.values if roofline is not None else {}
         self.shapes: dict[tuple[object, ...], _Shape] = {}
         self.evidence: dict[tuple[str, ...], bytes] = {}
         self.evidence1: dict[str, bytes] = {}  # the same for one data_dep, by its source
         self.high: dict[int, bytes] = {}  # v >> 14 -> its varint, for v >= 2**28
         self.et_tids: dict[int, bytes] = {}  # the et_tid attr, by value (one per thread)
+        self.node = self._node_function(deps)
 
-    def node(self, it: Item) -> tuple[bytes, Item, int, tuple[int, ...]]:
-        """(the node's bytes, `it`, its type, its data_deps): fields in number order, the common cases inline."""
-        iid = it.id
-        comm = it.comm
-        ntype = _COMP if comm is None else comm.node_type
-        shape = self.shapes.get((it.name, it.kind, ntype, it.tid, it.device, it.stream)) or self._shape(it, ntype)
-        if 0x4000 <= iid < 1 << 28:
-            out = [_N_ID, _MORE14[iid & 0x3FFF], _V14[iid >> 14], shape.head]
-        elif 0 < iid < 0x4000:
-            out = [_N_ID, _V14[iid], shape.head]
-        else:
-            out = [_uint64_field(_N_ID, iid), shape.head]
-        preds = self.preds.get(iid)
-        data_deps: tuple[int, ...] = ()
-        evidence = b""
-        if preds:
-            data_deps, evidence = self._data_deps(preds, out)
-        self._times(it, shape.marker, out)
-        self._attrs(it, shape, ntype, out)
-        if evidence:  # why each data_dep is there: its evidence source, in data_deps order (docs/OUTPUT.md)
-            out.append(evidence)
-        return b"".join(out), it, ntype, data_deps
+    def __iter__(self) -> Iterator[bytes]:
+        return map(self.node, self.items)  # (a map: no generator step per node)
 
-    def _times(self, it: Item, marker: bool, out: list[bytes]) -> None:
-        """The start_time_micros and duration_micros fields (0 left out)."""
-        start = it.start
-        if marker:
-            rounded, dur = round(start) if it.measured or start > 0 else 0, 0
-        else:  # duration(): both ends rounded
-            rounded = round(start)
-            dur = round(it.seg_end) - rounded
-        if rounded > 0:
-            if 1 << 28 <= rounded < _U64:
-                out += (_N_START, _MORE14[rounded & 0x3FFF], self.high.get(rounded >> 14) or self._high(rounded))
+    def _node_function(self, deps: Dependencies) -> Callable[[Item], bytes]:
+        """The encoder of one node, its tables and caches in closure variables (no attribute lookup per node)."""
+        preds_of, shape_of, new_shape = deps.preds.get, self.shapes.get, self._shape
+        evidence1, new_evidence, many_deps = self.evidence1, self._evidence, self._many_deps
+        high_of, new_high, host_fields, attrs = self.high.get, self._high, self._host, self._attrs
+        add_deps, add_full = self.data_deps.append, self.in_full.append
+
+        def node(it: Item) -> bytes:
+            iid = it.id
+            comm = it.comm
+            ntype = _COMP if comm is None else comm.node_type
+            shape = shape_of((it.name, it.kind, ntype, it.tid, it.device, it.stream)) or new_shape(it, ntype)
+            out = ([_N_ID, _MORE14[iid & 0x3FFF], _V14[iid >> 14], shape.head] if 0x4000 <= iid < 1 << 28
+                   else [_id_field(iid), shape.head])
+            preds = preds_of(iid)
+            if not preds:
+                add_deps(())
+                evidence = b""
+            elif len(preds) == 1:  # most nodes
+                edge = preds[0]
+                src = edge.src
+                out += ((_DATA_DEPS_3, _MORE14[src & 0x3FFF], _BYTE[src >> 14]) if 0x4000 <= src < 1 << 21
+                        else (_one_dep(src),))
+                add_deps((src,))
+                # (`_value_`: the member's plain attribute, not the `value` property; strings hash fast, members don't)
+                source = edge.source._value_
+                evidence = evidence1.get(source) or new_evidence((source,))
             else:
-                out += (_N_START, _uint64(rounded))
-        if dur > 0:
-            out.append(_DURATIONS[dur] if dur < 0x80 else _N_DURATION + _uint64(dur))
+                evidence = many_deps(preds, out)
+            start = it.start
+            if shape.marker:
+                rounded, dur = round(start) if it.measured or start > 0 else 0, 0
+            else:  # duration(): both ends rounded
+                rounded = round(start)
+                dur = round(it.seg_end) - rounded
+            if 1 << 28 <= rounded < _U64:  # start_time_micros (0 left out)
+                out += (_N_START, _MORE14[rounded & 0x3FFF], high_of(rounded >> 14) or new_high(rounded))
+            elif rounded > 0:
+                out.append(_N_START + _uint64(rounded))
+            if dur > 0:  # duration_micros
+                out.append(_DURATIONS[dur] if dur < 0x80 else _N_DURATION + _uint64(dur))
+            host = it.host
+            if host is None:
+                out.append(shape.place)
+            else:
+                host_fields(it, host, shape, out)
+            attrs(it, shape, ntype, out)
+            out.append(evidence)  # why each data_dep is there, in data_deps order (docs/OUTPUT.md); b"": none
+            data = b"".join(out)
+            if shape.in_full:
+                add_full(data)
+            return data
+
+        return node
 
     def _attrs(self, it: Item, shape: _Shape, ntype: int, out: list[bytes]) -> None:
-        """The IOInfo fields and the attrs but `dep_evidence`, in the order the node has them."""
-        host = it.host
-        if host is None:
-            out.append(shape.place)
-        else:
-            self._host(it, host, shape, out)
+        """The attrs after the place and host attrs, but `dep_evidence`, in the order the node has them."""
         if shape.host_op and it.measured:
             out.append(_EXCLUSIVE(round(it.excl)))
-        if it.part_of is not None:
-            out.append(_PART_OF(it.part_of))
+        value = it.part_of
+        if value is not None:
+            out += ((_PART_OF_3, _MORE14[value & 0x3FFF], _BYTE[value >> 14]) if 0x4000 <= value < 1 << 21
+                    else (_PART_OF(value),))
         if it.orphan_parent is not None:
             out.append(_ORPHAN_PARENT(it.orphan_parent))
-        if it.correlation is not None:  # runtime calls
-            out.append(_CORRELATION(it.correlation))
+        value = it.correlation
+        if value is not None:  # runtime calls
+            out += ((_CORRELATION_3, _MORE14[value & 0x3FFF], _BYTE[value >> 14]) if 0x4000 <= value < 1 << 21
+                    else (_CORRELATION(value),))
         if it.comm is not None:
             out.append(_comm_attrs(it.comm, it.dur))
         if ntype == _COMP:
@@ -316,25 +352,15 @@ class _Encoder:
             work = self.work.get(it.id)
             out.append(_NO_WORK if work is None else _NUM_OPS(work[0]) + _TENSOR_SIZE(work[1]))
 
-    def _data_deps(self, preds: list[Edge], out: list[bytes]) -> tuple[tuple[int, ...], bytes]:
-        """Appends the data_deps field; returns the data_deps and their `dep_evidence` attr."""
-        # (`_value_`: the member's plain attribute, not the `value` property; strings hash fast, members don't)
-        if len(preds) == 1:
-            edge = preds[0]
-            src = edge.src
-            if 0x4000 <= src < 1 << 21:  # three bytes
-                out += (_DATA_DEPS_3, _MORE14[src & 0x3FFF], _BYTE[src >> 14])
-            else:
-                payload = _V14[src] if 0 <= src < 0x4000 else _uint64(src)
-                out += (_N_DATA_DEPS, _BYTE[len(payload)], payload)
-            source = edge.source._value_
-            return (src,), self.evidence1.get(source) or self._evidence((source,))
+    def _many_deps(self, preds: list[Edge], out: list[bytes]) -> bytes:
+        """Appends the data_deps field of more than one dep; returns their `dep_evidence` attr."""
         data_deps = tuple([e.src for e in preds])
+        self.data_deps.append(data_deps)
         payload = b"".join([_MORE14[src & 0x3FFF] + _BYTE[src >> 14] if 0x4000 <= src < 1 << 21 else _uint64(src)
                             for src in data_deps])
         out.append(_len_field(_N_DATA_DEPS, payload))
         sources = tuple([e.source._value_ for e in preds])
-        return data_deps, self.evidence.get(sources) or self._evidence(sources)
+        return self.evidence.get(sources) or self._evidence(sources)
 
     def _high(self, value: int) -> bytes:
         """The varint of value >> 14 (2**28 <= value < 2**64), cached."""
@@ -357,7 +383,8 @@ class _Encoder:
         pg_init = kind == HOST_OP and name == PG_INIT_NAME
         marker = kind in _ROOT_KINDS or pg_init  # is_marker
         head = (_len_field(_N_NAME, _text(name)) if name else b"") + _TYPES[ntype]
-        shape = _Shape(head, _place(it, PG_INIT_KIND if pg_init else kind), marker, pg_init, kind == HOST_OP)
+        shape = _Shape(head, _place(it, PG_INIT_KIND if pg_init else kind), marker, pg_init, kind == HOST_OP,
+                       ntype != _COMP or name == PG_INIT_NAME)
         self.shapes[(name, kind, ntype, it.tid, it.device, it.stream)] = shape
         return shape
 
@@ -377,6 +404,17 @@ class _Encoder:
         if len(self.et_tids) < _CACHE_CAP:
             self.et_tids[et_tid] = encoded
         return encoded
+
+
+def _id_field(value: int) -> bytes:
+    """The id field of an id that is not 0x4000 <= id < 2**28."""
+    return _N_ID + _V14[value] if 0 < value < 0x4000 else _uint64_field(_N_ID, value)
+
+
+def _one_dep(src: int) -> bytes:
+    """The data_deps field of one dep that is not 0x4000 <= dep < 2**21."""
+    payload = _V14[src] if 0 <= src < 0x4000 else _uint64(src)
+    return _N_DATA_DEPS + _BYTE[len(payload)] + payload
 
 
 def _place(it: Item, kind: str) -> bytes:
@@ -420,16 +458,14 @@ def _comm_attrs(c: Comm, dur: float) -> bytes:
     return b"".join(attrs)
 
 
-def encode_nodes(g: Graph, deps: Dependencies, roofline: Roofline | None = None
-                 ) -> Iterator[tuple[bytes, Item, int, tuple[int, ...]]]:
-    """Each node in ascending id as (its protobuf bytes, its item, its type, its data_deps), encoded lazily so
-    the writer can stream them; GPU COMP nodes take num_ops and tensor_size from `roofline` (zeros without)."""
-    return map(_Encoder(deps, roofline).node, g.items)  # (a map: no generator step per node)
+def encode_nodes(g: Graph, deps: Dependencies, roofline: Roofline | None = None) -> EncodedNodes:
+    """Each node's protobuf bytes in ascending id, encoded lazily (`EncodedNodes`)."""
+    return EncodedNodes(g, deps, roofline)
 
 
 def build_nodes(g: Graph, deps: Dependencies, roofline: Roofline | None = None) -> Iterator[pb.Node]:
     """The nodes of `encode_nodes` as protobuf objects."""
     from etweave.chakra import et_def_pb2 as pb  # here: encoding needs no protobuf
 
-    for data, _, _, _ in encode_nodes(g, deps, roofline):
+    for data in encode_nodes(g, deps, roofline):
         yield pb.Node.FromString(data)

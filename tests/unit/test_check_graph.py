@@ -1,4 +1,4 @@
-"""etweave.check on a conversion's own nodes (`NodeChecker.passing`) and its graph checks' short cut: a graph whose
+"""etweave.check on a conversion's own nodes (`NodeChecker.add_encoded`) and its graph checks' short cut: a graph whose
 edges all rise in a key is accepted without a search, and anything else is looked at edge by edge."""
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ def _checked(items: list[Item], preds: dict[int, list[Edge]], with_order: bool =
     """The rules `Result.encoded_nodes`'s check reports for these items and edges."""
     graph = Graph(items=items, by_id={it.id: it for it in items}, ids=Ids(1000))
     checker = NodeChecker("rank 0")
-    encoded = list(encode_nodes(graph, Dependencies(preds=preds)))
-    assert list(checker.passing(iter(encoded))) == [data for data, _, _, _ in encoded]  # the bytes pass unchanged
+    encoded = encode_nodes(graph, Dependencies(preds=preds))
+    list(encoded)
+    checker.add_encoded(items, encoded.data_deps, encoded.in_full)
     order = [(it.start, it.pos, it.id) for it in items] if with_order else None
     rules = [v.rule for v in checker.violations(order)]
     if order is not None:  # the same keys in two parts, as `Result.encoded_nodes` gives them
@@ -59,7 +60,7 @@ def test_comm_nodes_are_decoded_and_checked_in_full() -> None:
     node.attr.add(name="comm_type").int64_val = pb.ALL_REDUCE
     comm = Comm(pb.COMM_COLL_NODE, "allreduce", pb.ALL_REDUCE, 64)
     checker = NodeChecker("rank 0")
-    list(checker.passing(iter([(node.SerializeToString(), _item(1, 10, KERNEL, comm), pb.COMM_COLL_NODE, ())])))
+    checker.add_encoded([_item(1, 10, KERNEL, comm)], [()], [node.SerializeToString()])
     [violation] = checker.violations()
     assert violation.rule == "comm-missing-attr" and "comm_size" in violation.message
 

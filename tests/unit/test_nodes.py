@@ -92,7 +92,7 @@ def test_encoding_is_protobufs() -> None:
              comm=Comm(pb.COMM_SEND_NODE, "send", pb.ALL_REDUCE, 8, "", None, 0, 1, -(2**31))),
     ]
     deps = Dependencies(preds={8: [Edge(2**40, 8, Evidence.LAUNCH), Edge(4, 8, Evidence.THREAD_ORDER)]})
-    for data, _, _, _ in encode_nodes(g, deps, ROOFLINE):
+    for data in encode_nodes(g, deps, ROOFLINE):
         assert pb.Node.FromString(data).SerializeToString(deterministic=True) == data
 
 
@@ -132,7 +132,8 @@ def test_values_at_the_encoders_split_points_as_protobuf_writes_them() -> None:
     preds = {v: [Edge(edges[i - 1], v, Evidence.THREAD_ORDER)] for i, v in enumerate(edges) if i}
     preds[edges[-1]] = [Edge(v, edges[-1], Evidence.THREAD_ORDER) for v in edges[:-1]]  # many deps
     g = Graph(items=items, by_id={it.id: it for it in items}, ids=Ids(2**41))
-    for data, it, _, data_deps in encode_nodes(g, Dependencies(preds=preds)):
+    encoded = encode_nodes(g, Dependencies(preds=preds))
+    for data, it, data_deps in zip(list(encoded), items, encoded.data_deps, strict=True):
         node = pb.Node.FromString(data)
         assert node.SerializeToString(deterministic=True) == data
         assert (node.id, tuple(node.data_deps), node.start_time_micros) == (it.id, data_deps, round(it.start))
