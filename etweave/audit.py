@@ -35,7 +35,7 @@ from etweave.model import (
     Graph,
     Item,
 )
-from etweave.nodes import duration
+from etweave.nodes import Rounded, duration
 from etweave.read.host_et import PG_INIT_NAME
 from etweave.read.kineto import KinetoTrace
 from etweave.repair import Repair
@@ -55,7 +55,7 @@ from etweave.report import (
     Synthesized,
 )
 from etweave.roofline import Roofline
-from etweave.serialized import Rounded, serialized
+from etweave.serialized import serialized
 from etweave.waits import NoWaitEvidence
 
 LONG_DELAY = 100.0  # µs: delays on the critical path at least this long are listed with their evidence
@@ -73,7 +73,7 @@ def build_report(c: Conversion) -> Report:
         if cpu_left.count:
             left_out.append(LeftOutGroup("cpu_ops", "outside_window", cpu_left.count, cpu_left.examples))
     device = c.device
-    rounded = Rounded.of(g.items)  # the nodes' times: the delays and the serialized work read them
+    rounded = c.times or Rounded.of(g.items)  # the nodes' times: the delays and the serialized work read them
     kinds = list(map(_KIND, g.items))  # (read by several counts: one pass)
     return Report(
         rank=g.rank,

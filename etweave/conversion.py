@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # annotations only: these modules are the stages, which read 
     from etweave.deps import Dependencies
     from etweave.link import DeviceSelection, HostLink, Selection, Window
     from etweave.model import Graph
+    from etweave.nodes import Rounded
     from etweave.read.host_et import HostOp, HostTrace
     from etweave.read.kineto import KinetoTrace
     from etweave.repair import Repair
@@ -52,7 +53,8 @@ class Conversion(msgspec.Struct):
     deps: Dependencies | None = None
     # roofline
     roofline: Roofline | None = None
-    # report
+    # audit
+    times: Rounded | None = None  # every item's times rounded, as its node writes them (the encoder reads them too)
     report: Report | None = None
 
     @classmethod

@@ -32,7 +32,7 @@ from etweave.link import (
     select_device,
 )
 from etweave.model import Graph
-from etweave.nodes import EncodedNodes, encode_metadata, encode_nodes
+from etweave.nodes import EncodedNodes, Rounded, encode_metadata, encode_nodes
 from etweave.nogc import no_gc
 from etweave.output import FileBytes, JsonFile, Writer, check_outputs, write_together
 from etweave.process_groups import local_group_ids
@@ -57,6 +57,7 @@ class Result(msgspec.Struct):
     audit: Report
     roofline: Roofline  # num_ops / tensor_size of GPU COMP nodes
     group_ids: dict[str, str]  # trace process-group name -> the comm-group id this rank's nodes carry
+    times: Rounded  # every item's start and seg_end rounded (the audit's), in item order
     _nodes: list[pb.Node] | None = None
 
     @classmethod
@@ -70,7 +71,7 @@ class Result(msgspec.Struct):
             ("source_device", Path(c.kineto.path).name if c.kineto else ""),
         ])
         return cls(need(c.graph, "graph"), need(c.deps, "dependencies"), audit.to_json(), metadata, audit,
-                   need(c.roofline, "roofline"), c.group_ids)
+                   need(c.roofline, "roofline"), c.group_ids, need(c.times, "times"))
 
     @property
     def metadata(self) -> pb.GlobalMetadata:
@@ -105,7 +106,7 @@ class Result(msgspec.Struct):
         """Each node's protobuf bytes in turn; after the last, the whole graph is checked. A violation is an
         etweave bug: raising there leaves no output, since the writer renames its temporary file only once this
         ends."""
-        nodes = encode_nodes(self.graph, self.deps, self.roofline)
+        nodes = encode_nodes(self.graph, self.deps, self.roofline, self.times)
         return itertools.chain(nodes, self._self_check(nodes))  # (a chain: no generator step per node)
 
     def _self_check(self, nodes: EncodedNodes) -> Iterator[bytes]:
@@ -183,6 +184,7 @@ def assign_roofline(c: Conversion) -> None:
 
 
 def audit(c: Conversion) -> None:
+    c.times = Rounded.of(need(c.graph, "graph").items)  # rounded once: the audit's passes and the encoder read them
     c.report = build_report(c)
 
 

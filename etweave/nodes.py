@@ -10,6 +10,7 @@ length and bytes. `build_nodes` gives the same nodes as protobuf objects (the Py
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING, NamedTuple
 
 import orjson
@@ -78,6 +79,21 @@ def duration(it: Item) -> int:
 def on_gpu(it: Item) -> bool:
     """GPU events, and idle time on a stream: not CPU ops (`is_cpu_op` false)."""
     return it.kind in GPU_KINDS or it.stream is not None
+
+
+class Rounded(NamedTuple):
+    """Every item's start and seg_end rounded to the µs, in item order: what its node's times are made of (the
+    audit's passes and the encoder share them; `round` of a float is one of the dearest steps per node)."""
+
+    start: list[int]  # (lists: int64 arrays would hold less, but box every time again each time it is read)
+    seg_end: list[int]
+
+    @classmethod
+    def of(cls, items: list[Item]) -> Rounded:
+        return cls(list(map(round, map(_START, items))), list(map(round, map(_SEG_END, items))))
+
+
+_START, _SEG_END = attrgetter("start"), attrgetter("seg_end")
 
 
 # ---- the wire format (protobuf's encoding, proto3) ----
@@ -261,8 +277,10 @@ class EncodedNodes:
     varint of 0x4000 <= v < 2**64 is written as two parts, `_MORE14[v & 0x3FFF]` and the varint of v >> 14: a table
     entry while v < 2**28 (ids), else a cache (times in µs since the epoch share their high bits)."""
 
-    def __init__(self, g: Graph, deps: Dependencies, roofline: Roofline | None = None) -> None:
+    def __init__(self, g: Graph, deps: Dependencies, roofline: Roofline | None = None, times: Rounded | None = None
+                 ) -> None:
         self.items = g.items
+        self.times = times
         self.data_deps: list[tuple[int, ...]] = []
         self.in_full: list[bytes] = []
         self.work = roofline.values if roofline is not None else {}
@@ -274,22 +292,26 @@ class EncodedNodes:
         self.node = self._node_function(deps)
 
     def __iter__(self) -> Iterator[bytes]:
-        return map(self.node, self.items)  # (a map: no generator step per node)
+        items, times = self.items, self.times or Rounded.of(self.items)
+        if not len(items) == len(times.start) == len(times.seg_end):
+            raise ValueError(f"{len(times.start)} rounded times for {len(items)} items")
+        return map(self.node, items, times.start, times.seg_end)  # (a map: no generator step per node)
 
-    def _node_function(self, deps: Dependencies) -> Callable[[Item], bytes]:
+    def _node_function(self, deps: Dependencies) -> Callable[[Item, int, int], bytes]:
         """The encoder of one node, its tables and caches in closure variables (no attribute lookup per node)."""
         preds_of, shape_of, new_shape = deps.preds.get, self.shapes.get, self._shape
         evidence1, new_evidence, many_deps = self.evidence1, self._evidence, self._many_deps
         high_of, new_high, host_fields, attrs = self.high.get, self._high, self._host, self._attrs
         add_deps, add_full = self.data_deps.append, self.in_full.append
 
-        def node(it: Item) -> bytes:
+        def node(it: Item, start: int, seg_end: int) -> bytes:  # (start, seg_end: `Rounded`'s)
             iid = it.id
             comm = it.comm
             ntype = _COMP if comm is None else comm.node_type
             shape = shape_of((it.name, it.kind, ntype, it.tid, it.device, it.stream)) or new_shape(it, ntype)
-            out = ([_N_ID, _MORE14[iid & 0x3FFF], _V14[iid >> 14], shape.head] if 0x4000 <= iid < 1 << 28
-                   else [_id_field(iid), shape.head])
+            head, place, marker, _, _, in_full = shape  # (unpacked: a NamedTuple's fields are slow attributes)
+            out = ([_N_ID, _MORE14[iid & 0x3FFF], _V14[iid >> 14], head] if 0x4000 <= iid < 1 << 28
+                   else [_id_field(iid), head])
             preds = preds_of(iid)
             if not preds:
                 add_deps(())
@@ -305,12 +327,10 @@ class EncodedNodes:
                 evidence = evidence1.get(source) or new_evidence((source,))
             else:
                 evidence = many_deps(preds, out)
-            start = it.start
-            if shape.marker:
-                rounded, dur = round(start) if it.measured or start > 0 else 0, 0
+            if marker:
+                rounded, dur = start if it.measured or it.start > 0 else 0, 0
             else:  # duration(): both ends rounded
-                rounded = round(start)
-                dur = round(it.seg_end) - rounded
+                rounded, dur = start, seg_end - start
             if 1 << 28 <= rounded < _U64:  # start_time_micros (0 left out)
                 out += (_N_START, _MORE14[rounded & 0x3FFF], high_of(rounded >> 14) or new_high(rounded))
             elif rounded > 0:
@@ -319,13 +339,13 @@ class EncodedNodes:
                 out.append(_DURATIONS[dur] if dur < 0x80 else _N_DURATION + _uint64(dur))
             host = it.host
             if host is None:
-                out.append(shape.place)
+                out.append(place)
             else:
                 host_fields(it, host, shape, out)
             attrs(it, shape, ntype, out)
             out.append(evidence)  # why each data_dep is there, in data_deps order (docs/OUTPUT.md); b"": none
             data = b"".join(out)
-            if shape.in_full:
+            if in_full:
                 add_full(data)
             return data
 
@@ -458,9 +478,11 @@ def _comm_attrs(c: Comm, dur: float) -> bytes:
     return b"".join(attrs)
 
 
-def encode_nodes(g: Graph, deps: Dependencies, roofline: Roofline | None = None) -> EncodedNodes:
-    """Each node's protobuf bytes in ascending id, encoded lazily (`EncodedNodes`)."""
-    return EncodedNodes(g, deps, roofline)
+def encode_nodes(g: Graph, deps: Dependencies, roofline: Roofline | None = None, times: Rounded | None = None
+                 ) -> EncodedNodes:
+    """Each node's protobuf bytes in ascending id, encoded lazily (`EncodedNodes`; `times`: the items' times
+    rounded, when the caller has them)."""
+    return EncodedNodes(g, deps, roofline, times)
 
 
 def build_nodes(g: Graph, deps: Dependencies, roofline: Roofline | None = None) -> Iterator[pb.Node]:

@@ -15,11 +15,10 @@ import itertools
 import math
 import operator
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
 
 from etweave.chakra import schema
 from etweave.model import GPU_KINDS, HOST_OP, PROCESS_ROOT, THREAD_ROOT, Graph, Item
-from etweave.nodes import is_marker, on_gpu
+from etweave.nodes import Rounded, is_marker, on_gpu
 from etweave.read.host_et import PG_INIT_NAME
 
 SLOT_CLASSES = ("cpu", "gpu", "comm")
@@ -101,18 +100,6 @@ def _measured_span(it: Item) -> tuple[float, float]:
     return round(it.start), round(it.seg_end)  # the node's own period, as start_time_micros/duration_micros
 
 
-class Rounded(NamedTuple):
-    """Every item's start and seg_end rounded to the µs, as its node's times are (the audit's passes share them)."""
-
-    start: list[int]  # (lists: int64 arrays would hold less, but box every time again each time it is read)
-    seg_end: list[int]
-
-    @classmethod
-    def of(cls, items: list[Item]) -> Rounded:
-        return cls(list(map(round, map(_START, items))), list(map(round, map(_SEG_END, items))))
-
-
-_START, _SEG_END = operator.attrgetter("start"), operator.attrgetter("seg_end")
 
 
 def serialized(g: Graph, rounded: Rounded | None = None) -> dict[str, dict[str, int]]:
