@@ -292,6 +292,8 @@ class EncodedNodes:
         self.node = self._node_function(deps)
 
     def __iter__(self) -> Iterator[bytes]:
+        if self.data_deps:  # (what the self-check reads is kept as the nodes go: twice would be wrong)
+            raise RuntimeError("a conversion's nodes are encoded once")
         items, times = self.items, self.times or Rounded.of(self.items)
         if not len(items) == len(times.start) == len(times.seg_end):
             raise ValueError(f"{len(times.start)} rounded times for {len(items)} items")

@@ -9,7 +9,7 @@ from etweave.chakra.io import node_attrs
 from etweave.deps import Dependencies
 from etweave.deps.evidence import Evidence
 from etweave.model import HOST_OP, KERNEL, PROCESS_ROOT, RUNTIME, Comm, Edge, Graph, Ids, Item, OpRecord
-from etweave.nodes import build_nodes, duration, encode_nodes
+from etweave.nodes import Rounded, build_nodes, duration, encode_nodes
 from etweave.read.host_et import IO, PG_INIT_NAME
 from etweave.roofline import Roofline
 
@@ -139,3 +139,20 @@ def test_values_at_the_encoders_split_points_as_protobuf_writes_them() -> None:
         assert (node.id, tuple(node.data_deps), node.start_time_micros) == (it.id, data_deps, round(it.start))
         assert node.duration_micros == round(it.seg_end) - round(it.start)
         assert node_attrs(node)["correlation"] == it.id == node_attrs(node)["part_of"]
+
+
+def test_given_times_are_the_ones_written_and_encoding_twice_is_refused() -> None:
+    """The times the audit rounded (`Rounded`) are what the nodes carry; a list of another length, or a second pass
+    over the same nodes (what the self-check reads is kept as they go), is refused."""
+    g = _graph()
+    deps = Dependencies(preds={3: [Edge(2, 3, Evidence.THREAD_ORDER)]})
+    times = Rounded.of(g.items)
+    times.start[2], times.seg_end[2] = 1000, 1007  # (the runtime call's, as a caller might have rounded them)
+    encoded = encode_nodes(g, deps, ROOFLINE, times)
+    node = pb.Node.FromString(list(encoded)[2])
+    assert (node.start_time_micros, node.duration_micros) == (1000, 7)
+    assert encoded.data_deps == [(), (), (2,), (), (), ()]
+    with pytest.raises(RuntimeError, match="encoded once"):
+        list(encoded)
+    with pytest.raises(ValueError, match="rounded times for 6 items"):
+        list(encode_nodes(g, deps, ROOFLINE, Rounded(times.start[:5], times.seg_end[:5])))
