@@ -1,16 +1,15 @@
 """Read, from each `.et` node, only the fields the replays use: the loaders' one reader (load.py, astra.py).
 
 A node is parsed by protobuf (upb, in C) with a reduced schema: the Node's own fields as Chakra's, its `attr`
-entries kept as their serialized bytes. Only the entries whose name the caller wants are decoded here: every
-entry of a node is looked up whole, in C (a map over the list of the repeated field), in a cache of the entries
-seen (most repeat over a file's nodes); an entry not seen before is decoded once: one that holds no bytes that
-read as a wanted name field (tag, length, name; one regex, in C) is of another name and is not read further
-(building a protobuf object per attribute, about ten per node, is what made reading cost twice the decode). An
-entry of a wanted name is decoded by hand when it has the canonical form every protobuf writer gives it (the
-name first, then one value: an integer, bool or string); any other form holding a wanted name field (another
-value type, a value before the name, a doc_string, a name field twice or with a padded length, a wanted name's
-bytes inside another entry's string) sends that node through the full protobuf message instead, so every value
-reads exactly as `etweave.chakra.io.attr_value` reads it, and bad bytes fail as
+entries kept as their serialized bytes. Only the entries whose name the caller wants are decoded here: one regex
+over the node's bytes (in C) counts the places that read as a wanted name field, and the entries are read in
+order, each looked up whole in a cache of the entries seen, until that many wanted ones were read (etweave
+writes them first, so most nodes read three or four entries; building a protobuf object per attribute, about
+ten per node, is what made reading cost twice the decode). An entry is decoded by hand when it has the
+canonical form every protobuf writer gives it (the name first, then one value: an integer, bool or string); any
+other form (another value type, a value before the name, a doc_string, a malformed entry, a name field twice or
+with a padded length, a wanted name's bytes inside a string) sends that node through the full protobuf message
+instead, so every value reads exactly as `etweave.chakra.io.attr_value` reads it, and bad bytes fail as
 `iter_et` fails. A node's name is read as bytes and decoded (and interned) once per distinct name, the deps as
 slices of the repeated fields (a list made in C). The one difference: the entries of attrs no replay reads are
 never parsed, so a malformed one (which protobuf would refuse) goes unnoticed here; `etweave check` reads every
@@ -24,7 +23,7 @@ from collections.abc import Callable, Collection, Iterator
 from operator import attrgetter
 from pathlib import Path
 from sys import intern
-from typing import Any, cast
+from typing import Any
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import attr_value, iter_et_raw
@@ -102,41 +101,27 @@ def _value(entry: bytes, at: int) -> object:
         raise _Unusual from exc
 
 
-_CACHE_LIMIT = 1 << 16  # distinct entries kept decoded (a rank repeats a few hundred; ids like rf_id never)
-_SKIP: tuple[str, object] = cast("tuple[str, object]", ())  # an entry of another name: falsy, so dropped by filter
+_CACHE_LIMIT = 1 << 16  # distinct entries kept decoded (a rank repeats a few hundred; ids like part_of never)
+_SKIP = ("", None)  # an entry of a name not wanted
 
 
-def _name_finder(wanted: Collection[str]) -> Callable[[bytes], object]:
-    """Whether an entry's bytes hold a place that reads as a wanted name field: tag, length and name, the length in
-    one byte (the usual form) or padded to more. An entry whose real name (its last name field) is wanted holds
-    one; one that holds none is of another name, whatever its form, and is not read further."""
+def _name_counter(wanted: Collection[str]) -> Callable[[bytes], list[bytes]]:
+    """Every place in a node's bytes that reads as a wanted name field: tag, length and name, the length in one
+    byte (the usual form) or padded to more (which the fast path never counts as read: the node goes to the full
+    message). A node holds as many wanted entries as these when no entry repeats its name field and no string
+    holds such bytes: then, once that many were read, the entries left hold no wanted name and are not read."""
     encoded = [name.encode() for name in sorted(wanted)]
     by_length: dict[int, list[bytes]] = {}
     for name in encoded:
         by_length.setdefault(len(name), []).append(name)
-    # the usual form grouped by its length byte, and a lookahead on that byte first
+    # the usual form grouped by its length byte, and a lookahead on that byte first: most fields of a node fail
+    # there (the pattern is tried at every b"\n", the tag of each attr entry's name)
     usual = b"|".join(re.escape(bytes([length])) + b"(?:" + b"|".join(map(re.escape, names)) + b")"
                       for length, names in sorted(by_length.items()))
     lengths = b"".join(re.escape(bytes([length])) for length in sorted(by_length) if length < 0x80)
     padded = b"|".join(map(re.escape, encoded))
     return re.compile(rb"\n(?=[" + lengths + rb"\x80-\xff])(?:" + usual + rb"|[\x80-\xff]+[\x00-\x7f](?:" + padded
-                      + rb"))").search
-
-
-class _Entries(dict[bytes, tuple[str, object]]):
-    """Attr entry bytes -> (name, value) of a wanted attr, or _SKIP: most entries repeat over nodes, so
-    each distinct one of a file is decoded once, when first looked up (`__missing__`, called from C)."""
-
-    def __init__(self, wanted: frozenset[str]) -> None:
-        super().__init__()
-        self.names = frozenset(name.encode() for name in wanted)
-        self.has_wanted_name = _name_finder(wanted)
-
-    def __missing__(self, entry: bytes) -> tuple[str, object]:
-        if len(self) >= _CACHE_LIMIT:
-            self.clear()
-        hit = self[entry] = _decode(entry, self.names, self.has_wanted_name)
-        return hit
+                      + rb"))").findall
 
 
 def _full(raw: bytes, path: Path, wanted: Collection[str]) -> NodeFields:
@@ -159,10 +144,13 @@ def read_nodes(path: Path, wanted: Collection[str]) -> tuple[pb.GlobalMetadata, 
     return metadata, _nodes(raws, path, frozenset(wanted))
 
 
+
 def _nodes(raws: Iterator[bytes], path: Path, wanted: frozenset[str]) -> Iterator[NodeFields]:
     new_node: Callable[[], Any] = _ReducedNode  # a built class: its fields are not typed
     fields = attrgetter("id", "name", "type", "data_deps", "ctrl_deps", "start_time_micros", "duration_micros")
-    entry_hit = _Entries(wanted).__getitem__
+    wanted_names = _name_counter(wanted)
+    names = frozenset(name.encode() for name in wanted)
+    known: dict[bytes, tuple[str, object]] = {}  # entry bytes -> (name, value), or _SKIP: most entries repeat
     node_names: dict[bytes, str] = {}  # a node name's bytes -> the name, interned: names repeat over nodes
     for raw in raws:
         node = new_node()
@@ -172,11 +160,25 @@ def _nodes(raws: Iterator[bytes], path: Path, wanted: frozenset[str]) -> Iterato
             yield _full(raw, path, wanted)  # raises the error iter_et would
             continue
         node_id, name_bytes, ntype, data_deps, ctrl_deps, start, duration = fields(node)
+        attrs: dict[str, object] = {}
         try:
             name = node_names.get(name_bytes) or _name(name_bytes, node_names)
-            # every entry looked up in C, the wanted ones kept (a later one of a name wins, as in a dict of
-            # `node.attr`); a list of the repeated field is made in C, an iteration of it step by step
-            attrs = dict(filter(None, map(entry_hit, node.attr[:])))
+            expected = len(wanted_names(raw))
+            if expected:
+                found = 0
+                for entry in node.attr:  # etweave writes the attrs the replays read first: a few entries are read
+                    hit = known.get(entry)
+                    if hit is None:
+                        if len(known) >= _CACHE_LIMIT:
+                            known.clear()
+                        hit = known[entry] = _decode(entry, names)
+                    if hit is not _SKIP:
+                        attrs[hit[0]] = hit[1]
+                        found += 1
+                        if found == expected:
+                            break
+                else:
+                    raise _Unusual  # a wanted name elsewhere: in a string, or an entry's later name field
         except _Unusual:
             yield _full(raw, path, wanted)  # raises the error iter_et would for a name that is not UTF-8
             continue
@@ -195,16 +197,15 @@ def _name(raw: bytes, names: dict[bytes, str]) -> str:
     return name
 
 
-def _decode(entry: bytes, names: frozenset[bytes], has_wanted_name: Callable[[bytes], object]) -> tuple[str, object]:
-    """(name, value) of an entry whose name is wanted, _SKIP for an entry that holds no wanted name field (its
-    value not read); _Unusual for any other: a wanted name not first, or not with a one-byte length, or the bytes
-    of one inside an entry of another name."""
-    if not has_wanted_name(entry):
-        return _SKIP
-    if entry[0] != 0x0A or entry[1] >= 0x80 or 2 + entry[1] > len(entry):
+def _decode(entry: bytes, names: frozenset[bytes]) -> tuple[str, object]:
+    """(name, value) of an entry whose name is wanted, _SKIP for one of another name (its value not read);
+    _Unusual unless the name comes first, with a one-byte length."""
+    if not entry:
+        return _SKIP  # nothing set: the name is ""
+    if len(entry) < 2 or entry[0] != 0x0A or entry[1] >= 0x80 or 2 + entry[1] > len(entry):
         raise _Unusual
     at = 2 + entry[1]
     name = entry[2:at]
     if name not in names:
-        raise _Unusual
+        return _SKIP
     return name.decode(), _value(entry, at)
