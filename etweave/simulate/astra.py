@@ -208,7 +208,8 @@ def _run(ranks: list[AstraRank], flat: _Flat, instances: _Instances, peer: list[
         finished.append(max(ends, default=0) if min(ends, default=0) >= 0 else None)
     run = AstraRun(ranks=ranks, collectives=collectives, slots=slots, finished_ns=finished,
                    slot_wait_ns=loop.slot_wait, blocked_by=[dict(b) for b in loop.blocked], notes=notes)
-    stuck = list(compress(range(n), map(_NEVER_SCHEDULED.__eq__, loop.end)))
+    # (a rank is unfinished when a node of it never ended: no pass over every node when all finished)
+    stuck = list(compress(range(n), map(_NEVER_SCHEDULED.__eq__, loop.end))) if None in finished else []
     run.stuck_count = len(stuck)
     run.stuck = _stuck_lines(ranks, flat, loop, stuck)
     return run
@@ -277,7 +278,7 @@ def _flatten_rank(flat: _Flat, ri: int, rg: AstraRank, slotless_kinds: Collectio
     flat.kind[base:end] = kinds
     flat.slot[base:end] = ([FREE if nd.kind in slotless_kinds else s for nd, s in zip(nodes, slots, strict=True)]
                            if slotless_kinds else slots)
-    flat.dur_ns[base:end] = [max(1, nd.duration_us * 1000) for nd in nodes]
+    flat.dur_ns[base:end] = [d * 1000 if d > 0 else 1 for d in [nd.duration_us for nd in nodes]]  # max(1, d * 1000)
     flat.node_id[base:end] = ids
     flat.owner[base:end] = [ri] * len(nodes)
     if contention:
