@@ -208,7 +208,8 @@ def _run(ranks: list[AstraRank], flat: _Flat, instances: _Instances, peer: list[
         finished.append(max(ends, default=0) if min(ends, default=0) >= 0 else None)
     run = AstraRun(ranks=ranks, collectives=collectives, slots=slots, finished_ns=finished,
                    slot_wait_ns=loop.slot_wait, blocked_by=[dict(b) for b in loop.blocked], notes=notes)
-    stuck = list(compress(range(n), map(_NEVER_SCHEDULED.__eq__, loop.end)))
+    # (a rank is unfinished when a node of it never ended: no pass over every node when all finished)
+    stuck = list(compress(range(n), map(_NEVER_SCHEDULED.__eq__, loop.end))) if None in finished else []
     run.stuck_count = len(stuck)
     run.stuck = _stuck_lines(ranks, flat, loop, stuck)
     return run
@@ -277,7 +278,7 @@ def _flatten_rank(flat: _Flat, ri: int, rg: AstraRank, slotless_kinds: Collectio
     flat.kind[base:end] = kinds
     flat.slot[base:end] = ([FREE if nd.kind in slotless_kinds else s for nd, s in zip(nodes, slots, strict=True)]
                            if slotless_kinds else slots)
-    flat.dur_ns[base:end] = [max(1, nd.duration_us * 1000) for nd in nodes]
+    flat.dur_ns[base:end] = [d * 1000 if d > 0 else 1 for d in [nd.duration_us for nd in nodes]]  # max(1, d * 1000)
     flat.node_id[base:end] = ids
     flat.owner[base:end] = [ri] * len(nodes)
     if contention:
@@ -387,7 +388,7 @@ class _EventLoop:
         self.ready: list[list[list[int]]] = [[[] for _ in range(4)] for _ in ranks]  # per rank and slot: g, a heap
         self.arrived = [0] * len(instances.nodes)
         self.slot_wait = [[0] * 3 for _ in ranks]  # per rank index and slot: ready → issue, summed
-        self.holder = [[-1] * 3 for _ in ranks]
+        self.holder = [[-1] * 4 for _ in ranks]  # per rank index and slot (FREE's entry unused): the node
         self.since = [[0] * 3 for _ in ranks]  # when each slot's (holder, someone waiting) state was last accounted
         self.blocked: list[dict[tuple[int, str], int]] = [defaultdict(int) for _ in ranks]  # with contention
         self.events: list[int] = []  # _key(time, sequence, g), a heap
@@ -412,11 +413,10 @@ class _EventLoop:
         """Every completion in time order (`issue_ready` and `make_ready` written out, and `issue` of a compute
         node: they run per node)."""
         flat = self.flat
-        indeg, children, slot, owner, kind, dur_ns = (self.indeg, flat.children, flat.slot, flat.owner, flat.kind,
-                                                      self.dur_ns)
+        indeg, children, slot, owner, dur_ns = self.indeg, flat.children, flat.slot, flat.owner, self.dur_ns
         events, ready_t, issue_t, end, holder, ready, slot_wait = (self.events, self.ready_t, self.issue_t, self.end,
                                                                    self.holder, self.ready, self.slot_wait)
-        pop, push, issue, tick = heapq.heappop, heapq.heappush, self.issue, self.seq.__next__
+        pop, push, issue_ready, tick = heapq.heappop, heapq.heappush, self.issue_ready, self.seq.__next__
         charge = self._charge if self.contention else None
         shift, g_bits, g_mask = self.time_shift, self.g_bits, (1 << self.g_bits) - 1
         while events:
@@ -426,25 +426,35 @@ class _EventLoop:
             hold, heaps = holder[ri], ready[ri]
             if charge is not None:
                 charge(ri, t)
-            s = slot[g]
-            if s != FREE:
-                hold[s] = -1
+            hold[slot[g]] = -1  # (a FREE node's "slot" is the fourth entry, which nothing reads)
             for c in children[g]:
                 d = indeg[c] - 1
                 indeg[c] = d
                 if not d:
                     ready_t[c] = t
                     push(heaps[slot[c]], c)
-            for c in _pick(heaps, hold):
-                s = slot[c]
-                if kind[c] != _COMP or s == FREE:
-                    issue(c, t)
-                    continue
-                issue_t[c] = t
-                hold[s] = c
-                slot_wait[ri][s] += t - ready_t[c]
-                end[c] = e = t + dur_ns[c]
-                push(events, (e << shift) | (tick() << g_bits) | c)
+            # the nodes that issue now (`_pick`'s rule): most events issue one compute node, the lowest ready one
+            # of the only free slot that has some, taken here without a call or a list; a comm slot's node (never
+            # a compute node) counts as two, so it takes the general way
+            cpu, gpu, comm, free = heaps
+            n = 0
+            if cpu and hold[CPU] < 0:
+                h, n = cpu, 1
+            if gpu and hold[GPU] < 0:
+                h, n = gpu, n + 1
+            if comm and hold[COMM] < 0:
+                n += 2
+            if n != 1 or free:
+                if n or free:
+                    issue_ready(ri, t)
+                continue
+            c = pop(h)  # a compute node: CPU and GPU slots hold nothing else
+            s = slot[c]
+            issue_t[c] = t
+            hold[s] = c
+            slot_wait[ri][s] += t - ready_t[c]
+            end[c] = e = t + dur_ns[c]
+            push(events, (e << shift) | (tick() << g_bits) | c)
 
     def _charge(self, ri: int, t: int) -> None:
         """The contention breakdown at an event of rank `ri` at t (the rank's slot states change only at its own

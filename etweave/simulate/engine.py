@@ -462,8 +462,9 @@ class _EventLoop:
                     last_holder[r] = g
                     touched.append(r)
                 for c in children[g]:
-                    indeg[c] -= 1
-                    if indeg[c]:
+                    d = indeg[c] - 1
+                    indeg[c] = d
+                    if d:
                         continue
                     # ready: events pop in time order, so g is the last dep to finish
                     ready_at[c] = t
@@ -495,16 +496,19 @@ class _EventLoop:
         """Issue the first ready node of each free resource that changed (`_issue` written out for plain nodes)."""
         holder, queue, ready_at, ready_cause, last_holder, kind = (self.holder, self.queue, self.ready_at,
                                                                    self.ready_cause, self.last_holder, self.kind)
+        issue_t, start, issue_cause, pred, end, dur, events, g_bits = (self.issue_t, self.start, self.issue_cause,
+                                                                       self.pred, self.end, self.dur, self.events,
+                                                                       self.g_bits)
         for r in self.touched:
             if holder[r] < 0 and queue[r]:
-                _, _, g = _pop(queue[r])
+                g = _pop(queue[r])[2]
                 cause = ready_cause[g] if ready_at[g] == t else last_holder[r]
                 if kind[g] == _PLAIN:
                     holder[r] = g
-                    self.issue_t[g] = self.start[g] = t
-                    self.issue_cause[g] = self.pred[g] = cause
-                    self.end[g] = end = t + self.dur[g]
-                    _push(self.events, (end << self.g_bits) | g)
+                    issue_t[g] = start[g] = t
+                    issue_cause[g] = pred[g] = cause
+                    end[g] = e = t + dur[g]
+                    _push(events, (e << g_bits) | g)
                 else:
                     self._issue(g, t, cause)
         self.touched.clear()
