@@ -30,7 +30,7 @@ from array import array
 from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, MutableSequence, Sequence
-from itertools import compress
+from itertools import compress, repeat
 from operator import not_
 from typing import NoReturn
 
@@ -259,7 +259,7 @@ def _index_rank(graph: _Graph, ri: int, rg: RankGraph) -> None:
     end = base + len(nodes)
     ids = [nd.id for nd in nodes]
     graph.dur[base:end] = [nd.duration for nd in nodes]
-    graph.kind[base:end] = [_KIND.get(nd.type, _PLAIN) for nd in nodes]
+    graph.kind[base:end] = map(_KIND.get, [nd.type for nd in nodes], repeat(_PLAIN))
     graph.node_id[base:end] = ids
     graph.res[base:end] = _resource_indices(graph, ri, [nd.resource for nd in nodes])
     graph.children += rank_edges(ri, ids, [nd.deps for nd in nodes], base, graph.indeg)
@@ -272,7 +272,7 @@ def _resource_indices(graph: _Graph, ri: int, labels: list[str | None]) -> list[
         if label is not None:
             index[label] = len(graph.res_names)
             graph.res_names.append((ri, label))
-    return [index[label] for label in labels]
+    return list(map(index.__getitem__, labels))
 
 
 class _Collectives(msgspec.Struct):
@@ -608,7 +608,8 @@ class _Diagnosis:
 
     def __init__(self, graph: _Graph, colls: _Collectives, messages: _Messages, loop: _EventLoop) -> None:
         self.graph, self.colls, self.messages, self.loop = graph, colls, messages, loop
-        self.stuck = list(compress(range(len(loop.done)), map(not_, loop.done)))
+        # (`in` compares by identity first, in C: no call per node when every node ended)
+        self.stuck = list(compress(range(len(loop.done)), map(not_, loop.done))) if False in loop.done else []
 
     def root_causes_first(self, limit: int) -> list[Stuck]:
         """The first `limit` stuck nodes: issued comm nodes waiting for a peer (the root causes), then resource
