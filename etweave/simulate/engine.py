@@ -31,7 +31,7 @@ from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, MutableSequence, Sequence
 from itertools import compress, repeat
-from operator import not_
+from operator import lt, not_
 from typing import NoReturn
 
 import msgspec
@@ -399,7 +399,7 @@ class _EventLoop:
     and why, when it was issued, started and ended, and `pred`, what determined its timing (the critical path
     walks it back); per resource: its holder and a queue of ready nodes (ready time, node id, g)."""
 
-    __slots__ = ("arrived", "children", "done", "dur", "end", "events", "expected", "g_bits", "holder", "indeg",
+    __slots__ = ("arrived", "children", "dur", "end", "events", "expected", "g_bits", "holder", "indeg",
                  "instance_of", "instances", "issue_cause", "issue_t", "kind", "last_holder", "node_id", "offset",
                  "peer", "pred", "queue", "ready_at", "ready_cause", "res", "start", "touched")
 
@@ -420,7 +420,6 @@ class _EventLoop:
         self.ready_cause = array("q", [-1]) * n
         self.issue_cause = array("q", [-1]) * n
         self.pred = array("q", [-1]) * n
-        self.done = [False] * n
         self.holder = [-1] * resources  # node holding each resource, -1 = free
         self.last_holder = [-1] * resources
         self.queue: list[list[tuple[int, int, int]]] = [[] for _ in range(resources)]
@@ -440,7 +439,7 @@ class _EventLoop:
     def _loop(self) -> None:
         """Every completion in time order. What `_make_ready`, `_dispatch` and `_issue` do, written out for the
         plain nodes (most of them): a method call per node costs as much as the rest of its work."""
-        indeg, children, res, done, kind, dur = self.indeg, self.children, self.res, self.done, self.kind, self.dur
+        indeg, children, res, kind, dur = self.indeg, self.children, self.res, self.kind, self.dur
         holder, last_holder, events, touched, queue = (self.holder, self.last_holder, self.events, self.touched,
                                                        self.queue)
         ready_at, ready_cause, issue_t, issue_cause, start, end, pred, node_id = (
@@ -455,7 +454,6 @@ class _EventLoop:
             # drain every completion at time t before issuing, so the ready-first/lowest-id rule sees them all
             while events and events[0] < after:
                 g = pop(events) & g_mask
-                done[g] = True
                 r = res[g]
                 if r >= 0:
                     holder[r] = -1
@@ -608,8 +606,9 @@ class _Diagnosis:
 
     def __init__(self, graph: _Graph, colls: _Collectives, messages: _Messages, loop: _EventLoop) -> None:
         self.graph, self.colls, self.messages, self.loop = graph, colls, messages, loop
-        # (`in` compares by identity first, in C: no call per node when every node ended)
-        self.stuck = list(compress(range(len(loop.done)), map(not_, loop.done))) if False in loop.done else []
+        # a node ended when its end was set: every event scheduled was run (no pass per node when all ended)
+        end = loop.end
+        self.stuck = list(compress(range(len(end)), map(lt, end, repeat(0)))) if min(end, default=0) < 0 else []
 
     def root_causes_first(self, limit: int) -> list[Stuck]:
         """The first `limit` stuck nodes: issued comm nodes waiting for a peer (the root causes), then resource
@@ -666,9 +665,9 @@ class _Diagnosis:
                 f"{self.graph.node_id[h]} (itself blocked)")
 
     def _dep_wait(self, ri: int, nd: SimNode) -> str:
-        base, done = self.graph.offset[ri], self.loop.done
+        base, end = self.graph.offset[ri], self.loop.end
         pos = {d.id: base + j for j, d in enumerate(self.graph.ranks[ri].nodes)}
-        open_deps = sorted(d for d in set(nd.deps) if not done[pos[d]])
+        open_deps = sorted(d for d in set(nd.deps) if end[pos[d]] < 0)
         shown = ", ".join(str(d) for d in open_deps[:5]) + (", ..." if len(open_deps) > 5 else "")
         return f"waits for {len(open_deps)} unfinished deps: {shown}"
 
