@@ -418,7 +418,7 @@ class _EventLoop:
         self.end = [-1] * n
         self.ready_at = array("q", [-1]) * n
         self.ready_cause = array("q", [-1]) * n
-        self.issue_cause = array("q", [-1]) * n
+        self.issue_cause = array("q", [-1]) * n  # set for comm nodes (a plain node's is its pred): a recv reads it
         self.pred = array("q", [-1]) * n
         self.holder = [-1] * resources  # node holding each resource, -1 = free
         self.last_holder = [-1] * resources
@@ -442,9 +442,8 @@ class _EventLoop:
         indeg, children, res, kind, dur = self.indeg, self.children, self.res, self.kind, self.dur
         holder, last_holder, events, touched, queue = (self.holder, self.last_holder, self.events, self.touched,
                                                        self.queue)
-        ready_at, ready_cause, issue_t, issue_cause, start, end, pred, node_id = (
-            self.ready_at, self.ready_cause, self.issue_t, self.issue_cause, self.start, self.end, self.pred,
-            self.node_id)
+        ready_at, ready_cause, issue_t, start, end, pred, node_id = (self.ready_at, self.ready_cause, self.issue_t,
+                                                                     self.start, self.end, self.pred, self.node_id)
         issue, dispatch, pop, push = self._issue, self._dispatch, _pop, _push
         g_bits = self.g_bits
         g_mask = (1 << g_bits) - 1
@@ -473,7 +472,7 @@ class _EventLoop:
                         touched.append(rc)
                     elif kind[c] == _PLAIN:  # takes no resource: issued and started at once
                         issue_t[c] = start[c] = t
-                        issue_cause[c] = pred[c] = g
+                        pred[c] = g  # (its issue cause too: only a recv's is read, `_finish_recv`)
                         end[c] = e = t + dur[c]
                         push(events, (e << g_bits) | c)
                     else:
@@ -494,9 +493,8 @@ class _EventLoop:
         """Issue the first ready node of each free resource that changed (`_issue` written out for plain nodes)."""
         holder, queue, ready_at, ready_cause, last_holder, kind = (self.holder, self.queue, self.ready_at,
                                                                    self.ready_cause, self.last_holder, self.kind)
-        issue_t, start, issue_cause, pred, end, dur, events, g_bits = (self.issue_t, self.start, self.issue_cause,
-                                                                       self.pred, self.end, self.dur, self.events,
-                                                                       self.g_bits)
+        issue_t, start, pred, end, dur, events, g_bits = (self.issue_t, self.start, self.pred, self.end, self.dur,
+                                                          self.events, self.g_bits)
         for r in self.touched:
             if holder[r] < 0 and queue[r]:
                 g = _pop(queue[r])[2]
@@ -504,7 +502,7 @@ class _EventLoop:
                 if kind[g] == _PLAIN:
                     holder[r] = g
                     issue_t[g] = start[g] = t
-                    issue_cause[g] = pred[g] = cause
+                    pred[g] = cause  # (its issue cause too: only a recv's is read)
                     end[g] = e = t + dur[g]
                     _push(events, (e << g_bits) | g)
                 else:
