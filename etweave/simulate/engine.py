@@ -399,7 +399,7 @@ class _EventLoop:
     and why, when it was issued, started and ended, and `pred`, what determined its timing (the critical path
     walks it back); per resource: its holder and a queue of ready nodes (ready time, node id, g)."""
 
-    __slots__ = ("arrived", "children", "dur", "end", "events", "expected", "g_bits", "holder", "indeg",
+    __slots__ = ("arrived", "children", "comm_start", "dur", "end", "events", "expected", "g_bits", "holder", "indeg",
                  "instance_of", "instances", "issue_cause", "issue_t", "kind", "last_holder", "node_id", "offset",
                  "peer", "pred", "queue", "ready_at", "ready_cause", "res", "start", "touched")
 
@@ -414,7 +414,8 @@ class _EventLoop:
         self.peer = messages.peer
         self.instance_of, self.instances, self.expected = colls.instance_of, colls.instances, colls.expected
         self.issue_t = [-1] * n
-        self.start = [-1] * n
+        self.start: list[int] = []  # per node, once the loop ran (`_plain_starts`)
+        self.comm_start: dict[int, int] = {}  # the comm nodes' starts, as the loop sets them
         self.end = [-1] * n
         self.ready_at = array("q", [-1]) * n
         self.ready_cause = array("q", [-1]) * n
@@ -435,6 +436,15 @@ class _EventLoop:
             self._make_ready(g, 0, -1)
         self._dispatch(0)
         self._loop()
+        self._plain_starts()
+
+    def _plain_starts(self) -> None:
+        """Every node's start: a plain node starts when it is issued, so the loop writes only the comm nodes'
+        (one list fewer touched per node)."""
+        self.start = start = self.issue_t.copy()
+        comm_start = self.comm_start
+        for g in compress(range(len(self.kind)), self.kind):  # the comm nodes (picked in C): -1 until they start
+            start[g] = comm_start.get(g, -1)
 
     def _loop(self) -> None:
         """Every completion in time order. What `_make_ready`, `_dispatch` and `_issue` do, written out for the
@@ -442,8 +452,8 @@ class _EventLoop:
         indeg, children, res, kind, dur = self.indeg, self.children, self.res, self.kind, self.dur
         holder, last_holder, events, touched, queue = (self.holder, self.last_holder, self.events, self.touched,
                                                        self.queue)
-        ready_at, ready_cause, issue_t, start, end, pred, node_id = (self.ready_at, self.ready_cause, self.issue_t,
-                                                                     self.start, self.end, self.pred, self.node_id)
+        ready_at, ready_cause, issue_t, end, pred, node_id = (self.ready_at, self.ready_cause, self.issue_t, self.end,
+                                                              self.pred, self.node_id)
         issue, dispatch, pop, push = self._issue, self._dispatch, _pop, _push
         g_bits = self.g_bits
         g_mask = (1 << g_bits) - 1
@@ -471,7 +481,7 @@ class _EventLoop:
                         push(queue[rc], (t, node_id[c], c))
                         touched.append(rc)
                     elif kind[c] == _PLAIN:  # takes no resource: issued and started at once
-                        issue_t[c] = start[c] = t
+                        issue_t[c] = t
                         pred[c] = g  # (its issue cause too: only a recv's is read, `_finish_recv`)
                         end[c] = e = t + dur[c]
                         push(events, (e << g_bits) | c)
@@ -493,15 +503,14 @@ class _EventLoop:
         """Issue the first ready node of each free resource that changed (`_issue` written out for plain nodes)."""
         holder, queue, ready_at, ready_cause, last_holder, kind = (self.holder, self.queue, self.ready_at,
                                                                    self.ready_cause, self.last_holder, self.kind)
-        issue_t, start, pred, end, dur, events, g_bits = (self.issue_t, self.start, self.pred, self.end, self.dur,
-                                                          self.events, self.g_bits)
+        issue_t, pred, end, dur, events, g_bits = self.issue_t, self.pred, self.end, self.dur, self.events, self.g_bits
         for r in self.touched:
             if holder[r] < 0 and queue[r]:
                 g = _pop(queue[r])[2]
                 cause = ready_cause[g] if ready_at[g] == t else last_holder[r]
                 if kind[g] == _PLAIN:
                     holder[r] = g
-                    issue_t[g] = start[g] = t
+                    issue_t[g] = t
                     pred[g] = cause  # (its issue cause too: only a recv's is read)
                     end[g] = e = t + dur[g]
                     _push(events, (e << g_bits) | g)
@@ -516,8 +525,7 @@ class _EventLoop:
         if r >= 0:
             self.holder[r] = g
         k = self.kind[g]
-        if k == _PLAIN:  # most nodes: inline, not a call to _run_alone
-            self.start[g] = t
+        if k == _PLAIN:  # most nodes: inline, not a call to _run_alone (its start: `_plain_starts`)
             self.end[g] = end = t + self.dur[g]
             self.pred[g] = cause
             _push(self.events, (end << self.g_bits) | g)
@@ -528,7 +536,7 @@ class _EventLoop:
 
     def _run_alone(self, g: int, t: int, cause: int) -> None:
         """Node g runs its own duration from t."""
-        self.start[g] = t
+        self.comm_start[g] = t
         self.end[g] = end = t + self.dur[g]
         self.pred[g] = cause
         _push(self.events, (end << self.g_bits) | g)
@@ -538,7 +546,7 @@ class _EventLoop:
         a peer among the ranks given."""
         peer = self.peer[g]
         if self.kind[g] == _RECV and peer != _ALONE:
-            self.start[g] = t
+            self.comm_start[g] = t
             if peer >= 0 and self.issue_t[peer] >= 0:
                 self._finish_recv(g, peer)
             return
@@ -551,7 +559,7 @@ class _EventLoop:
         inst = self.instance_of[g]
         self.arrived[inst] += 1
         if self.arrived[inst] == self.expected[inst]:
-            start, end, dur, pred, offset = self.start, self.end, self.dur, self.pred, self.offset
+            start, end, dur, pred, offset = self.comm_start, self.end, self.dur, self.pred, self.offset
             for ri, i in self.instances[inst].nodes:
                 m = offset[ri] + i
                 start[m] = t
@@ -561,7 +569,7 @@ class _EventLoop:
 
     def _finish_recv(self, g: int, s: int) -> None:
         """Recv g ends at the later of its own end and its send's end."""
-        own_end = self.start[g] + self.dur[g]
+        own_end = self.comm_start[g] + self.dur[g]
         if self.end[s] > own_end:
             self.end[g], self.pred[g] = self.end[s], s
         else:
