@@ -434,7 +434,7 @@ def _validated(path: Path, data: bytes | bytearray, raws: list[msgspec.Raw] | No
 
 def _from_decoded(evs: list[Event], data: bytes | bytearray, warnings: dict[str, int]) -> EventTable:
     """The eager path over the events of the whole-file decode, whose types checked every number (`_Duration`)."""
-    xs = [e for e in evs if type(e) is _Duration]
+    xs: list[Event] = [e for e in evs if type(e) is _Duration]
     flags: dict[int, str] = {}
     table = EventTable()
     table._add_columns(xs, None, typed=True, durations=_note_durations(xs, 0, flags))
