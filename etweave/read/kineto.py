@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import operator
 import os
+import struct
 import sys
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
@@ -188,15 +189,15 @@ class EventTable(Sequence[Event]):
         events are kept, and hold them anyway). `typed`: decoded by the whole-file decode, whose ids are each a
         64-bit int or None (`_TypedArgs`). `durations`: theirs, when read already."""
         base = len(self.ts)
-        self.ts.fromlist([e.ts for e in evs])
-        self.dur.fromlist([e.dur for e in evs] if durations is None else durations)
+        _extend(self.ts, [e.ts for e in evs])
+        _extend(self.dur, [e.dur for e in evs] if durations is None else durations)
         _add_positions((self.cpu, self.runtime, self.gpu, self.sync), evs, base)
         args = [e.args for e in evs]
         if typed:
-            self.correlation.fromlist([-1 if (c := a.correlation) is None else c for a in args])
-            self.ev_idx.fromlist([NO_INDEX if (i := a.ev_idx) is None else i for a in args])  # (NO_INDEX: INT64_MIN)
-            self.seq.fromlist([-1 if (s := a.seq_number) is None else s for a in args])
-            self.rf_id.fromlist([0 if (r := a.rf_id) is None else r for a in args])
+            _extend(self.correlation, [-1 if (c := a.correlation) is None else c for a in args])
+            _extend(self.ev_idx, [NO_INDEX if (i := a.ev_idx) is None else i for a in args])  # (NO_INDEX: INT64_MIN)
+            _extend(self.seq, [-1 if (s := a.seq_number) is None else s for a in args])
+            _extend(self.rf_id, [0 if (r := a.rf_id) is None else r for a in args])
         else:
             self._add_any_ids(args)
         del args
@@ -211,14 +212,14 @@ class EventTable(Sequence[Event]):
     def _add_any_ids(self, args: list[Args]) -> None:
         """The id columns of these args, whatever their JSON types."""
         # most events have no such id, and most that have one have a plain int: _id_column reads the rest
-        self.correlation.fromlist([-1 if (c := a.correlation) is None
+        _extend(self.correlation, [-1 if (c := a.correlation) is None
                                    else c if type(c) is int and INT64_MIN <= c <= INT64_MAX
                                    else _id_column(c, -1) for a in args])
-        self.ev_idx.fromlist([i if type(i := a.ev_idx) is int and INT64_MIN < i <= INT64_MAX else NO_INDEX
+        _extend(self.ev_idx, [i if type(i := a.ev_idx) is int and INT64_MIN < i <= INT64_MAX else NO_INDEX
                               for a in args])
-        self.seq.fromlist([-1 if (s := a.seq_number) is None else s if type(s) is int and INT64_MIN <= s <= INT64_MAX
+        _extend(self.seq, [-1 if (s := a.seq_number) is None else s if type(s) is int and INT64_MIN <= s <= INT64_MAX
                            else _id_column(s, -1) for a in args])
-        self.rf_id.fromlist([0 if (r := a.rf_id) is None else r if type(r) is int and INT64_MIN <= r <= INT64_MAX
+        _extend(self.rf_id, [0 if (r := a.rf_id) is None else r if type(r) is int and INT64_MIN <= r <= INT64_MAX
                              else _id_column(r, 0) for a in args])
 
     def entry_key(self, i: int) -> tuple[float, float, int]:
@@ -269,6 +270,11 @@ class EventTable(Sequence[Event]):
                 yield _normalized(_event_decoder.decode(raw))
 
 
+def _extend(column: array[Any], values: list[Any]) -> None:
+    """`column.fromlist(values)` in fewer steps: packed in one call (`fromlist` parses each value on its own)."""
+    column.frombytes(struct.pack(f"{len(values)}{column.typecode}", *values))
+
+
 # The per-category position columns (cpu, runtime, gpu, sync): each one's categories, by its code (from 1).
 _CATEGORY_CODE = {cat: code for code, cats in enumerate((CPU_OP_CATS, RUNTIME_CATS, GPU_CATS, _SYNC_CATS), 1)
                   for cat in cats}
@@ -282,7 +288,7 @@ def _add_positions(columns: tuple[array[int], ...], evs: Sequence[Event], base: 
     for i, ev in enumerate(evs, base):
         found[code(ev.cat, 0)].append(i)
     for column, positions in zip(columns, found[1:], strict=True):
-        column.fromlist(positions)
+        _extend(column, positions)
 
 
 def _id_column(value: Any, default: int) -> int:
