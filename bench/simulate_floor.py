@@ -6,11 +6,11 @@ Each OUT is a `convert-run` output folder (e.g. kept from `python -m bench.ranks
 Per folder, interleaved, best CPU (user + sys, `os.wait4`) of `--reps` runs of each whole process: the floor
 (`python -m bench.ranks --decode`, the `decode` line of `bench.ranks`), `etweave simulate OUT` and
 `etweave simulate OUT --model astra-sim` of the working tree and, with `--base`, of that revision (its own git
-worktree, as `bench.identical` checks it out). Prints simulate / decode for each model and whether the base's
-and the working tree's stdout are byte for byte the same; then, per folder and command, the CPU per rank net of
-the command's start-up (its CPU on the start-up run cut from the first folder, `bench.ranks.startup_run`, as
-`bench.ranks` measures it, timed alike), and
-its max/min over the folders (flat per-rank cost: issue 15's target <= 1.3), and each command's peak RSS.
+worktree, as `bench.identical` checks it out; both trees compiled first). Prints simulate / decode for each model
+and whether the base's and the working tree's stdout are byte for byte the same; then, per folder and command, the
+CPU per rank net of the command's start-up (its CPU on the start-up run cut from the first folder,
+`bench.ranks.startup_run`, as `bench.ranks` measures it, timed alike), and its max/min over the folders (flat
+per-rank cost: issue 15's target <= 1.3), and each command's peak RSS.
 """
 
 from __future__ import annotations
@@ -74,6 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.base:
             trees = {"base": checkout(args.base, work / "base-tree"), **trees}
+        for tree in trees.values():  # compiled as the working tree is (else a side recompiles in every process
+            # where PYTHONDONTWRITEBYTECODE is set)
+            subprocess.run([sys.executable, "-m", "compileall", "-q", "etweave", "bench"], cwd=tree, check=True,
+                           env={k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
+                           stdout=subprocess.DEVNULL)
         print(f"load average {os.getloadavg()[0]:.2f} at the start; best CPU s of {args.reps}", flush=True)
         cut = work / "startup"
         startup_run(args.outs[0], cut)

@@ -49,7 +49,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from itertools import compress, repeat
-from operator import attrgetter, eq, itemgetter, lt, not_, sub
+from operator import eq, itemgetter, lt, not_, sub
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
@@ -253,10 +253,12 @@ class _Shapes:
     """The `NodeShape`s of a graph's nodes as parallel lists, in node order (no object per node; ctrl_deps, which
     etweave never writes, kept only where present)."""
 
-    __slots__ = ("ctrl_deps", "data_deps", "ids", "names")
+    __slots__ = ("ctrl_deps", "data_deps", "ids", "items", "names")
 
     def __init__(self) -> None:
         self.ids: list[int] = []
+        # the first nodes' names as items (`NodeChecker.add_encoded`: read only for a message), then the others'
+        self.items: Sequence[Item] = ()
         self.names: list[str] = []
         self.data_deps: list[tuple[int, ...]] = []
         self.ctrl_deps: dict[int, tuple[int, ...]] = {}  # position -> the node's ctrl_deps, where it has any
@@ -272,7 +274,12 @@ class _Shapes:
         return len(self.ids)
 
     def __getitem__(self, i: int) -> NodeShape:
-        return NodeShape(self.ids[i], self.names[i], self.data_deps[i], self.ctrl_deps.get(i, ()))
+        return NodeShape(self.ids[i], self.name(i), self.data_deps[i], self.ctrl_deps.get(i, ()))
+
+    def name(self, i: int) -> str:
+        """The name of node i."""
+        k = i - len(self.items)
+        return self.items[i].name if k < 0 else self.names[k]
 
 
 class NodeChecker:
@@ -293,19 +300,20 @@ class NodeChecker:
         """A node for the graph checks only (ids, edges, cycles): its own attrs and type were checked before."""
         self.shapes.add(node.id, node.name, tuple(node.data_deps), tuple(node.ctrl_deps))
 
-    def add_encoded(self, items: Sequence[Item], data_deps: Iterable[tuple[int, ...]], in_full: Iterable[bytes]
-                    ) -> None:
-        """A conversion's nodes as `etweave.nodes.EncodedNodes` encoded them: `items`, each node's item in node order,
-        `data_deps`, each node's data_deps in that order, and `in_full`, the bytes of its nodes but plain COMP nodes
-        (comm nodes and `## process_group:init ##`), which are decoded and checked in full. A plain COMP node is kept
-        for the graph checks only: the encoder writes its attrs in the oneofs of ATTR_TYPES, always with num_ops and
-        tensor_size, and is_cpu_op false on GPU work, so the per-node rules hold by construction."""
+    def add_encoded(self, items: Sequence[Item], ids: list[int], data_deps: list[tuple[int, ...]],
+                    in_full: Iterable[bytes]) -> None:
+        """A conversion's nodes as `etweave.nodes.EncodedNodes` encoded them, before any other: `items`, each node's
+        item in node order (its name read only for a message), `ids` and `data_deps`, each node's id and data_deps in
+        that order, and `in_full`, the bytes of its nodes but plain COMP nodes (comm nodes and `## process_group:init
+        ##`), which are decoded and checked in full. A plain COMP node is kept for the graph checks only: the encoder
+        writes its attrs in the oneofs of ATTR_TYPES, always with num_ops and tensor_size, and is_cpu_op false on GPU
+        work, so the per-node rules hold by construction."""
+        shapes = self.shapes
+        if shapes.ids:
+            raise ValueError("add_encoded takes a conversion's nodes first, before any other")
         for data in in_full:
             _check_node_semantics(_decoded(data), self.where, self.out, self.warnings)
-        shapes = self.shapes
-        shapes.ids += map(attrgetter("id"), items)  # (whole-list passes, not per node)
-        shapes.names += map(attrgetter("name"), items)
-        shapes.data_deps += data_deps
+        shapes.ids, shapes.items, shapes.data_deps = ids, items, data_deps
 
     def violations(self, order: Sequence[Any] | RisingKeys | None = None) -> list[Violation]:
         """The violations found. `order`: a key per node, in the order they were added, that the edges rise in
@@ -382,7 +390,7 @@ def _graph_violations(nodes: _Shapes, where: str, order: Sequence[Any] | RisingK
             first = index[nid]
             if first != i:
                 out.append(Violation("duplicate-id", where, f"id also used by an earlier node "
-                                     f"({nodes.names[first]!r}, now {nodes.names[i]!r})", nid))
+                                     f"({nodes.name(first)!r}, now {nodes.name(i)!r})", nid))
     dependents, indegree = _edges(nodes, index, where, out)
     stuck = _unschedulable(dependents, indegree)
     if stuck:

@@ -113,13 +113,12 @@ class Result(msgspec.Struct):
         """Checks the nodes once all are encoded; yields none."""
         g = self.graph
         checker = NodeChecker(f"rank {g.rank}")
-        checker.add_encoded(g.items, nodes.data_deps, nodes.in_full)
+        checker.add_encoded(g.items, nodes.ids, nodes.data_deps, nodes.in_full)
         # every edge rises in (start, pos, id) (deps.order_key, but for roots first on equal starts): the proof of
         # acyclicity the graph check looks for first, on the starts and, where an edge's ends start at once, the
         # whole keys
         by_id = g.by_id
-        violations = checker.violations(RisingKeys(list(map(attrgetter("start"), g.items)),
-                                                   lambda i: _ORDER_KEY(by_id[i])))
+        violations = checker.violations(RisingKeys(nodes.starts, lambda i: _ORDER_KEY(by_id[i])))
         if violations:
             raise RuntimeError(f"output failed its own check: {violations[0]}")
         yield from ()

@@ -268,9 +268,10 @@ _PART_OF_3, _CORRELATION_3 = (_attr_prefix(_key(name, "int64_val"), 3) for name 
 class EncodedNodes:
     """One conversion's nodes, encoded lazily in item order as they are taken (iterate it once), so the writer can
     stream them; GPU COMP nodes take num_ops and tensor_size from `roofline` (zeros without). Once all are taken,
-    it holds what the self-check reads of them (`check.NodeChecker.add_encoded`): `data_deps`, each node's in node
-    order, and `in_full`, the bytes of the nodes that are not plain COMP nodes (comm nodes and `## process_group:init
-    ##`).
+    it holds what the self-check reads of them (`check.NodeChecker.add_encoded`), kept as they go (each item is at
+    hand then; a pass over the items after would reach each again): `ids`, `starts` (the items' measured starts)
+    and `data_deps`, each node's in node order, and `in_full`, the bytes of the nodes that are not plain COMP nodes
+    (comm nodes and `## process_group:init ##`).
 
     One function per node (`node`) writes the fields in number order with the common cases inline; it caches the
     bytes that repeat across nodes (name, type and place per `_Shape`, evidence lists, the high bits of times). A
@@ -281,6 +282,8 @@ class EncodedNodes:
                  ) -> None:
         self.items = g.items
         self.times = times
+        self.ids: list[int] = []
+        self.starts: list[float] = []  # (each item's start as measured, not rounded)
         self.data_deps: list[tuple[int, ...]] = []
         self.in_full: list[bytes] = []
         self.work = roofline.values if roofline is not None else {}
@@ -305,9 +308,12 @@ class EncodedNodes:
         evidence1, new_evidence, many_deps = self.evidence1, self._evidence, self._many_deps
         high_of, new_high, host_fields, attrs = self.high.get, self._high, self._host, self._attrs
         add_deps, add_full = self.data_deps.append, self.in_full.append
+        add_id, add_start = self.ids.append, self.starts.append
 
         def node(it: Item, start: int, seg_end: int) -> bytes:  # (start, seg_end: `Rounded`'s)
             iid = it.id
+            add_id(iid)
+            add_start(it.start)
             comm = it.comm
             ntype = _COMP if comm is None else comm.node_type
             shape = shape_of((it.name, it.kind, ntype, it.tid, it.device, it.stream)) or new_shape(it, ntype)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Sequence
+from itertools import compress
 
 import msgspec
 
@@ -49,8 +51,10 @@ class DeviceSelection(msgspec.Struct):
 def select_device(kineto: KinetoTrace, window: tuple[float, float] | None) -> DeviceSelection:
     # Columns only: at a few GB of trace, decoding every event here again would cost more than the rest.
     events = kineto.events
-    ts, dur, correlation = events.ts, events.dur, events.correlation
-    runtime_by_corr = {correlation[r]: r for r in events.runtime if correlation[r] >= 0}
+    # (the columns read here as lists, made in C: an item of an array is a new number object at every read)
+    ts, dur, correlation = events.ts.tolist(), events.dur, events.correlation.tolist()
+    runtime = events.runtime.tolist()
+    runtime_by_corr = {correlation[r]: r for r in runtime if correlation[r] >= 0}
     sel = DeviceSelection([], [], {}, gpu_input=len(events.gpu), runtime_input=len(events.runtime))
     lo, hi = window if window is not None else (float("-inf"), float("inf"))
     launcher_of, launcher = sel.launcher_of, runtime_by_corr.get
@@ -75,8 +79,8 @@ def select_device(kineto: KinetoTrace, window: tuple[float, float] | None) -> De
     outside += [i for i in launcherless if not lo <= ts[i] <= gpu_end]
     sel.gpu.sort()
     kept_runtime = set(launcher_of.values())
-    sel.runtime = [r for r in events.runtime if r in kept_runtime or lo <= ts[r] <= hi]
+    kept = [r in kept_runtime or lo <= ts[r] <= hi for r in runtime]
+    sel.runtime = list(compress(runtime, kept))
     sel.leave_out_all("device_ops", "outside_window", events, outside)
-    sel.leave_out_all("runtime_calls", "outside_window", events, [r for r in events.runtime
-                                                                  if r not in kept_runtime and not lo <= ts[r] <= hi])
+    sel.leave_out_all("runtime_calls", "outside_window", events, list(compress(runtime, map(operator.not_, kept))))
     return sel

@@ -6,7 +6,10 @@ op sequence with a Kineto thread (names, order, nesting by start order, and `seq
 
 from __future__ import annotations
 
+import operator
+from bisect import bisect_left
 from collections import Counter, defaultdict
+from itertools import islice
 
 import msgspec
 
@@ -34,12 +37,16 @@ def cpu_threads(events: EventTable) -> dict[int | str, list[int]]:
         threads[tid[i]].append(i)
     for idx in threads.values():
         # = idx.sort(key=events.entry_key), in stable passes of one number per event (no tuple per event: at a
-        # few million events those were the largest objects of the stage): the tie-breaker, then the start.
-        if NO_INDEX not in [ev_idx[i] for i in idx]:
-            idx.sort(key=ev_idx.__getitem__)
-        else:
+        # few million events those were the largest objects of the stage): the tie-breaker, then the start; each
+        # pass only when the events are not in its order already (they usually are: the file's order is Kineto's)
+        indices = [ev_idx[i] for i in idx]
+        if NO_INDEX in indices:
             idx.sort(key=lambda i: x if (x := ev_idx[i]) != NO_INDEX else -dur[i])
-        idx.sort(key=ts.__getitem__)
+        elif indices != sorted(indices):
+            idx.sort(key=ev_idx.__getitem__)
+        starts = [ts[i] for i in idx]
+        if starts != sorted(starts):
+            idx.sort(key=ts.__getitem__)
     return dict(threads)
 
 
@@ -107,6 +114,11 @@ def _seq_offset(ops: list[HostOp], events: EventTable, threads: dict[int | str, 
     host_pairs = [(op.name, op.seq_id) for op in ops if op.seq_id >= 0]
     if not host_pairs or not by_name:
         return None
+    numbers_of = {name: set(numbers) for name, numbers in by_name.items()}
+    nothing: set[int] = set()
+    host_numbers = [(numbers_of.get(name, nothing), s) for name, s in host_pairs]
+    if all(s in numbers for numbers, s in host_numbers):  # 0 matches every pair: no offset scores more or is smaller
+        return 0
     candidates: Counter[int] = Counter()
     for name, s in host_pairs[:64]:  # each Kineto number of the name minus the host's, counted in C
         candidates.update(map((-s).__add__, by_name.get(name, ())))
@@ -115,9 +127,6 @@ def _seq_offset(ops: list[HostOp], events: EventTable, threads: dict[int | str, 
     # The first 64 pairs bound each candidate's score (at most its count among them plus one per other pair):
     # candidates in decreasing count (the preferred first among equal counts), until none can reach the best
     # score, skipping those whose bound loses even the tie-break; the same choice as scoring them all.
-    numbers_of = {name: set(numbers) for name, numbers in by_name.items()}
-    nothing: set[int] = set()
-    host_numbers = [(numbers_of.get(name, nothing), s) for name, s in host_pairs]
     others = len(host_pairs) - min(64, len(host_pairs))
     best: tuple[int, int, int] | None = None
     for d in sorted(candidates, key=lambda d: (candidates[d], -abs(d), -d), reverse=True):
@@ -171,8 +180,9 @@ def _link_by_alignment(ops: list[HostOp], events: EventTable, threads: dict[int 
 def _anchors(host_ops: list[HostOp], idx: list[int], events: EventTable, offset: int | None,
              span: tuple[float, float] | None) -> list[tuple[int, int]]:
     """Candidate (host position, Kineto position) pairs to start aligning from."""
-    names, seq, ts = events.name, events.seq, events.ts
+    names, ts = events.name, events.ts
     if offset is not None:
+        seq = events.seq
         for h, op in enumerate(host_ops):
             if op.seq_id < 0:
                 continue
@@ -182,16 +192,15 @@ def _anchors(host_ops: list[HostOp], idx: list[int], events: EventTable, offset:
                 return [(h, hit)]
             break
     if span is not None:  # a thread without sequence numbers: start where the anchored threads' step starts
-        lo = span[0]
-        k = next((k for k, i in enumerate(idx) if ts[i] >= lo), None)
-        if k is None:
+        k = bisect_left(idx, span[0], key=ts.__getitem__)  # (idx is in start order)
+        if k == len(idx):
             return []
         name = host_ops[0].name
         near = [j for j in range(k, min(len(idx), k + 4 * LOOKAHEAD)) if names[idx[j]] == name]
         return [(0, near[0] if near else k)]
     # Nothing to go by: try the first few places where the first op's name occurs (the first full match wins).
     first = host_ops[0].name
-    return [(0, k) for k, i in enumerate(idx) if names[i] == first][:8]
+    return list(islice(((0, k) for k, i in enumerate(idx) if names[i] == first), 8))
 
 
 def _align(host_ops: list[HostOp], idx: list[int], events: EventTable, anchor: tuple[int, int],
@@ -246,13 +255,14 @@ def _walk(host_ops: list[HostOp], idx: list[int], events: EventTable, h: int, k:
 # run and rank and a poor link (a damaged host ET) is counted in the report instead.
 MIN_LINKED_SHARE = 0.5
 MAX_RF_ID_NAME_MISMATCH = 0.1
+_PID = operator.attrgetter("pid")
 
 
 def mismatch_evidence(host: HostTrace, kineto: KinetoTrace, link: HostLink) -> list[str]:
     """Why the two files are not of the same run and rank; [] when nothing says so."""
     evidence: list[str] = []
-    pids = Counter(p for p in (kineto.events[i].pid for i in kineto.events.cpu[:10000])
-                   if isinstance(p, int) and not isinstance(p, bool))
+    counts = Counter(map(_PID, kineto.events.at(kineto.events.cpu[:10000])))  # (counted in C: a few distinct)
+    pids = Counter({p: n for p, n in counts.items() if isinstance(p, int) and not isinstance(p, bool)})
     kineto_pid = pids.most_common(1)[0][0] if pids else None
     same_process = bool(host.pid) and kineto_pid == host.pid
     if host.pid and kineto_pid is not None and not same_process:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import functools
 import operator
 import os
+import struct
 import sys
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import compress, count, islice
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -25,6 +26,7 @@ CPU_OP_CATS = frozenset({"cpu_op", "user_annotation"})
 RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver"})
 GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"})
 SYNC_CAT = "cuda_sync"
+_SYNC_CATS = frozenset({SYNC_CAT})
 
 
 # gc=False: events hold no reference cycles, and tracking millions of them made the collector the largest cost.
@@ -78,8 +80,35 @@ class _Phased(Event):
     ph: str = ""
 
 
+# The whole-file decode types every number that reaches the output or a column to what the checks accept (the
+# widths of `_check_event`, the ids the columns hold as they are): a trace with anything else fails that decode
+# and is read by its raw views, which check and name it, so the events it does keep need no check.
+_INT64 = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
+_ELEMENTS = Annotated[int, msgspec.Meta(ge=0, lt=1 << 48)]
+_TIME = Annotated[float, msgspec.Meta(gt=-_MAX_TIME, lt=_MAX_TIME)]
+_DURATION = Annotated[float, msgspec.Meta(lt=_MAX_TIME)]  # negative or missing (NaN): counted, read as 0
+
+
+class _TypedArgs(Args, frozen=True, gc=False):
+    """`Args` as the whole-file decode reads them: the ids 64-bit ints, the element counts in range."""
+
+    correlation: _INT64 | None = None
+    rf_id: _INT64 | None = msgspec.field(default=None, name="Record function id")
+    seq_number: _INT64 | None = msgspec.field(default=None, name="Sequence number")
+    in_nelems: _ELEMENTS | None = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: _ELEMENTS | None = msgspec.field(default=None, name="Out msg nelems")
+    ev_idx: _INT64 | None = msgspec.field(default=None, name="Ev Idx")
+
+
 class _Duration(Event, tag_field="ph", tag="X"):
-    """A duration event as the whole-file decode reads it: one member of the union of every phase."""
+    """A duration event as the whole-file decode reads it: one member of the union of every phase, its numbers
+    typed so that it needs no further check."""
+
+    ts: _TIME = 0.0
+    dur: _DURATION = float("nan")
+    pid: _INT64 | str = 0
+    tid: _INT64 | str = 0
+    args: _TypedArgs = _TypedArgs()
 
 
 class _CheckedArgs(msgspec.Struct, frozen=True, gc=False):
@@ -153,29 +182,24 @@ class EventTable(Sequence[Event]):
         self.tid: list[int | str] = []
         self.name: list[str] = []
 
-    def _add_columns(self, evs: Sequence[Event], interned: dict[Any, Any] | None) -> None:
+    def _add_columns(self, evs: Sequence[Event], interned: dict[Any, Any] | None, typed: bool = False,
+                     durations: list[float] | None = None) -> None:
         """Append the columns of these (normalized) events: whole-list passes, no method call per event.
         `interned`: one object per distinct thread id and name, shared by every chunk of one trace (None: the
-        events are kept, and hold them anyway)."""
+        events are kept, and hold them anyway). `typed`: decoded by the whole-file decode, whose ids are each a
+        64-bit int or None (`_TypedArgs`). `durations`: theirs, when read already."""
         base = len(self.ts)
-        self.ts.fromlist([e.ts for e in evs])
-        self.dur.fromlist([e.dur for e in evs])
-        cats = [e.cat for e in evs]
-        for column, wanted in ((self.cpu, CPU_OP_CATS), (self.runtime, RUNTIME_CATS), (self.gpu, GPU_CATS),
-                               (self.sync, _SYNC_CATS)):
-            column.fromlist(list(compress(count(base), map(wanted.__contains__, cats))))
-        del cats
+        _extend(self.ts, [e.ts for e in evs])
+        _extend(self.dur, [e.dur for e in evs] if durations is None else durations)
+        _add_positions((self.cpu, self.runtime, self.gpu, self.sync), evs, base)
         args = [e.args for e in evs]
-        # most events have no such id, and most that have one have a plain int: _id_column reads the rest
-        self.correlation.fromlist([-1 if (c := a.correlation) is None
-                                   else c if type(c) is int and INT64_MIN <= c <= INT64_MAX
-                                   else _id_column(c, -1) for a in args])
-        self.ev_idx.fromlist([i if type(i := a.ev_idx) is int and INT64_MIN < i <= INT64_MAX else NO_INDEX
-                              for a in args])
-        self.seq.fromlist([-1 if (s := a.seq_number) is None else s if type(s) is int and INT64_MIN <= s <= INT64_MAX
-                           else _id_column(s, -1) for a in args])
-        self.rf_id.fromlist([0 if (r := a.rf_id) is None else r if type(r) is int and INT64_MIN <= r <= INT64_MAX
-                             else _id_column(r, 0) for a in args])
+        if typed:
+            _extend(self.correlation, [-1 if (c := a.correlation) is None else c for a in args])
+            _extend(self.ev_idx, [NO_INDEX if (i := a.ev_idx) is None else i for a in args])  # (NO_INDEX: INT64_MIN)
+            _extend(self.seq, [-1 if (s := a.seq_number) is None else s for a in args])
+            _extend(self.rf_id, [0 if (r := a.rf_id) is None else r for a in args])
+        else:
+            self._add_any_ids(args)
         del args
         tids, names = [e.tid for e in evs], [e.name for e in evs]
         if interned is None:
@@ -185,11 +209,30 @@ class EventTable(Sequence[Event]):
             self.tid += map(interned.setdefault, tids, tids)
             self.name += map(interned.setdefault, names, names)
 
+    def _add_any_ids(self, args: list[Args]) -> None:
+        """The id columns of these args, whatever their JSON types."""
+        # most events have no such id, and most that have one have a plain int: _id_column reads the rest
+        _extend(self.correlation, [-1 if (c := a.correlation) is None
+                                   else c if type(c) is int and INT64_MIN <= c <= INT64_MAX
+                                   else _id_column(c, -1) for a in args])
+        _extend(self.ev_idx, [i if type(i := a.ev_idx) is int and INT64_MIN < i <= INT64_MAX else NO_INDEX
+                              for a in args])
+        _extend(self.seq, [-1 if (s := a.seq_number) is None else s if type(s) is int and INT64_MIN <= s <= INT64_MAX
+                           else _id_column(s, -1) for a in args])
+        _extend(self.rf_id, [0 if (r := a.rf_id) is None else r if type(r) is int and INT64_MIN <= r <= INT64_MAX
+                             else _id_column(r, 0) for a in args])
+
     def entry_key(self, i: int) -> tuple[float, float, int]:
         """Order of op entry on one thread: start time, then Kineto's event index (outer before inner, and right
         at equal µs-rounded starts), else outer (longer) first. From the columns."""
         idx = self.ev_idx[i]
         return (self.ts[i], idx if idx != NO_INDEX else -self.dur[i], i)
+
+    def at(self, positions: Iterable[int]) -> list[Event]:
+        """The events at these positions (decoded ones picked in C; raw ones decoded as `table[i]` does)."""
+        if self._events is not None:
+            return list(map(self._events.__getitem__, positions))
+        return [self[i] for i in positions]
 
     def release(self) -> None:
         """Let go of the events (decoded, or their raw JSON), keeping the columns: for a conversion that read the
@@ -227,14 +270,32 @@ class EventTable(Sequence[Event]):
                 yield _normalized(_event_decoder.decode(raw))
 
 
+def _extend(column: array[Any], values: list[Any]) -> None:
+    """`column.fromlist(values)` in fewer steps: packed in one call (`fromlist` parses each value on its own)."""
+    column.frombytes(struct.pack(f"{len(values)}{column.typecode}", *values))
+
+
+# The per-category position columns (cpu, runtime, gpu, sync): each one's categories, by its code (from 1).
+_CATEGORY_CODE = {cat: code for code, cats in enumerate((CPU_OP_CATS, RUNTIME_CATS, GPU_CATS, _SYNC_CATS), 1)
+                  for cat in cats}
+
+
+def _add_positions(columns: tuple[array[int], ...], evs: Sequence[Event], base: int) -> None:
+    """Append to each of `columns` (cpu, runtime, gpu, sync) the positions (from `base`) of its categories' events,
+    in one pass (fewer steps than a pass per column)."""
+    found: tuple[list[int], ...] = ([], [], [], [], [])  # by category code; 0: none of the four
+    code = _CATEGORY_CODE.get
+    for i, ev in enumerate(evs, base):
+        found[code(ev.cat, 0)].append(i)
+    for column, positions in zip(columns, found[1:], strict=True):
+        _extend(column, positions)
+
+
 def _id_column(value: Any, default: int) -> int:
     """An id that is not a plain 64-bit int, as a column holds it: `as_int`'s reading, else `default`; one beyond
     64 bits (a string can spell it) at the nearest 64-bit bound."""
     number = as_int(value, default)
     return default if number is None else max(INT64_MIN, min(number, INT64_MAX))
-
-
-_SYNC_CATS = frozenset({SYNC_CAT})
 
 
 NO_INDEX = -(1 << 63)
@@ -378,26 +439,35 @@ def _validated(path: Path, data: bytes | bytearray, raws: list[msgspec.Raw] | No
 
 
 def _from_decoded(evs: list[Event], data: bytes | bytearray, warnings: dict[str, int]) -> EventTable:
-    """The eager path over the decoded events; _Irregular when a check fails."""
-    is_x = [type(e) is _Duration for e in evs]
-    xs = list(compress(evs, is_x))
-    del evs
+    """The eager path over the events of the whole-file decode, whose types checked every number (`_Duration`)."""
+    xs: list[Event] = [e for e in evs if type(e) is _Duration]
     flags: dict[int, str] = {}
-    _note_durations(xs, 0, flags)
     table = EventTable()
-    table._add_columns(xs, None)
-    _check_widths(table, 0, xs)
+    table._add_columns(xs, None, typed=True, durations=_note_durations(xs, 0, flags))
     duplicates: set[int] = set()
     # Byte-identical events decode alike: only when some decoded alike do their JSON texts decide (exact rule).
     if _decoded_alike(table):
-        x_raws = list(compress(_raw_events(data), is_x))
+        x_raws = list(compress(_raw_events(data), [type(e) is _Duration for e in evs]))
         duplicates = _duplicates(x_raws, _repeated_hashes(x_raws))
     return _without_duplicates(table, xs, None, duplicates, flags, warnings)
 
 
 def _decoded_alike(table: EventTable) -> bool:
-    """Whether two events have the same start, duration, thread, name, correlation and event index: the starts
-    that repeat first (neighbours once sorted; few events share one), then the full key of the events with one."""
+    """Whether two events have the same start, duration, thread, name, correlation and event index. First in C on
+    each event's start, duration, correlation and event index as 32 bytes (identical JSON texts decode to
+    identical bits; in real traces no two events share them all); when some do, the starts that repeat
+    (neighbours once sorted; few events share one), then the full key of the events with one."""
+    n = len(table.ts)
+    records = array("q", bytes(32 * n))
+    records[0::4], records[1::4] = array("q", table.ts.tobytes()), array("q", table.dur.tobytes())  # (bits)
+    records[2::4], records[3::4] = table.correlation, table.ev_idx
+    distinct: set[int] = set()  # the records' hashes, a chunk of records at a time (fewer objects held)
+    for start in range(0, n, _CHUNK):
+        chunk = records[4 * start:4 * (start + _CHUNK)]
+        distinct.update(map(hash, struct.unpack("32s" * (len(chunk) // 4), chunk)))
+    if len(distinct) == n:
+        return False
+    del records, distinct
     ts = table.ts.tolist()
     ordered = sorted(ts)
     repeated = set(compress(ordered, map(operator.eq, ordered, islice(ordered, 1, None))))  # (C, not float.__eq__)
@@ -430,8 +500,7 @@ def _read_events(raws: list[msgspec.Raw], eager: bool, warnings: dict[str, int])
         xs, x_raws = list(compress(evs, is_x)), list(compress(chunk, is_x))
         del evs, chunk, is_x
         base = len(kept_raws)
-        _note_durations(xs, base, flags)
-        table._add_columns(xs, interned)
+        table._add_columns(xs, interned, durations=_note_durations(xs, base, flags))
         _check_widths(table, base, xs)
         kept_raws += x_raws
         if eager:
@@ -501,16 +570,17 @@ def _repeated_hashes(raws: list[msgspec.Raw]) -> list[int]:
     return sorted(suspects)
 
 
-def _note_durations(evs: Sequence[Event], base: int, flags: dict[int, str]) -> None:
-    """Flag and zero the negative and missing (NaN) durations."""
+def _note_durations(evs: Sequence[Event], base: int, flags: dict[int, str]) -> list[float]:
+    """Flag and zero the negative and missing (NaN) durations; the durations, so zeroed."""
     durations = [e.dur for e in evs]
     total = sum(durations)
     if total == total and (not durations or min(durations) >= 0):  # no NaN (it would make the sum NaN), none < 0
-        return
+        return durations
     for j in [j for j, d in enumerate(durations) if not d >= 0]:
         ev = evs[j]
         flags[base + j] = "missing" if ev.dur != ev.dur else "negative"
-        ev.dur = 0.0
+        ev.dur = durations[j] = 0.0
+    return durations
 
 
 def _raise_first_problem(path: Path, raws: list[msgspec.Raw]) -> None:

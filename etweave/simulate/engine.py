@@ -30,8 +30,8 @@ from array import array
 from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, MutableSequence, Sequence
-from itertools import compress
-from operator import not_
+from itertools import compress, repeat
+from operator import lt, not_
 from typing import NoReturn
 
 import msgspec
@@ -259,7 +259,7 @@ def _index_rank(graph: _Graph, ri: int, rg: RankGraph) -> None:
     end = base + len(nodes)
     ids = [nd.id for nd in nodes]
     graph.dur[base:end] = [nd.duration for nd in nodes]
-    graph.kind[base:end] = [_KIND.get(nd.type, _PLAIN) for nd in nodes]
+    graph.kind[base:end] = map(_KIND.get, [nd.type for nd in nodes], repeat(_PLAIN))
     graph.node_id[base:end] = ids
     graph.res[base:end] = _resource_indices(graph, ri, [nd.resource for nd in nodes])
     graph.children += rank_edges(ri, ids, [nd.deps for nd in nodes], base, graph.indeg)
@@ -272,7 +272,7 @@ def _resource_indices(graph: _Graph, ri: int, labels: list[str | None]) -> list[
         if label is not None:
             index[label] = len(graph.res_names)
             graph.res_names.append((ri, label))
-    return [index[label] for label in labels]
+    return list(map(index.__getitem__, labels))
 
 
 class _Collectives(msgspec.Struct):
@@ -399,7 +399,7 @@ class _EventLoop:
     and why, when it was issued, started and ended, and `pred`, what determined its timing (the critical path
     walks it back); per resource: its holder and a queue of ready nodes (ready time, node id, g)."""
 
-    __slots__ = ("arrived", "children", "done", "dur", "end", "events", "expected", "g_bits", "holder", "indeg",
+    __slots__ = ("arrived", "children", "comm_start", "dur", "end", "events", "expected", "g_bits", "holder", "indeg",
                  "instance_of", "instances", "issue_cause", "issue_t", "kind", "last_holder", "node_id", "offset",
                  "peer", "pred", "queue", "ready_at", "ready_cause", "res", "start", "touched")
 
@@ -414,13 +414,13 @@ class _EventLoop:
         self.peer = messages.peer
         self.instance_of, self.instances, self.expected = colls.instance_of, colls.instances, colls.expected
         self.issue_t = [-1] * n
-        self.start = [-1] * n
+        self.start: list[int] = []  # per node, once the loop ran (`_plain_starts`)
+        self.comm_start: dict[int, int] = {}  # the comm nodes' starts, as the loop sets them
         self.end = [-1] * n
         self.ready_at = array("q", [-1]) * n
         self.ready_cause = array("q", [-1]) * n
-        self.issue_cause = array("q", [-1]) * n
+        self.issue_cause = array("q", [-1]) * n  # set for comm nodes (a plain node's is its pred): a recv reads it
         self.pred = array("q", [-1]) * n
-        self.done = [False] * n
         self.holder = [-1] * resources  # node holding each resource, -1 = free
         self.last_holder = [-1] * resources
         self.queue: list[list[tuple[int, int, int]]] = [[] for _ in range(resources)]
@@ -436,16 +436,24 @@ class _EventLoop:
             self._make_ready(g, 0, -1)
         self._dispatch(0)
         self._loop()
+        self._plain_starts()
+
+    def _plain_starts(self) -> None:
+        """Every node's start: a plain node starts when it is issued, so the loop writes only the comm nodes'
+        (one list fewer touched per node)."""
+        self.start = start = self.issue_t.copy()
+        comm_start = self.comm_start
+        for g in compress(range(len(self.kind)), self.kind):  # the comm nodes (picked in C): -1 until they start
+            start[g] = comm_start.get(g, -1)
 
     def _loop(self) -> None:
         """Every completion in time order. What `_make_ready`, `_dispatch` and `_issue` do, written out for the
         plain nodes (most of them): a method call per node costs as much as the rest of its work."""
-        indeg, children, res, done, kind, dur = self.indeg, self.children, self.res, self.done, self.kind, self.dur
+        indeg, children, res, kind, dur = self.indeg, self.children, self.res, self.kind, self.dur
         holder, last_holder, events, touched, queue = (self.holder, self.last_holder, self.events, self.touched,
                                                        self.queue)
-        ready_at, ready_cause, issue_t, issue_cause, start, end, pred, node_id = (
-            self.ready_at, self.ready_cause, self.issue_t, self.issue_cause, self.start, self.end, self.pred,
-            self.node_id)
+        ready_at, ready_cause, issue_t, end, pred, node_id = (self.ready_at, self.ready_cause, self.issue_t, self.end,
+                                                              self.pred, self.node_id)
         issue, dispatch, pop, push = self._issue, self._dispatch, _pop, _push
         g_bits = self.g_bits
         g_mask = (1 << g_bits) - 1
@@ -455,7 +463,6 @@ class _EventLoop:
             # drain every completion at time t before issuing, so the ready-first/lowest-id rule sees them all
             while events and events[0] < after:
                 g = pop(events) & g_mask
-                done[g] = True
                 r = res[g]
                 if r >= 0:
                     holder[r] = -1
@@ -474,8 +481,8 @@ class _EventLoop:
                         push(queue[rc], (t, node_id[c], c))
                         touched.append(rc)
                     elif kind[c] == _PLAIN:  # takes no resource: issued and started at once
-                        issue_t[c] = start[c] = t
-                        issue_cause[c] = pred[c] = g
+                        issue_t[c] = t
+                        pred[c] = g  # (its issue cause too: only a recv's is read, `_finish_recv`)
                         end[c] = e = t + dur[c]
                         push(events, (e << g_bits) | c)
                     else:
@@ -496,17 +503,15 @@ class _EventLoop:
         """Issue the first ready node of each free resource that changed (`_issue` written out for plain nodes)."""
         holder, queue, ready_at, ready_cause, last_holder, kind = (self.holder, self.queue, self.ready_at,
                                                                    self.ready_cause, self.last_holder, self.kind)
-        issue_t, start, issue_cause, pred, end, dur, events, g_bits = (self.issue_t, self.start, self.issue_cause,
-                                                                       self.pred, self.end, self.dur, self.events,
-                                                                       self.g_bits)
+        issue_t, pred, end, dur, events, g_bits = self.issue_t, self.pred, self.end, self.dur, self.events, self.g_bits
         for r in self.touched:
             if holder[r] < 0 and queue[r]:
                 g = _pop(queue[r])[2]
                 cause = ready_cause[g] if ready_at[g] == t else last_holder[r]
                 if kind[g] == _PLAIN:
                     holder[r] = g
-                    issue_t[g] = start[g] = t
-                    issue_cause[g] = pred[g] = cause
+                    issue_t[g] = t
+                    pred[g] = cause  # (its issue cause too: only a recv's is read)
                     end[g] = e = t + dur[g]
                     _push(events, (e << g_bits) | g)
                 else:
@@ -520,8 +525,7 @@ class _EventLoop:
         if r >= 0:
             self.holder[r] = g
         k = self.kind[g]
-        if k == _PLAIN:  # most nodes: inline, not a call to _run_alone
-            self.start[g] = t
+        if k == _PLAIN:  # most nodes: inline, not a call to _run_alone (its start: `_plain_starts`)
             self.end[g] = end = t + self.dur[g]
             self.pred[g] = cause
             _push(self.events, (end << self.g_bits) | g)
@@ -532,7 +536,7 @@ class _EventLoop:
 
     def _run_alone(self, g: int, t: int, cause: int) -> None:
         """Node g runs its own duration from t."""
-        self.start[g] = t
+        self.comm_start[g] = t
         self.end[g] = end = t + self.dur[g]
         self.pred[g] = cause
         _push(self.events, (end << self.g_bits) | g)
@@ -542,7 +546,7 @@ class _EventLoop:
         a peer among the ranks given."""
         peer = self.peer[g]
         if self.kind[g] == _RECV and peer != _ALONE:
-            self.start[g] = t
+            self.comm_start[g] = t
             if peer >= 0 and self.issue_t[peer] >= 0:
                 self._finish_recv(g, peer)
             return
@@ -555,7 +559,7 @@ class _EventLoop:
         inst = self.instance_of[g]
         self.arrived[inst] += 1
         if self.arrived[inst] == self.expected[inst]:
-            start, end, dur, pred, offset = self.start, self.end, self.dur, self.pred, self.offset
+            start, end, dur, pred, offset = self.comm_start, self.end, self.dur, self.pred, self.offset
             for ri, i in self.instances[inst].nodes:
                 m = offset[ri] + i
                 start[m] = t
@@ -565,7 +569,7 @@ class _EventLoop:
 
     def _finish_recv(self, g: int, s: int) -> None:
         """Recv g ends at the later of its own end and its send's end."""
-        own_end = self.start[g] + self.dur[g]
+        own_end = self.comm_start[g] + self.dur[g]
         if self.end[s] > own_end:
             self.end[g], self.pred[g] = self.end[s], s
         else:
@@ -608,7 +612,9 @@ class _Diagnosis:
 
     def __init__(self, graph: _Graph, colls: _Collectives, messages: _Messages, loop: _EventLoop) -> None:
         self.graph, self.colls, self.messages, self.loop = graph, colls, messages, loop
-        self.stuck = list(compress(range(len(loop.done)), map(not_, loop.done)))
+        # a node ended when its end was set: every event scheduled was run (no pass per node when all ended)
+        end = loop.end
+        self.stuck = list(compress(range(len(end)), map(lt, end, repeat(0)))) if min(end, default=0) < 0 else []
 
     def root_causes_first(self, limit: int) -> list[Stuck]:
         """The first `limit` stuck nodes: issued comm nodes waiting for a peer (the root causes), then resource
@@ -665,9 +671,9 @@ class _Diagnosis:
                 f"{self.graph.node_id[h]} (itself blocked)")
 
     def _dep_wait(self, ri: int, nd: SimNode) -> str:
-        base, done = self.graph.offset[ri], self.loop.done
+        base, end = self.graph.offset[ri], self.loop.end
         pos = {d.id: base + j for j, d in enumerate(self.graph.ranks[ri].nodes)}
-        open_deps = sorted(d for d in set(nd.deps) if not done[pos[d]])
+        open_deps = sorted(d for d in set(nd.deps) if end[pos[d]] < 0)
         shown = ", ".join(str(d) for d in open_deps[:5]) + (", ..." if len(open_deps) > 5 else "")
         return f"waits for {len(open_deps)} unfinished deps: {shown}"
 

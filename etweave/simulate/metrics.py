@@ -11,12 +11,12 @@ arrived, i.e. when the measured transfer could begin).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from itertools import compress, repeat
-from operator import add, and_, ne, sub
+from itertools import chain, compress, islice, repeat
+from operator import add, and_, attrgetter, countOf, indexOf, ne, sub
 from typing import Any
 
 from etweave.fidelity import RANK_START_OFFSET
-from etweave.simulate.engine import RankGraph, Replay
+from etweave.simulate.engine import RankGraph, Replay, SimNode
 from etweave.stats import percent, percentile
 
 TOP_CRITICAL = 10
@@ -89,27 +89,59 @@ def _rank_summary(replay: Replay, ri: int, times: tuple[list[int], list[int]], o
     In whole-column passes (map, compress): this runs over every node of every rank."""
     rg = replay.ranks[ri]
     nodes, issue, end = rg.nodes, replay.issue[ri], replay.end[ri]
-    starts, ends = times
-    node_errors += map(sub, map(add, compress(issue, starts), repeat(origin)), filter(None, starts))
-    # the synthetic [rank start offset] node "starts" at the run's first instant: not this rank's own start
-    own: list[int] | list[bool] = starts
-    names = [nd.name for nd in nodes]
-    if RANK_START_OFFSET in names:
-        own = list(map(and_, map(bool, starts), map(ne, names, repeat(RANK_START_OFFSET))))
+    starts = times[0]
+    errors = list(map(sub, map(add, compress(issue, starts), repeat(origin)), filter(None, starts)))
+    node_errors += errors
     entry: dict[str, Any] = {"rank": rg.rank, "file": rg.source, "nodes": len(nodes),
                              "simulated_makespan_us": max(end, default=0), "measured_span_us": None}
-    if any(own):
-        lo = min(compress(starts, own))
-        hi = max(compress(ends, own))
+    frame = _own_frame(nodes, issue, times, errors, origin)
+    if frame is not None:
+        lo, hi, first, own_errors = frame
         entry["measured_span_us"] = hi - lo
         # a rank whose trace begins later shows that skew in the common frame, so also give the error in the
         # rank's own frame (simulated times less the rank's simulated first issue)
         entry["measured_first_start_us"] = lo - origin
-        first = min(compress(issue, own))
         entry["simulated_first_start_us"] = first
-        errors = map(add, map(sub, compress(issue, own), compress(starts, own)), repeat(lo - first))
-        entry["start_error_own_frame"] = _error_stats(list(errors), hi - lo)
+        entry["start_error_own_frame"] = _error_stats(own_errors, hi - lo)
     return entry
+
+
+_name = attrgetter("name")
+
+
+def _own_frame(nodes: list[SimNode], issue: list[int], times: tuple[list[int], list[int]], errors: list[int],
+               origin: int) -> tuple[int, int, int, list[int]] | None:
+    """A rank's own frame: its measured nodes but the synthetic [rank start offset] node, which "starts" at the
+    run's first instant, not at this rank's own start. (Their first measured start, last measured end, first
+    simulated issue, and the start error of each in that frame: simulated issue less the first one against the
+    measured start less the first one), or None when no node is in it. From the common frame's `errors` (the
+    same nodes, or those but one) where the rank has one such node at most (a convert-run output: one)."""
+    starts, ends = times
+    try:
+        k = indexOf(map(_name, nodes), RANK_START_OFFSET)
+    except ValueError:
+        k = -1  # (no such node: every measured node is in the frame)
+    if k >= 0 and countOf(map(_name, islice(nodes, k + 1, None)), RANK_START_OFFSET):
+        own = list(map(and_, map(bool, starts), map(ne, map(_name, nodes), repeat(RANK_START_OFFSET))))
+        if not any(own):
+            return None
+        lo, first = min(compress(starts, own)), min(compress(issue, own))
+        return lo, max(compress(ends, own)), first, list(map(add, map(sub, compress(issue, own),
+                                                                      compress(starts, own)), repeat(lo - first)))
+    if k < 0 or not starts[k]:
+        kept = errors
+        parts = [(starts, ends, issue)]
+    else:  # the frame's nodes are the measured ones before node k and after it
+        at = k - starts[:k].count(0)  # node k's place among the measured nodes, in `errors`
+        kept = errors[:at] + errors[at + 1:]
+        parts = [(starts[:k], ends[:k], issue[:k]), (starts[k + 1:], ends[k + 1:], issue[k + 1:])]
+    if not kept:
+        return None
+    lo = min(chain.from_iterable(filter(None, p[0]) for p in parts))
+    first = min(chain.from_iterable(compress(p[2], p[0]) for p in parts))
+    shift = lo - first - origin  # an error in the common frame is issue + origin - start
+    return (lo, max(chain.from_iterable(compress(p[1], p[0]) for p in parts)), first,
+            list(map(add, kept, repeat(shift))) if shift else kept)
 
 
 def _critical_path_summary(replay: Replay) -> dict[str, Any]:

@@ -3,11 +3,20 @@ edges all rise in a key is accepted without a search, and anything else is looke
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from etweave.chakra import et_def_pb2 as pb
-from etweave.check import NodeChecker, RisingKeys, _graph_violations, _keys_rise, _keys_rise_in_two, _Shapes
+from etweave.check import (
+    NodeChecker,
+    RisingKeys,
+    Violation,
+    _graph_violations,
+    _keys_rise,
+    _keys_rise_in_two,
+    _Shapes,
+)
 from etweave.deps import Dependencies
 from etweave.deps.evidence import Evidence
 from etweave.model import HOST_OP, KERNEL, Comm, Edge, Graph, Ids, Item
@@ -21,17 +30,22 @@ def _item(nid: int, start: float, kind: str = HOST_OP, comm: Comm | None = None)
 
 def _checked(items: list[Item], preds: dict[int, list[Edge]], with_order: bool = True) -> list[str]:
     """The rules `Result.encoded_nodes`'s check reports for these items and edges."""
+    return [v.rule for v in _violations(items, preds, with_order)]
+
+
+def _violations(items: list[Item], preds: dict[int, list[Edge]], with_order: bool = True) -> list[Violation]:
     graph = Graph(items=items, by_id={it.id: it for it in items}, ids=Ids(1000))
     checker = NodeChecker("rank 0")
     encoded = encode_nodes(graph, Dependencies(preds=preds))
     list(encoded)
-    checker.add_encoded(items, encoded.data_deps, encoded.in_full)
+    checker.add_encoded(items, encoded.ids, encoded.data_deps, encoded.in_full)
+    assert encoded.ids == [it.id for it in items] and encoded.starts == [it.start for it in items]
     order = [(it.start, it.pos, it.id) for it in items] if with_order else None
-    rules = [v.rule for v in checker.violations(order)]
+    violations = checker.violations(order)
     if order is not None:  # the same keys in two parts, as `Result.encoded_nodes` gives them
         key_of = dict(zip([it.id for it in items], order, strict=True))
-        assert [v.rule for v in checker.violations(RisingKeys([it.start for it in items], key_of.__getitem__))] == rules
-    return rules
+        assert checker.violations(RisingKeys([it.start for it in items], key_of.__getitem__)) == violations
+    return violations
 
 
 def _edge(src: int, dst: int) -> Edge:
@@ -50,7 +64,8 @@ def test_a_dangling_dep_a_cycle_and_a_duplicate_id_are_caught() -> None:
     # a cycle goes against every order: some edge of it falls in the key, and the search finds it
     cycle = {1: [_edge(3, 1)], 2: [_edge(1, 2)], 3: [_edge(2, 3)]}
     assert _checked([_item(1, 10), _item(2, 20), _item(3, 30)], cycle) == ["cycle"]
-    assert _checked([_item(1, 10), _item(1, 20)], {}) == ["duplicate-id"]
+    [duplicate] = _violations([_item(1, 10), _item(1, 20)], {})
+    assert duplicate.rule == "duplicate-id" and "('op1', now 'op1')" in duplicate.message  # (names from the items)
     assert _checked([_item(1, 10), _item(2, 20)], {2: [_edge(2, 2)]}) == ["self-edge"]
 
 
@@ -60,7 +75,7 @@ def test_comm_nodes_are_decoded_and_checked_in_full() -> None:
     node.attr.add(name="comm_type").int64_val = pb.ALL_REDUCE
     comm = Comm(pb.COMM_COLL_NODE, "allreduce", pb.ALL_REDUCE, 64)
     checker = NodeChecker("rank 0")
-    checker.add_encoded([_item(1, 10, KERNEL, comm)], [()], [node.SerializeToString()])
+    checker.add_encoded([_item(1, 10, KERNEL, comm)], [1], [()], [node.SerializeToString()])
     [violation] = checker.violations()
     assert violation.rule == "comm-missing-attr" and "comm_size" in violation.message
 
@@ -143,3 +158,15 @@ def test_the_graph_checks_find_what_a_brute_force_walk_finds(case: tuple[list[tu
     two = RisingKeys([k // 3 for k in order], whole.__getitem__)
     for key in (None, order, two):
         assert {v.rule for v in _graph_violations(shapes, "r", key)} == expected
+
+
+def test_a_conversions_nodes_come_first() -> None:
+    """`add_encoded` on a checker that holds nodes already is refused (its names would be out of place); nodes added
+    after it keep their names in place."""
+    checker = NodeChecker("rank 0")
+    checker.add_encoded([_item(1, 10)], [1], [()], [])
+    checker.add_to_graph(pb.Node(id=1, name="late"))
+    [duplicate] = checker.violations()
+    assert "('op1', now 'late')" in duplicate.message
+    with pytest.raises(ValueError, match="first"):
+        checker.add_encoded([_item(2, 10)], [2], [()], [])

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from etweave.errors import BadInput
@@ -145,3 +147,44 @@ def test_released_events_keep_their_columns(tmp_path: Path, monkeypatch: pytest.
     for read in (lambda: table[1], lambda: list(table)):
         with pytest.raises(RuntimeError, match="let go"):
             read()
+
+
+def _everything(trace: KinetoTrace) -> tuple[object, ...]:
+    """What reading gave: the events' fields, every column, the warnings."""
+    table = trace.events
+    events = [(e.cat, e.name, e.pid, e.tid, e.ts, e.dur, e.id, msgspec.structs.astuple(e.args)) for e in table]
+    columns = [list(getattr(table, name)) for name in ("cpu", "runtime", "gpu", "sync", "ts", "dur", "tid", "name",
+                                                       "correlation", "ev_idx", "seq", "rf_id")]
+    return events, columns, trace.warnings
+
+
+EDGE = (1 << 63) - 1
+IN_RANGE = [  # every number at the edge of what the whole-file decode's types take
+    kineto_event("a", -4.6e18, 1.0, tid=EDGE, pid=-EDGE - 1, args={
+        "correlation": -EDGE - 1, "Ev Idx": EDGE, "Sequence number": 0, "Record function id": EDGE,
+        "In msg nelems": 0, "Out msg nelems": (1 << 48) - 1}),
+    kineto_event("b", 4.6e18, None, cat="cuda_runtime", tid="t", pid="p", args={"Ev Idx": -EDGE - 1}),
+    kineto_event("c", 3.0, -2.0, cat="kernel", args={"correlation": 0, "Sequence number": -1}),
+    kineto_event("c", 3.0, 4.6e18, cat="cuda_sync", args={"Record function id": -EDGE - 1, "Ev Idx": None}),
+]
+OUT_OF_TYPE = [  # each read by the raw views (and accepted: a column reads what it can)
+    {"correlation": "12"}, {"correlation": True}, {"Ev Idx": 2.0}, {"Sequence number": 1 << 64},
+    {"Record function id": -(1 << 70)}, {"In msg nelems": "7"}, {"Out msg nelems": 1 << 80},
+]
+
+
+@pytest.mark.parametrize("args", [None, *OUT_OF_TYPE])
+def test_the_whole_file_decode_reads_as_the_raw_views(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      args: dict[str, object] | None) -> None:
+    """Eagerly read, a trace whose numbers all fit the typed decode's types is read by it and needs no further
+    check; one with any other is read by its raw views. Either reads as the lazy (raw) path does."""
+    events = IN_RANGE if args is None else [*IN_RANGE, kineto_event("d", 5.0, 1.0, args=args)]
+    path = tmp_path / "kineto.json"
+    path.write_text(json.dumps(kineto_trace(events)))  # (orjson writes no int beyond 64 bits)
+    monkeypatch.setenv("ETWEAVE_EAGER_BYTES", "0")
+    lazy = read_kineto(path)
+    monkeypatch.delenv("ETWEAVE_EAGER_BYTES")
+    eager = read_kineto(path)
+    assert _everything(eager) == _everything(lazy)
+    assert all(type(e).__name__ == "_Duration" for e in eager.events) == (args is None)
+    assert eager.warnings == {"missing_durations": 1, "negative_durations": 1}
