@@ -455,7 +455,7 @@ def _from_decoded(evs: list[Event], data: bytes | bytearray, warnings: dict[str,
 def _decoded_alike(table: EventTable) -> bool:
     """Whether two events have the same start, duration, thread, name, correlation and event index. First in C on
     each event's start, duration, correlation and event index as 32 bytes (identical JSON texts decode to
-    identical bits; in real traces no two events share them all); when some do, the starts that repeat
+    identical bits; in the shared traces no two events share them all); when some do, the starts that repeat
     (neighbours once sorted; few events share one), then the full key of the events with one."""
     n = len(table.ts)
     records = array("q", bytes(32 * n))
