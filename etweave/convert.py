@@ -57,7 +57,9 @@ class Result(msgspec.Struct):
     audit: Report
     roofline: Roofline  # num_ops / tensor_size of GPU COMP nodes
     group_ids: dict[str, str]  # trace process-group name -> the comm-group id this rank's nodes carry
-    times: Rounded  # every item's start and seg_end rounded (the audit's), in item order
+    # every item's start and seg_end rounded (the audit's), in item order; let go once the nodes are encoded (their
+    # self-check's memory is the conversion's peak), made again if they are encoded again
+    times: Rounded | None
     _nodes: list[pb.Node] | None = None
 
     @classmethod
@@ -111,6 +113,7 @@ class Result(msgspec.Struct):
 
     def _self_check(self, nodes: EncodedNodes) -> Iterator[bytes]:
         """Checks the nodes once all are encoded; yields none."""
+        self.times = nodes.times = None
         g = self.graph
         checker = NodeChecker(f"rank {g.rank}")
         checker.add_encoded(g.items, nodes.ids, nodes.data_deps, nodes.in_full)

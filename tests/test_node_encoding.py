@@ -41,3 +41,13 @@ def test_pairs_encode_as_protobuf(traces: Path, rel: str) -> None:
 @pytest.mark.parametrize("name", KINETO_ONLY)
 def test_kineto_only_encodes_as_protobuf(traces: Path, name: str) -> None:
     _assert_protobuf_bytes(run_pipeline(None, read_kineto(traces / "kineto-only" / name)))
+
+
+def test_nodes_encoded_again_are_the_same(traces: Path) -> None:
+    """The audit's rounded times are let go once the nodes are encoded (the self-check's memory is the conversion's
+    peak); encoding again rounds them anew, to the same bytes."""
+    result = run_pipeline(None, read_kineto(traces / "kineto-only" / "amd-mi250.json.gz"))
+    assert result.times is not None
+    first = list(result.encoded_nodes())
+    assert result.times is None and first
+    assert list(result.encoded_nodes()) == first

@@ -51,9 +51,8 @@ class DeviceSelection(msgspec.Struct):
 def select_device(kineto: KinetoTrace, window: tuple[float, float] | None) -> DeviceSelection:
     # Columns only: at a few GB of trace, decoding every event here again would cost more than the rest.
     events = kineto.events
-    # (the columns read here as lists, made in C: an item of an array is a new number object at every read)
-    ts, dur, correlation = events.ts.tolist(), events.dur, events.correlation.tolist()
-    runtime = events.runtime.tolist()
+    ts, dur, correlation = events.ts, events.dur, events.correlation
+    runtime = events.runtime
     runtime_by_corr = {correlation[r]: r for r in runtime if correlation[r] >= 0}
     sel = DeviceSelection([], [], {}, gpu_input=len(events.gpu), runtime_input=len(events.runtime))
     lo, hi = window if window is not None else (float("-inf"), float("inf"))

@@ -453,21 +453,8 @@ def _from_decoded(evs: list[Event], data: bytes | bytearray, warnings: dict[str,
 
 
 def _decoded_alike(table: EventTable) -> bool:
-    """Whether two events have the same start, duration, thread, name, correlation and event index. First in C on
-    each event's start, duration, correlation and event index as 32 bytes (identical JSON texts decode to
-    identical bits; in real traces no two events share them all); when some do, the starts that repeat
-    (neighbours once sorted; few events share one), then the full key of the events with one."""
-    n = len(table.ts)
-    records = array("q", bytes(32 * n))
-    records[0::4], records[1::4] = array("q", table.ts.tobytes()), array("q", table.dur.tobytes())  # (bits)
-    records[2::4], records[3::4] = table.correlation, table.ev_idx
-    distinct: set[int] = set()  # the records' hashes, a chunk of records at a time (fewer objects held)
-    for start in range(0, n, _CHUNK):
-        chunk = records[4 * start:4 * (start + _CHUNK)]
-        distinct.update(map(hash, struct.unpack("32s" * (len(chunk) // 4), chunk)))
-    if len(distinct) == n:
-        return False
-    del records, distinct
+    """Whether two events have the same start, duration, thread, name, correlation and event index: the starts
+    that repeat first (neighbours once sorted; few events share one), then the full key of the events with one."""
     ts = table.ts.tolist()
     ordered = sorted(ts)
     repeated = set(compress(ordered, map(operator.eq, ordered, islice(ordered, 1, None))))  # (C, not float.__eq__)

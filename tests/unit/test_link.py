@@ -188,3 +188,23 @@ def test_sequence_offset_is_the_best_scoring_candidate() -> None:
         ops = [op(10 + j, rng.choice("abcd"), 2, seq_id=rng.choice([-1, *range(12)]))
                for j in range(rng.randint(1, 100))]
         assert _seq_offset(ops, table, {100: list(range(n))}) == _best_offset_scoring_all(ops, seqs, names)
+
+
+def test_sequence_offset_zero_when_it_matches_every_pair() -> None:
+    """Offset 0 is taken at once when every host pair's number is a Kineto number of its name (no offset scores
+    more, none is smaller); otherwise the offsets are scored."""
+    from etweave.link.host import _seq_offset
+    from etweave.read.kineto import EventTable
+
+    def offset(seqs: list[int], names: str, host: list[tuple[str, int]]) -> int | None:
+        table = EventTable()
+        table.seq.fromlist(seqs)
+        table.name += list(names)
+        ops = [op(10 + j, name, 2, seq_id=s) for j, (name, s) in enumerate(host)]
+        return _seq_offset(ops, table, {100: list(range(len(seqs)))})
+
+    kineto = ([1, 2, 3, 6, 7, 8], "abaaba")
+    assert offset(*kineto, [("a", 1), ("b", 2), ("a", -1), ("a", 3)]) == 0  # 5 matches all too: 0 is smaller
+    assert offset(*kineto, [("a", 1), ("b", 2), ("a", 3), ("b", 4)]) == 0  # 0 and 5 match 3 of 4: scored, 0 wins
+    assert offset([6, 7, 8], "aba", [("a", 1), ("b", 2), ("a", 3)]) == 5
+    assert offset([6, 7, 8], "aba", [("c", 1)]) is None
