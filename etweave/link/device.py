@@ -40,9 +40,6 @@ class DeviceSelection(msgspec.Struct):
     runtime_input: int = 0
     left_out: dict[tuple[str, str], LeftOut] = msgspec.field(default_factory=dict)  # (kind, reason) -> what
 
-    def leave_out(self, kind: str, reason: str, events: EventTable, i: int) -> None:
-        self.leave_out_all(kind, reason, events, (i,))
-
     def leave_out_all(self, kind: str, reason: str, events: EventTable, indices: Sequence[int]) -> None:
         if indices:
             self.left_out.setdefault((kind, reason), LeftOut()).add_all(events, indices)
