@@ -49,23 +49,28 @@ _GPU_KIND = {"kernel": KERNEL, "Kernel": KERNEL, "gpu_memcpy": MEMCPY, "Memcpy":
 def assemble(c: Conversion) -> Graph:
     """The graph of the conversion's linked and repaired ops and its device events, ids from its allocator."""
     kineto, device = c.kineto, c.device
-    items: list[Item] = []
-    items.extend(_host_items(c.ops, kineto, need(c.link, "link"), need(c.repair, "repair")))
+    # the items of each kind, as they are made: the graph's index of kinds (`Graph.index_kinds`)
+    by_kind = _host_items(c.ops, kineto, need(c.link, "link"), need(c.repair, "repair"))
     if kineto is not None and device is not None:
-        items.extend(_device_items(kineto, device, c.ids))
-    items.sort(key=_ID)
+        by_kind.update(_device_items(kineto, device, c.ids))
+    for of_kind in by_kind.values():
+        of_kind.sort(key=_ID)  # (in id order already, but for host ops out of it)
+    items = list(itertools.chain.from_iterable(by_kind.values()))
+    items.sort(key=_ID)  # (a merge of the kinds' runs)
     files = InputFiles(c.host.path if c.host is not None else "", kineto.path if kineto is not None else "")
     # the waits stage reads the sync calls: which stream or event a sync call waited on
     sync = [sync_record(kineto.events[i]) for i in kineto.events.sync] if kineto is not None else []
     g = Graph(items=items, by_id={it.id: it for it in items}, ids=c.ids, rank=c.rank, files=files, sync_events=sync)
+    g.index_kinds(by_kind)
     _thread_order(g)
     _stream_order(g)
     return g
 
 
-def _host_items(ops: list[HostOp], kineto: KinetoTrace | None, link: HostLink, rep: Repair) -> list[Item]:
+def _host_items(ops: list[HostOp], kineto: KinetoTrace | None, link: HostLink, rep: Repair) -> dict[str, list[Item]]:
+    """The items of the host ops, per kind (each in op order)."""
     events = kineto.events if kineto is not None else []
-    items: list[Item] = []
+    by_kind: dict[str, list[Item]] = {PROCESS_ROOT: [], THREAD_ROOT: [], HOST_OP: []}
     parent_of, orphan_parent, event_of, kthread_of = rep.parent_of.get, rep.orphan_parent.get, link.event_of.get, \
         link.kthread_of.get
     for op in ops:
@@ -80,19 +85,20 @@ def _host_items(ops: list[HostOp], kineto: KinetoTrace | None, link: HostLink, r
         else:
             it = Item(id=op.id, kind=kind, name=name, tid=kthread_of(op.et_tid, op.et_tid) if kind != PROCESS_ROOT
                       else None, host=op_record(op), parent=parent_of(op.id), orphan_parent=orphan_parent(op.id))
-        items.append(it)
+        by_kind[kind].append(it)
     process_root = _process_root_id(ops) if rep.synthesized_roots else None
     for et_tid, root_id in sorted(rep.synthesized_roots.items()):
-        items.append(Item(id=root_id, kind=THREAD_ROOT, name=f"[etweave|synthesized|thread {et_tid}]",
-                          tid=link.kthread_of.get(et_tid, et_tid), parent=process_root))
-    return items
+        by_kind[THREAD_ROOT].append(Item(id=root_id, kind=THREAD_ROOT, name=f"[etweave|synthesized|thread {et_tid}]",
+                                         tid=link.kthread_of.get(et_tid, et_tid), parent=process_root))
+    return by_kind
 
 
 def _process_root_id(ops: list[HostOp]) -> int | None:
     return next((op.id for op in ops if op.is_process_root), None)
 
 
-def _device_items(kineto: KinetoTrace, device: DeviceSelection, ids: Ids) -> list[Item]:
+def _device_items(kineto: KinetoTrace, device: DeviceSelection, ids: Ids) -> dict[str, list[Item]]:
+    """The items of the selected runtime calls and GPU events, per kind (each in id order)."""
     events = kineto.events
     # Fresh ids (above every host id), in measured order so that ids (the simulator's issue order) follow time.
     # (start, outer before inner, runtime before GPU): the same order the thread and stream chains use.
@@ -104,7 +110,7 @@ def _device_items(kineto: KinetoTrace, device: DeviceSelection, ids: Ids) -> lis
                     map(gpu.__contains__, chosen), chosen, strict=True))
     chosen = [key[3] for key in sorted(keys)]
     id_of = dict(zip(chosen, ids.take(len(chosen)), strict=True))
-    items: list[Item] = []
+    by_kind: dict[str, list[Item]] = {RUNTIME: [], KERNEL: [], MEMCPY: [], MEMSET: []}
     launcher_of = device.launcher_of.get
     for i in chosen:
         ev = events[i]
@@ -122,8 +128,8 @@ def _device_items(kineto: KinetoTrace, device: DeviceSelection, ids: Ids) -> lis
             it = Item(id=id_of[i], kind=RUNTIME, name=ev.name, start=ev.ts, dur=ev.dur, excl=ev.dur, measured=True,
                       correlation=corr if type(corr) is int and INT64_MIN <= corr <= INT64_MAX else as_int(corr),
                       tid=ev.tid)
-        items.append(it)
-    return items
+        by_kind[it.kind].append(it)
+    return by_kind
 
 
 # The op PyTorch records a collective's metadata on (docs/FACTS.md §H7): name, group and sequence number.

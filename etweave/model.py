@@ -191,10 +191,12 @@ def first_measured_start(g: Graph) -> float:
 
 
 _START, _MEASURED, _KIND = operator.attrgetter("start"), operator.attrgetter("measured"), operator.attrgetter("kind")
+_ID = operator.attrgetter("id")
 # kind sets asked of `Graph.of_kinds`, one object each
 RUNTIME_KIND, HOST_OP_KIND = frozenset({RUNTIME}), frozenset({HOST_OP})
 PROCESS_ROOT_KIND, THREAD_ROOT_KIND = frozenset({PROCESS_ROOT}), frozenset({THREAD_ROOT})
 OP_KINDS = frozenset({PROCESS_ROOT, THREAD_ROOT, HOST_OP})  # the items of host ops (those that may have `host`)
+_SINGLE_KINDS = {kind: frozenset({kind}) for kind in ASSEMBLED_KINDS}  # (the keys of `Graph.index_kinds`)
 
 
 class InputFiles(msgspec.Struct, frozen=True):
@@ -230,12 +232,26 @@ class Graph(msgspec.Struct):
             self.kind_index.clear()
         return it
 
+    def index_kinds(self, by_kind: dict[str, list[Item]]) -> None:
+        """Take the items of each of `ASSEMBLED_KINDS` as assemble made them (each list in item order; a kind
+        missing has none): `of_kinds` then merges these few lists instead of passing over every item."""
+        index = self.kind_index
+        for kind in ASSEMBLED_KINDS:
+            index[_SINGLE_KINDS[kind]] = by_kind.get(kind, [])
+
     def of_kinds(self, kinds: frozenset[str]) -> list[Item]:
-        """The items of these kinds (of `ASSEMBLED_KINDS`), in item order: found in one pass in C the first time,
-        then shared by every stage that reads them (not to be changed by the caller)."""
-        found = self.kind_index.get(kinds)
+        """The items of these kinds (of `ASSEMBLED_KINDS`), in item order: found the first time (merged from each
+        kind's items where assemble indexed them, else in one pass in C), then shared by every stage that reads
+        them (not to be changed by the caller)."""
+        index = self.kind_index
+        found = index.get(kinds)
         if found is None:
             assert kinds <= ASSEMBLED_KINDS, f"{sorted(kinds - ASSEMBLED_KINDS)} are not kinds only assemble makes"
-            items = self.items
-            found = self.kind_index[kinds] = list(itertools.compress(items, map(kinds.__contains__, map(_KIND, items))))
+            parts = [index.get(_SINGLE_KINDS[kind]) for kind in sorted(kinds)]
+            if all(part is not None for part in parts):  # (each in item order: a sort of runs, by id)
+                found = sorted(itertools.chain.from_iterable(filter(None, parts)), key=_ID)
+            else:
+                items = self.items
+                found = list(itertools.compress(items, map(kinds.__contains__, map(_KIND, items))))
+            index[kinds] = found
         return found
