@@ -245,51 +245,73 @@ class _Sweep:
         self.g, self.tid, self.seq = g, tid, seq
         self.chain: list[int] = []
         self.stack: list[Item] = []  # the open ops, innermost last: the current period belongs to the innermost
+        self.ends: list[float] = []  # their ends, in step with `stack` (an open op's start and duration stay)
         self.cursor = t0
         self.self_names: dict[str, str] = {}  # op name -> its self parts' name: one string per name, not per part
+        self.parts: list[Item] = []  # the periods made, in order: added to the graph after the sweep
+        self.first_id = g.ids.peek()  # the parts' ids, in order (taken from the allocator after the sweep)
 
     def run(self) -> list[int]:
         # The state lives in locals (the hot loop reads no attribute of self): `pending` is an op whose own node
-        # period is still open, `cursor` where the current period began.
-        stack, chain, close = self.stack, self.chain, self._close
+        # period is still open, `cursor` where the current period began, `top_end` the innermost open op's end.
+        stack, ends, chain, close, part = self.stack, self.ends, self.chain, self._close, self._part
         pending: Item | None = None
-        cursor = self.cursor
-        for key, it in self.seq:
-            if it.kind == THREAD_ROOT:
-                it.start = it.seg_end = cursor
-                chain.append(it.id)
-                continue
+        cursor, top_end = self.cursor, math.inf
+        for key, it in itertools.islice(self.seq, self._place_roots(), None):
             measured = it.measured
             # an unmeasured op is placed at its key's time, not before the cursor (max(key[0], cursor))
             t = it.start if measured else cursor if cursor > key[0] else key[0]
-            if stack and stack[-1].start + stack[-1].dur <= t + NESTING_EPS:  # ops that ended by t close
+            if top_end <= t + NESTING_EPS:  # ops that ended by t close
                 cursor, pending = close(t + NESTING_EPS, cursor, pending)
+                top_end = ends[-1] if ends else math.inf
             # the period up to t ends: the pending op's own node, a later part of the innermost open op, or idle
-            if pending is not None:
-                cursor, pending = _own_end(pending, t, cursor), None
+            if pending is not None:  # (its own node period ends at t, not before its start: _own_end inline)
+                start = pending.start
+                pending.seg_end = end = start if start > t else t
+                if end > cursor:
+                    cursor = end
+                pending = None
             # round(t) - round(cursor) >= 1, else shorter than the output's resolution: joins the next period (told
             # by the length alone unless it is under 2: round moves each end by at most 0.5)
             elif (length := t - cursor) >= 2.0 or (length > 0.0 and round(t) - round(cursor) >= 1):
-                cursor = self._part(cursor, t, stack[-1] if stack else None)
-            if stack:
-                _enclose(it, stack[-1], measured)
+                cursor = part(cursor, t, stack[-1] if stack else None)
+            if stack:  # it began inside the innermost open op: its time is not that op's own (_enclose inline)
+                parent = stack[-1]
+                it.enclosing = parent.id
+                if measured:
+                    end = it.start + it.dur
+                    overlap = (top_end if top_end < end else end) - it.start
+                    if overlap > 0.0:  # (parent.excl -= max(0.0, overlap))
+                        parent.excl -= overlap
             chain.append(it.id)
             if measured and it.dur > 0:
                 stack.append(it)
+                ends.append(top_end := it.start + it.dur)
                 pending = it
             else:
                 it.start = it.seg_end = t
-        if stack:
-            close(math.inf, cursor, pending)
+        close(math.inf, cursor, pending)  # (the ops still open)
+        self._add_parts()
         return chain
+
+    def _place_roots(self) -> int:
+        """The thread's roots, first in its order (their keys start at -inf, before any op's), begin its chain at the
+        cursor; how many there are."""
+        n = 0
+        for _, it in self.seq:
+            if it.kind != THREAD_ROOT:
+                break
+            it.start = it.seg_end = self.cursor
+            self.chain.append(it.id)
+            n += 1
+        return n
 
     def _close(self, limit: float, cursor: float, pending: Item | None) -> tuple[float, Item | None]:
         """Close the open ops that end by `limit`, innermost first, each ending the period it owned; the new
         cursor and pending op."""
-        stack = self.stack
-        while stack and stack[-1].start + stack[-1].dur <= limit:
-            top = stack.pop()
-            end = top.start + top.dur
+        stack, ends = self.stack, self.ends
+        while ends and ends[-1] <= limit:
+            top, end = stack.pop(), ends.pop()
             if pending is not None:
                 cursor, pending = _own_end(pending, end, cursor), None
             elif (length := end - cursor) >= 2.0 or (length > 0.0 and round(end) - round(cursor) >= 1):
@@ -299,20 +321,26 @@ class _Sweep:
     def _part(self, start: float, t: float, owner: Item | None) -> float:
         """The period [start, t] as a node of its own: a later part of `owner`, or idle time with no op open.
         Returns its end: the new cursor."""
-        g = self.g
+        parts = self.parts
+        part_id = self.first_id + len(parts)
         if owner is not None:
             name = self.self_names.get(owner.name)
             if name is None:
                 name = self.self_names[owner.name] = f"{owner.name} [self]"
-            part = Item(id=g.ids.next(), kind=SELF_PART, name=name, start=start, dur=t - start, excl=t - start,
-                        seg_end=t, measured=True, tid=self.tid, part_of=owner.id)
+            parts.append(Item(part_id, SELF_PART, name, start, t - start, t - start, t, True, self.tid,
+                              part_of=owner.id))
         else:
-            part = Item(id=g.ids.next(), kind=DELAY, name="[idle]", start=start, dur=t - start, excl=t - start,
-                        seg_end=t, measured=True, tid=self.tid)
-        g.items.append(part)  # Graph.add, its id already taken
-        g.by_id[part.id] = part
-        self.chain.append(part.id)
+            parts.append(Item(part_id, DELAY, "[idle]", start, t - start, t - start, t, True, self.tid))
+        self.chain.append(part_id)
         return t
+
+    def _add_parts(self) -> None:
+        """The periods made join the graph, their ids taken (what `Graph.add` does one by one)."""
+        g, parts = self.g, self.parts
+        ids = g.ids.take(len(parts))
+        assert ids.start == self.first_id, "nothing takes ids while a thread is swept"
+        g.items.extend(parts)
+        g.by_id.update(zip(ids, parts, strict=True))
 
 
 def _own_end(pending: Item, t: float, cursor: float) -> float:
@@ -320,16 +348,6 @@ def _own_end(pending: Item, t: float, cursor: float) -> float:
     start = pending.start
     pending.seg_end = end = start if start > t else t  # (max(t, start))
     return end if end > cursor else cursor
-
-
-def _enclose(it: Item, parent: Item, measured: bool) -> None:
-    """`it` began inside `parent`: its time is not the parent's own."""
-    it.enclosing = parent.id
-    if measured:
-        end, parent_end = it.start + it.dur, parent.start + parent.dur
-        overlap = (parent_end if parent_end < end else end) - it.start
-        if overlap > 0.0:  # (parent.excl -= max(0.0, overlap))
-            parent.excl -= overlap
 
 
 def _stream_order(g: Graph) -> None:
