@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import functools
 import operator
 from collections import defaultdict
 
@@ -16,23 +17,31 @@ class SyncRecords:
     GPU op a recorded CUDA event stands for (the last op enqueued on its stream before cudaEventRecord)."""
 
     def __init__(self, g: Graph) -> None:
+        self.g = g
         self.by_call: dict[int, SyncRecord] = {}  # runtime call correlation -> its cuda_sync record
-        self.runtime: dict[int, Item] = {}  # correlation -> runtime item
-        # per (device, stream): GPU ops in launch order, with their launch times
-        self.launched: dict[tuple[int, int], tuple[list[float], list[Item]]] = {}
-        per: dict[tuple[int, int], list[tuple[float, int, Item]]] = defaultdict(list)
-        for it in g.of_kinds(RUNTIME_KIND):
-            if it.correlation is not None:
-                self.runtime[it.correlation] = it
-        for it in g.of_kinds(GPU_KINDS):
-            if it.launcher is not None:
-                per[(it.device or 0, it.stream or 0)].append((g.by_id[it.launcher].start, it.id, it))
         for ev in g.sync_events:
             if ev.correlation is not None:
                 self.by_call[ev.correlation] = ev
+
+    # (the indexes below are read only through a record: built on first use, never on a trace without records)
+    @functools.cached_property
+    def runtime(self) -> dict[int, Item]:
+        """correlation -> runtime item."""
+        return {it.correlation: it for it in self.g.of_kinds(RUNTIME_KIND) if it.correlation is not None}
+
+    @functools.cached_property
+    def launched(self) -> dict[tuple[int, int], tuple[list[float], list[Item]]]:
+        """per (device, stream): GPU ops in launch order, with their launch times."""
+        g = self.g
+        per: dict[tuple[int, int], list[tuple[float, int, Item]]] = defaultdict(list)
+        for it in g.of_kinds(GPU_KINDS):
+            if it.launcher is not None:
+                per[(it.device or 0, it.stream or 0)].append((g.by_id[it.launcher].start, it.id, it))
+        launched = {}
         for key, launches in per.items():
             launches.sort(key=_TIME_ID)  # (launch time, id): ids are unique, the items never compared
-            self.launched[key] = ([t for t, _, _ in launches], [it for _, _, it in launches])
+            launched[key] = ([t for t, _, _ in launches], [it for _, _, it in launches])
+        return launched
 
     def of(self, call: Item) -> SyncRecord | None:
         corr = call.correlation
