@@ -123,14 +123,14 @@ def _name_untraced(g: Graph, chains: Chains) -> None:
     thread's first op that no hand-over explains stays an `[idle]` delay: the thread had not started working."""
     removed = chains.removed
     for order in chains.ids.values():
-        periods = list(map(g.by_id.__getitem__, order))
-        kinds = list(map(_KIND, periods))
+        kinds = list(map(_KIND, map(g.by_id.__getitem__, order)))
         # the thread started at its first period (its root and removed ones aside); each idle one after is untraced
         first = next((k for k, (i, kind) in enumerate(zip(order, kinds, strict=True))
                       if kind != THREAD_ROOT and i not in removed), len(order))
         for pos in itertools.compress(range(len(order)), map(operator.eq, kinds, itertools.repeat(DELAY))):
             if pos > first and order[pos] not in removed:
-                periods[pos].kind, periods[pos].name = UNTRACED, "[untraced]"
+                idle = g.by_id[order[pos]]
+                idle.kind, idle.name = UNTRACED, "[untraced]"
 
 
 def _handoffs(g: Graph, chains: Chains, evidence: HandOverEvidence, givers: dict[int, int | str],

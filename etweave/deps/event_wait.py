@@ -4,6 +4,7 @@ event was recorded after (run by the waits stage, whose stream waits build on th
 from __future__ import annotations
 
 import bisect
+import itertools
 import operator
 from collections import defaultdict
 
@@ -42,8 +43,11 @@ def unrecorded_event_waits(g: Graph, records: SyncRecords) -> None:
     before the call (`work.wait()` after a NCCL collective: the compute stream waits for the collective's kernel;
     before one: the NCCL stream waits for its input). Inferred, and kept only where the timeline agrees (the awaited
     op ended before the waiting op started)."""
-    calls = sorted((it for it in g.of_kinds(RUNTIME_KIND) if it.name.endswith("StreamWaitEvent")
-                    and records.of(it) is None), key=_START_ID)
+    runtime = g.of_kinds(RUNTIME_KIND)
+    # (told per distinct name; the calls of other names left out in C: most calls)
+    waits = {n for n in set(map(_NAME, runtime)) if n.endswith("StreamWaitEvent")}
+    calls = sorted([it for it in itertools.compress(runtime, map(waits.__contains__, map(_NAME, runtime)))
+                    if records.of(it) is None], key=_START_ID)
     if not calls:
         return
     launches = _launches_by_thread(g)
@@ -65,20 +69,26 @@ def unrecorded_event_waits(g: Graph, records: SyncRecords) -> None:
             done.add((awaited.id, waiter.id))
 
 
-_START_ID = operator.attrgetter("start", "id")
+_START_ID, _NAME = operator.attrgetter("start", "id"), operator.attrgetter("name")
 
 
 def _launches_by_thread(g: Graph) -> dict[int | str, list[tuple[float, Item]]]:
     """thread -> (launch time, GPU op) of every GPU op its runtime calls launched, in launch order."""
-    launches: dict[int | str, list[tuple[float, Item]]] = defaultdict(list)
+    keyed: dict[int | str, list[tuple[float, int, Item]]] = defaultdict(list)
+    by_id = g.by_id
     for it in g.of_kinds(GPU_KINDS):
         if it.launcher is not None:
-            call = g.by_id[it.launcher]
+            call = by_id[it.launcher]
             if call.tid is not None:
-                launches[call.tid].append((call.start, it))
-    for seq in launches.values():
-        seq.sort(key=lambda p: (p[0], p[1].id))
+                keyed[call.tid].append((call.start, it.id, it))
+    launches: dict[int | str, list[tuple[float, Item]]] = {}
+    for tid, seq in keyed.items():
+        seq.sort(key=_TIME_ID)  # (launch time, id): ids are unique, the items never compared
+        launches[tid] = [(t, it) for t, _, it in seq]
     return launches
+
+
+_TIME_ID = operator.itemgetter(0, 1)
 
 
 def _event_recorded_after(seq: list[tuple[float, Item]], k: int, waiter: Item) -> Item | None:

@@ -82,7 +82,7 @@ class HandOverEvidence:
         self.writers: dict[tuple[int, int, int | str], tuple[list[float], list[Item]]] = {}
         per: dict[int | str, list[Item]] = defaultdict(list)
         issued: dict[int | str, list[Item]] = defaultdict(list)
-        for it in sorted((x for x in g.of_kinds(HOST_OP_KIND) if x.tid is not None and x.measured),
+        for it in sorted([x for x in g.of_kinds(HOST_OP_KIND) if x.tid is not None and x.measured],
                          key=_START_ID):
             tid = it.tid
             assert tid is not None  # (picked so; thread_of, inline)

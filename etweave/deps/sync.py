@@ -13,11 +13,12 @@ from etweave.deps.cuda_sync import SyncRecords
 from etweave.deps.evidence import WAIT_TOLERANCE as TOLERANCE
 from etweave.deps.evidence import Evidence
 from etweave.deps.timeline import gpu_ends, latest_before, on_stream
-from etweave.model import GPU_KINDS, MEMCPY, RUNTIME_KIND, Edge, Graph, Item
+from etweave.model import MEMCPY, RUNTIME_KIND, Edge, Graph, Item
 
 _SYNC_WORDS = ("Synchronize",)
 _NAME = operator.attrgetter("name")
 _COPY_PREFIXES = ("cudaMemcpy", "hipMemcpy", "cuMemcpy")
+_MEMCPY = frozenset({MEMCPY})
 
 
 def sync(g: Graph) -> list[Edge]:
@@ -33,12 +34,14 @@ def find_blocking_calls(g: Graph, records: SyncRecords) -> list[tuple[Item, Item
     # (classified per distinct name; the calls of neither kind left out in C: most calls)
     names = set(map(_NAME, calls))
     sync_names = {n for n in names if any(w in n for w in _SYNC_WORDS)}
-    blocking = sync_names | {n for n in names if n.startswith(_COPY_PREFIXES)}
+    copy_names = {n for n in names if n.startswith(_COPY_PREFIXES)}
+    blocking = sync_names | copy_names
     if not blocking:
         return []
-    ends, ops = gpu_ends(g)
+    # (each index only where a call of its kind was made: most traces make copies and no sync call, or none)
+    ends, ops = gpu_ends(g) if sync_names else ([], [])
     launched: dict[int, list[Item]] = defaultdict(list)
-    for it in g.of_kinds(GPU_KINDS):  # (only GPU ops are launched)
+    for it in g.of_kinds(_MEMCPY) if copy_names else ():  # (a copy waits for its own copies alone)
         if it.launcher is not None:
             launched[it.launcher].append(it)
     found: list[tuple[Item, Item]] = []
