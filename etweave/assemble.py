@@ -18,14 +18,17 @@ from etweave.model import (
     DELAY,
     GPU_KINDS,
     HOST_OP,
+    HOST_OP_KIND,
     KERNEL,
     MEMCPY,
     MEMSET,
     NESTING_EPS,
     PROCESS_ROOT,
     RUNTIME,
+    RUNTIME_KIND,
     SELF_PART,
     THREAD_ROOT,
+    THREAD_ROOT_KIND,
     CommArgs,
     Graph,
     Ids,
@@ -59,7 +62,7 @@ def assemble(c: Conversion) -> Graph:
     items.sort(key=_ID)  # (a merge of the kinds' runs)
     files = InputFiles(c.host.path if c.host is not None else "", kineto.path if kineto is not None else "")
     # the waits stage reads the sync calls: which stream or event a sync call waited on
-    sync = [sync_record(kineto.events[i]) for i in kineto.events.sync] if kineto is not None else []
+    sync = list(map(sync_record, kineto.events.at(kineto.events.sync))) if kineto is not None else []
     g = Graph(items=items, by_id={it.id: it for it in items}, ids=c.ids, rank=c.rank, files=files, sync_events=sync)
     g.index_kinds(by_kind)
     _thread_order(g)
@@ -69,16 +72,16 @@ def assemble(c: Conversion) -> Graph:
 
 def _host_items(ops: list[HostOp], kineto: KinetoTrace | None, link: HostLink, rep: Repair) -> dict[str, list[Item]]:
     """The items of the host ops, per kind (each in op order)."""
-    events = kineto.events if kineto is not None else []
     by_kind: dict[str, list[Item]] = {PROCESS_ROOT: [], THREAD_ROOT: [], HOST_OP: []}
-    parent_of, orphan_parent, event_of, kthread_of = rep.parent_of.get, rep.orphan_parent.get, link.event_of.get, \
-        link.kthread_of.get
-    for op in ops:
+    parent_of, orphan_parent, kthread_of = rep.parent_of.get, rep.orphan_parent.get, link.kthread_of.get
+    # each op's event position (None: not linked), and the linked ones' events in turn, picked in C
+    positions = list(map(link.event_of.get, map(_ID, ops)))
+    linked = iter(kineto.events.at([i for i in positions if i is not None]) if kineto is not None else ())
+    for op, i in zip(ops, positions, strict=True):
         name = op.name
         kind = PROCESS_ROOT if name in PROCESS_ROOT_NAMES else THREAD_ROOT if name in THREAD_ROOT_NAMES else HOST_OP
-        i = event_of(op.id)
         if i is not None:  # (each item made whole in one call)
-            ev = events[i]
+            ev = next(linked)
             it = Item(id=op.id, kind=kind, name=name, start=ev.ts, dur=ev.dur, excl=ev.dur, measured=True,
                       tid=ev.tid, host=op_record(op), kineto=kineto_args(ev.args), parent=parent_of(op.id),
                       orphan_parent=orphan_parent(op.id))
@@ -112,8 +115,7 @@ def _device_items(kineto: KinetoTrace, device: DeviceSelection, ids: Ids) -> dic
     id_of = dict(zip(chosen, ids.take(len(chosen)), strict=True))
     by_kind: dict[str, list[Item]] = {RUNTIME: [], KERNEL: [], MEMCPY: [], MEMSET: []}
     launcher_of = device.launcher_of.get
-    for i in chosen:
-        ev = events[i]
+    for i, ev in zip(chosen, events.at(chosen), strict=True):  # (the events picked in C)
         args = ev.args
         if ev.cat in _GPU_KIND:
             r = launcher_of(i)
@@ -205,32 +207,45 @@ def _thread_order(g: Graph) -> None:
     is a SELF_PART node; time with no op open is a DELAY node (idle: Python work, data loading). Periods tile the
     thread's busy and idle time, so the chain adds up to the measured span of the thread.
     """
+    # Each thread's items with their keys, kind by kind (each in id order). The keys are unique (an id in each), so
+    # the order found does not depend on the order they are listed in.
     keyed: dict[int | str, list[tuple[tuple[float, int, float, float], Item]]] = defaultdict(list)
+    for it in g.of_kinds(THREAD_ROOT_KIND):  # first on its thread, whatever its id
+        if it.tid is not None:
+            keyed[it.tid].append(((-math.inf, -1, it.id, 0.0), it))
     last_ts: dict[int | str, float] = {}
-    for it in g.items:  # id order
-        tid, kind = it.tid, it.kind
+    for it in g.of_kinds(HOST_OP_KIND):
+        tid = it.tid
         if tid is None:
             continue
-        if kind == HOST_OP:
-            if it.measured:
-                ts = last_ts[tid] = it.start
-            else:
-                ts = last_ts.get(tid, -math.inf)
-            keyed[tid].append(((ts, 0, it.id, 0.0), it))  # host ids are entry order
-        elif kind == RUNTIME:
-            keyed[tid].append(((it.start, 1, -it.dur, it.id), it))
-        elif kind == THREAD_ROOT:  # first on its thread, whatever its id
-            keyed[tid].append(((-math.inf, -1, it.id, 0.0), it))
+        if it.measured:
+            ts = last_ts[tid] = it.start
+        else:
+            ts = last_ts.get(tid, -math.inf)
+        keyed[tid].append(((ts, 0, it.id, 0.0), it))  # host ids are entry order
+    for it in g.of_kinds(RUNTIME_KIND):
+        if it.tid is not None:
+            keyed[it.tid].append(((it.start, 1, -it.dur, it.id), it))
     # Every thread's chain starts at the run's first measured instant, so a thread that starts late begins with
     # an idle period (explained later by a handoff where the evidence allows).
     t0 = first_measured_start(g)
-    for tid in sorted(keyed, key=str):
+    assembled = len(g.items)  # (the periods made below come after)
+    for tid in _in_thread_order(keyed):
         seq = sorted(keyed[tid], key=_KEY)
         g.threads[tid] = _Sweep(g, tid, seq, t0).run()
-    items = g.items  # (max(0.0, excl) is excl itself where excl > 0: most items, left out in C)
+    # max(0.0, excl) is excl itself where excl > 0: most items, left out in C; the periods made are all longer than 0
+    items = list(itertools.islice(g.items, assembled))
     positive = map(operator.gt, map(_EXCL, items), itertools.repeat(0.0))
     for it in itertools.compress(items, map(operator.not_, positive)):
         it.excl = max(0.0, it.excl)
+
+
+def _in_thread_order(keyed: dict[int | str, list[tuple[tuple[float, int, float, float], Item]]]) -> list[int | str]:
+    """The threads by name; two of one name (a thread id as an int and as a string) by their first item's id."""
+    if len(set(map(str, keyed))) == len(keyed):  # (every trace seen: no two alike)
+        return sorted(keyed, key=str)
+    first = {tid: min(it.id for _, it in seq) for tid, seq in keyed.items()}
+    return sorted(keyed, key=lambda tid: (str(tid), first[tid]))
 
 
 _KEY = operator.itemgetter(0)
