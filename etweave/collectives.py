@@ -5,6 +5,7 @@ enclosing op, and the kernel name last (counted as a fallback)."""
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import operator
 import re
@@ -82,22 +83,28 @@ class CollectiveStats(msgspec.Struct):
     coalesced_without_metadata: int = 0  # NCCL kernels of a coalesced group that carry no Kineto args
 
 
-_GLOO_OR_KERNEL = frozenset({HOST_OP, KERNEL})  # the items a comm node may be made of
 _KERNEL = frozenset({KERNEL})
-_NAME = operator.attrgetter("name")
+_NAME, _ID = operator.attrgetter("name"), operator.attrgetter("id")
 
 
 def find_collectives(g: Graph, groups: dict[str, str]) -> CollectiveStats:
     """Mark comm items in place. `groups` maps a trace's process-group name to its comm-group id ("" = world)."""
     stats = CollectiveStats()
-    calls = [it for it in g.of_kinds(HOST_OP_KIND) if it.host is not None and it.host.collective_call]
+    # host ops and kernels told by name, once per distinct name; those of other names left out in C (most)
+    host_ops, kernels = g.of_kinds(HOST_OP_KIND), g.of_kinds(_KERNEL)
+    host_names = set(map(_NAME, host_ops))
+    c10d = {n for n in host_names if n.startswith("c10d::")}  # (every collective call's name: repair's rule)
+    calls = [it for it in itertools.compress(host_ops, map(c10d.__contains__, map(_NAME, host_ops)))
+             if it.host is not None and it.host.collective_call]
     paired: set[int] = set()
     calls_by_thread: dict[int, list[Item]] = {}
     for c in calls:
         calls_by_thread.setdefault(c.host.et_tid if c.host else 0, []).append(c)
-    # NCCL/RCCL kernels told by name, once per distinct name
-    nccl_names = {n for n in set(map(_NAME, g.of_kinds(_KERNEL))) if _is_nccl_name(n)}
-    for it in g.of_kinds(_GLOO_OR_KERNEL):  # (in item order)
+    gloo = {n for n in host_names if n.startswith("gloo:")}
+    nccl_names = {n for n in set(map(_NAME, kernels)) if _is_nccl_name(n)}
+    # the gloo ops and NCCL kernels, in item order (ids)
+    for it in sorted([*itertools.compress(host_ops, map(gloo.__contains__, map(_NAME, host_ops))),
+                      *itertools.compress(kernels, map(nccl_names.__contains__, map(_NAME, kernels)))], key=_ID):
         if it.kind == HOST_OP and it.name.startswith("gloo:"):
             assert it.host is not None
             # Without a host ET (Kineto only) a gloo op sits on its worker thread, not the issuing one: then
