@@ -13,6 +13,7 @@ from etweave.deps.evidence import WAIT_TOLERANCE, Evidence
 from etweave.model import (
     GPU_KINDS,
     HOST_OP_KIND,
+    KERNEL,
     PROCESS_ROOT_KIND,
     THREAD_ROOT_KIND,
     Edge,
@@ -42,7 +43,8 @@ def launch(g: Graph) -> list[Edge]:
             *awaited(g, Evidence.LAUNCH)]
 
 
-_LAUNCHER, _ID = operator.attrgetter("launcher"), operator.attrgetter("id")
+_LAUNCHER, _ID, _COMM = operator.attrgetter("launcher"), operator.attrgetter("id"), operator.attrgetter("comm")
+_KERNEL = frozenset({KERNEL})
 _START_ID, _START_POS_ID = operator.attrgetter("start", "id"), operator.attrgetter("start", "pos", "id")
 
 
@@ -108,8 +110,9 @@ def tensor_flow(g: Graph) -> list[Edge]:
     an edge (this places an all_reduce on a comm thread after the loss that produced its input)."""
     writer: dict[tuple[int, int], Item] = {}
     edges: list[Edge] = []
-    ops = sorted((it for it in g.of_kinds(HOST_OP_KIND) if it.host is not None),
-                 key=_START_POS_ID)
+    # (ops that read or write no tensor take no part: left out before the sort; a Kineto op records none)
+    ops = sorted([it for it in g.of_kinds(HOST_OP_KIND)
+                  if it.host is not None and (it.host.input_tensors or it.host.output_tensors)], key=_START_POS_ID)
     for it in ops:
         h = it.host
         assert h is not None
@@ -125,9 +128,14 @@ def tensor_flow(g: Graph) -> list[Edge]:
 def collective_order(g: Graph) -> list[Edge]:
     """Collectives of one process group complete in issue order (`Seq` where the trace has it, else start time)."""
     groups: dict[str, list[Item]] = defaultdict(list)
-    for it in g.items:
-        if it.comm is not None and it.comm.node_type == schema.COMM_COLL_NODE:
-            groups[it.comm.pg_name].append(it)
+    # (comm items are gloo ops and kernels, picked in C; each group is sorted on a key with the id in it, so the
+    # order they are found in does not matter)
+    for of_kind in (g.of_kinds(HOST_OP_KIND), g.of_kinds(_KERNEL)):
+        for it in itertools.compress(of_kind, map(_COMM, of_kind)):
+            comm = it.comm
+            assert comm is not None  # (picked so)
+            if comm.node_type == schema.COMM_COLL_NODE:
+                groups[comm.pg_name].append(it)
     edges: list[Edge] = []
     for pg in sorted(groups):
         ops = sorted(groups[pg], key=lambda it: (it.comm.seq if it.comm and it.comm.seq is not None else -1,
