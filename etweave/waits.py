@@ -196,18 +196,18 @@ def _worker_handoffs(g: Graph, chains: Chains, evidence: HandOverEvidence, worke
     """The hand-overs that ended the idle gaps of one worker thread (see _handoffs), recorded and applied with
     `apply`."""
     order = chains.ids[worker.tid]  # (nothing here changes this thread's order: other threads' periods are cut)
-    periods = list(map(g.by_id.__getitem__, order))
-    kinds = list(map(_KIND, periods))
+    by_id = g.by_id
+    kinds = list(map(_KIND, map(by_id.__getitem__, order)))  # (the periods themselves looked up where needed)
     # the worker has started once a period of its own work came before (not its root, idle or waking up)
     first_work = next((k for k, kind in enumerate(kinds) if kind not in (THREAD_ROOT, DELAY, WAKEUP)), len(kinds))
     given: list[_Given] = []
     # each idle gap but the last period, picked in C
     for pos in itertools.compress(range(len(order) - 1), map(operator.eq, kinds, itertools.repeat(DELAY))):
-        gap = periods[pos]
+        gap = by_id[order[pos]]
         if gap.id in chains.removed:
             continue
         started = first_work < pos
-        nxt = periods[pos + 1]
+        nxt = by_id[order[pos + 1]]
         found, moment, queued = hand_over(g, chains, evidence, worker.by, gap, nxt, started, worker.by[0])
         if queued is not None:  # the worker took it up after its previous work: its idle time stays its own
             if queued.tid is not None:
