@@ -48,6 +48,10 @@ class Handed:
         for spans in self.stretches.values():
             spans.sort()
 
+    def handing(self) -> set[int | str]:
+        """The threads that handed some work over (`holds` is False for every op and any other thread)."""
+        return {by for (by, _), spans in self.stretches.items() if spans}
+
     def holds(self, by: int | str, op: Item) -> bool:
         """Whether `op` ran in work that thread `by` handed to op's thread."""
         spans = self.stretches.get((by, op.tid)) if op.tid is not None else None

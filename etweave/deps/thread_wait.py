@@ -60,11 +60,13 @@ def find_thread_waits(g: Graph, removed: set[int], served: Handed, moments: dict
     periods = [x for x in g.items if not x.seg_end - x.start < MIN_WAIT and x.kind in (HOST_OP, SELF_PART, DELAY)
                and x.measured and x.comm is None and x.tid is not None and x.stream is None and x.id not in removed]
     found: list[ThreadWait] = []
+    handing = served.handing()  # (a thread that handed nothing over waits for no handed work: no lookup)
     for it in periods:
         tid = thread_of(it)
         x = latest_before(ends, tops, it.start + TOLERANCE, it.seg_end, off_thread(tid)) if any_thread else None
         if x is None or it.seg_end - (x.start + x.dur) > TOLERANCE:
-            x = latest_before(ends, tops, it.start + TOLERANCE, it.seg_end, handed_by(served, tid))
+            x = latest_before(ends, tops, it.start + TOLERANCE, it.seg_end, handed_by(served, tid)) \
+                if tid in handing else None
             if x is None or it.seg_end - (x.start + x.dur) > max_wakeup(g, it, x, finished.before(x, it.seg_end)):
                 continue
         x_end = x.start + x.dur
