@@ -85,25 +85,37 @@ class HandOverEvidence:
         # (start, id) order: the latest writer by a time is one bisection, not a scan of every writer
         self.writers: dict[tuple[int, int, int | str], tuple[list[float], list[Item]]] = {}
         per: dict[int | str, list[Item]] = defaultdict(list)
-        issued: dict[int | str, list[Item]] = defaultdict(list)
-        for it in sorted([x for x in g.of_kinds(HOST_OP_KIND) if x.tid is not None and x.measured],
-                         key=_START_ID):
-            tid = it.tid
-            assert tid is not None  # (picked so; thread_of, inline)
-            per[tid].append(it)
-            if it.name.startswith(ISSUE_PREFIXES):
-                issued[tid].append(it)
+        for it in g.of_kinds(HOST_OP_KIND):  # (in id order)
+            if it.tid is not None and it.measured:
+                per[it.tid].append(it)
+        first: dict[tuple[int, int], Item] = {}  # forward key -> the first op of it, by (start, id)
+        for tid, ops in per.items():
+            starts = list(map(_START, ops))
+            if not all(map(operator.le, starts, starts[1:])):  # (in id order: by (start, id) unless a start goes back)
+                ops.sort(key=_START_ID)
+                starts = list(map(_START, ops))
+            self.ops[tid] = (starts, ops)
+            issuing = [it for it in ops if it.name.startswith(ISSUE_PREFIXES)]
+            if issuing:
+                self.issued[tid] = (list(map(_START, issuing)), issuing)
+            self._index_records(tid, ops, first)
+        self.forward_tid = {key: it.tid for key, it in first.items() if it.tid is not None}
+
+    def _index_records(self, tid: int | str, ops: list[Item], first: dict[tuple[int, int], Item]) -> None:
+        """The tensors thread `tid`'s ops (by start) wrote, and the first op of each forward key so far."""
+        for it in ops:
             h = it.host
             if h is None:
                 continue
             if h.seq_id >= 0 and not h.fw_tid:
-                self.forward_tid.setdefault(self._forward_key(h.et_tid, h.seq_id), tid)
+                key = self._forward_key(h.et_tid, h.seq_id)
+                was = first.get(key)
+                if was is None or (it.start, it.id) < (was.start, was.id):
+                    first[key] = it
             for _, tensor, storage, _, _ in h.output_tensors:
                 w_starts, w_ops = self.writers.setdefault((tensor, storage, tid), ([], []))
                 w_starts.append(it.start)
                 w_ops.append(it)
-        self.ops = {tid: (list(map(_START, ops)), ops) for tid, ops in per.items()}
-        self.issued = {tid: (list(map(_START, ops)), ops) for tid, ops in issued.items()}
 
     def shows(self, by: int | str, gap: Item, woken: Item) -> tuple[bool, Item | None]:
         """Whether thread `by` handed over the work that `woken` (the first period after the idle `gap` of its
