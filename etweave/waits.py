@@ -30,7 +30,7 @@ from etweave.deps.handoff import Handed, HandOverEvidence, hand_over, main_threa
 from etweave.deps.stream_wait import find_late_start
 from etweave.deps.sync import find_blocking_calls
 from etweave.deps.thread_wait import find_thread_waits
-from etweave.deps.timeline import latest_before
+from etweave.deps.timeline import by_end, latest_before
 from etweave.model import (
     DELAY,
     GPU_KINDS,
@@ -253,10 +253,7 @@ def _stream_waits(g: Graph) -> None:
     by_device: dict[int, list[Item]] = defaultdict(list)
     for it in g.of_kinds(GPU_KINDS):
         by_device[it.device or 0].append(it)
-    index: dict[int, tuple[list[float], list[Item]]] = {}
-    for dev, ops in by_device.items():
-        ops.sort(key=lambda it: (it.start + it.dur, it.id))
-        index[dev] = ([it.start + it.dur for it in ops], ops)
+    index = {dev: by_end(ops) for dev, ops in by_device.items()}
     t0 = first_measured_start(g)
     for key, order in list(g.streams.items()):
         new_order: list[int] = []
@@ -309,9 +306,9 @@ class NoWaitEvidence:
     @functools.cached_property
     def tops(self) -> tuple[list[Item], list[float]]:
         """The top-level host ops of every thread, by end."""
-        tops = sorted((o for o in self.g.of_kinds(HOST_OP_KIND) if o.measured and o.enclosing is None
-                       and o.tid is not None), key=lambda o: (o.start + o.dur, o.id))
-        return tops, [o.start + o.dur for o in tops]
+        ends, tops = by_end([o for o in self.g.of_kinds(HOST_OP_KIND) if o.measured and o.enclosing is None
+                             and o.tid is not None])
+        return tops, ends
 
     @functools.cached_property
     def gpu(self) -> dict[int | None, tuple[list[Item], list[float]]]:
@@ -321,8 +318,8 @@ class NoWaitEvidence:
             per[o.device].append(o)
         gpu = {}
         for dev, ops in per.items():
-            ops.sort(key=lambda o: (o.start + o.dur, o.id))
-            gpu[dev] = (ops, [o.start + o.dur for o in ops])
+            ends, ops = by_end(ops)
+            gpu[dev] = (ops, ends)
         return gpu
 
     def of(self, it: Item) -> str:

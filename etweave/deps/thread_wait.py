@@ -14,7 +14,7 @@ from etweave.deps.awaited import awaited
 from etweave.deps.evidence import MAX_WAKEUP, Evidence
 from etweave.deps.evidence import WAIT_TOLERANCE as TOLERANCE
 from etweave.deps.handoff import ISSUE_PREFIXES, Handed
-from etweave.deps.timeline import latest_before, off_thread
+from etweave.deps.timeline import by_end, latest_before, off_thread
 from etweave.model import DELAY, HOST_OP, HOST_OP_KIND, SELF_PART, Edge, Graph, Item
 from etweave.periods import thread_of
 
@@ -52,9 +52,8 @@ def find_thread_waits(g: Graph, removed: set[int], served: Handed, moments: dict
     thread's, is no wait.) Inferred from that structure and the timing. A period in which the thread also handed
     work over (`moments`: the collective it then waited for) waits from the first such moment. Without
     `any_thread`, only waits for work in `served`."""
-    tops = sorted((it for it in g.of_kinds(HOST_OP_KIND) if it.measured and it.enclosing is None
-                   and it.tid is not None and it.dur > 0), key=lambda it: (it.start + it.dur, it.id))
-    ends = [it.start + it.dur for it in tops]
+    ends, tops = by_end([it for it in g.of_kinds(HOST_OP_KIND) if it.measured and it.enclosing is None
+                         and it.tid is not None and it.dur > 0])
     finished = FinishedWork(tops)
     # long enough to have waited first: that test leaves out most items
     periods = [x for x in g.items if not x.seg_end - x.start < MIN_WAIT and x.kind in (HOST_OP, SELF_PART, DELAY)
