@@ -7,7 +7,7 @@ import pytest
 
 from etweave.deps.awaited import awaited
 from etweave.deps.evidence import Evidence
-from etweave.model import DELAY, GPU_KINDS, HOST_OP, KERNEL, MEMCPY, RUNTIME, Await, Ids, Item
+from etweave.model import DELAY, GPU_KINDS, HOST_OP, KERNEL, MEMCPY, MEMSET, RUNTIME, Await, Ids, Item
 from etweave.periods import Chains
 from etweave.read.host_et import IO, HostOp
 from etweave.repair import repair
@@ -30,6 +30,17 @@ def test_of_kinds_gives_the_items_of_those_kinds_in_item_order_and_forgets_them_
     assert [it.id for it in g.of_kinds(GPU_KINDS)] == [2, 4, added.id]
     with pytest.raises(AssertionError, match="delay"):
         g.of_kinds(frozenset({DELAY}))  # a kind later stages add and change: no index
+
+
+def test_of_kinds_merges_the_kinds_assemble_listed_in_item_order_as_a_pass_would() -> None:
+    items = [Item(1, HOST_OP, "op"), Item(2, KERNEL, "k"), Item(3, RUNTIME, "launch"), Item(4, MEMCPY, "copy"),
+             Item(5, KERNEL, "k2")]
+    indexed, passed = graph(*items), graph(*items)
+    indexed.index_kinds({HOST_OP: [items[0]], KERNEL: [items[1], items[4]], RUNTIME: [items[2]], MEMCPY: [items[3]]})
+    for kinds in (GPU_KINDS, frozenset({KERNEL}), frozenset({HOST_OP, KERNEL}), frozenset({MEMSET})):
+        assert indexed.of_kinds(kinds) == passed.of_kinds(kinds)
+    assert [it.id for it in indexed.of_kinds(GPU_KINDS)] == [2, 4, 5]
+    assert indexed.of_kinds(frozenset({MEMSET})) == []  # a kind assemble made none of: indexed, empty
 
 
 def test_of_kinds_forgets_an_item_of_its_kinds_that_the_chains_remove() -> None:

@@ -197,3 +197,22 @@ def test_a_hand_over_drawn_from_another_thread_than_the_credited_one_is_credited
     assert 7 not in g.threads[2], "the engine's idle time was all waiting for the collective it handed over"
     assert not [it for it in g.items if it.kind == UNTRACED]
     assert wakes[1].seg_end == 1000.0 and backward.seg_end == 20.0, "backward() waited from its hand-over on"
+
+
+def test_by_end_orders_items_by_end_then_id_with_their_ends() -> None:
+    from etweave.deps.timeline import by_end
+    a, b, c = Item(3, KERNEL, "a", start=0.0, dur=5.0), Item(1, KERNEL, "b", start=2.0, dur=3.0), \
+        Item(2, KERNEL, "c", start=1.0, dur=1.0)
+    ends, ops = by_end([a, b, c])
+    assert ends == [2.0, 5.0, 5.0]
+    assert [o.id for o in ops] == [2, 1, 3]  # equal ends: by id
+    assert by_end([]) == ([], [])
+
+
+def test_handed_names_only_the_threads_that_handed_work_over() -> None:
+    from etweave.deps.handoff import Handed
+    handed = Handed()
+    assert handed.handing() == set()
+    handed.add("main", 7, 0.0, 10.0)
+    handed.stretches[("helper", "main")]  # (a key looked up, no stretch: hands nothing)
+    assert handed.handing() == {"main"}
