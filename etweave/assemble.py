@@ -56,8 +56,8 @@ def assemble(c: Conversion) -> Graph:
     by_kind = _host_items(c.ops, kineto, need(c.link, "link"), need(c.repair, "repair"))
     if kineto is not None and device is not None:
         by_kind.update(_device_items(kineto, device, c.ids))
-    for of_kind in by_kind.values():
-        of_kind.sort(key=_ID)  # (in id order already, but for host ops out of it)
+    for kind in (PROCESS_ROOT, THREAD_ROOT, HOST_OP):
+        by_kind[kind].sort(key=_ID)  # (in op order: in id order already, but for host ops out of it)
     items = list(itertools.chain.from_iterable(by_kind.values()))
     items.sort(key=_ID)  # (a merge of the kinds' runs)
     files = InputFiles(c.host.path if c.host is not None else "", kineto.path if kineto is not None else "")
