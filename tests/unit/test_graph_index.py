@@ -56,6 +56,16 @@ def test_of_kinds_forgets_an_item_of_its_kinds_that_the_chains_remove() -> None:
     assert [it.id for it in g.of_kinds(GPU_KINDS)] == [1]
 
 
+def test_removed_periods_leave_the_items_in_order_whether_or_not_the_items_are_in_id_order() -> None:
+    for ids in ([1, 2, 3, 4, 5, 6], [4, 1, 6, 2, 5, 3]):  # (a graph's items are in id order; a pass otherwise)
+        g = graph(*(Item(i, DELAY, "[idle]") for i in ids))
+        chains = Chains(g)
+        chains.removed.update({1, 4, 6})
+        chains.store()
+        assert [it.id for it in g.items] == [i for i in ids if i not in (1, 4, 6)]
+        assert sorted(g.by_id) == [2, 3, 5]
+
+
 def test_the_wait_sources_read_the_kept_waits_as_a_pass_would() -> None:
     first, second, waiter = Item(1, KERNEL, "a"), Item(2, KERNEL, "b"), Item(3, KERNEL, "c")
     waiter.wait_for(Await(1, Evidence.SYNC, False), Await(2, Evidence.EVENT_WAIT, True))
