@@ -250,6 +250,7 @@ def _in_thread_order(keyed: dict[int | str, list[tuple[tuple[float, int, float, 
 
 _KEY = operator.itemgetter(0)
 _ID, _EXCL, _START_ID = operator.attrgetter("id"), operator.attrgetter("excl"), operator.attrgetter("start", "id")
+_START = operator.attrgetter("start")
 
 
 class _Sweep:
@@ -370,4 +371,8 @@ def _stream_order(g: Graph) -> None:
     for it in g.of_kinds(GPU_KINDS):
         streams[(it.device or 0, it.stream or 0)].append(it)
     for key in sorted(streams):
-        g.streams[key] = [it.id for it in sorted(streams[key], key=_START_ID)]
+        ops = streams[key]  # (in id order: in (start, id) order already unless a start goes back)
+        starts = list(map(_START, ops))
+        if not all(map(operator.le, starts, starts[1:])):
+            ops.sort(key=_START_ID)
+        g.streams[key] = list(map(_ID, ops))
