@@ -339,14 +339,14 @@ class _Sweep:
         Returns its end: the new cursor."""
         parts = self.parts
         part_id = self.first_id + len(parts)
+        length = t - start  # (its duration and exclusive time: one float object for both)
         if owner is not None:
             name = self.self_names.get(owner.name)
             if name is None:
                 name = self.self_names[owner.name] = f"{owner.name} [self]"
-            parts.append(Item(part_id, SELF_PART, name, start, t - start, t - start, t, True, self.tid,
-                              part_of=owner.id))
+            parts.append(Item(part_id, SELF_PART, name, start, length, length, t, True, self.tid, part_of=owner.id))
         else:
-            parts.append(Item(part_id, DELAY, "[idle]", start, t - start, t - start, t, True, self.tid))
+            parts.append(Item(part_id, DELAY, "[idle]", start, length, length, t, True, self.tid))
         self.chain.append(part_id)
         return t
 
@@ -356,7 +356,7 @@ class _Sweep:
         ids = g.ids.take(len(parts))
         assert ids.start == self.first_id, "nothing takes ids while a thread is swept"
         g.items.extend(parts)
-        g.by_id.update(zip(ids, parts, strict=True))
+        g.by_id.update(zip(map(_ID, parts), parts, strict=True))  # (keyed by each part's own id object)
 
 
 def _own_end(pending: Item, t: float, cursor: float) -> float:
