@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import collections
 import functools
+import itertools
 import operator
 import os
 import struct
@@ -234,6 +236,21 @@ class EventTable(Sequence[Event]):
             return list(map(self._events.__getitem__, positions))
         return [self[i] for i in positions]
 
+    def share_strings(self, positions: Iterable[int]) -> None:
+        """Make the events at these positions share one object per distinct name and per distinct thread id (the
+        whole-file decode gives each event its own). For the events whose name and thread the items copy, which
+        hold them to the end of a conversion: on allreduce-2020 the names were ~12 MB, the thread ids ~3 MB, for
+        120 and 5 distinct values. Events decoded on access (raw views) are left as they are."""
+        if self._events is None:
+            return
+        evs = self.at(positions)
+        names, tids = list(map(_NAME, evs)), list(map(_TID, evs))
+        shared: dict[Any, Any] = {}
+        collections.deque(map(setattr, evs, itertools.repeat("name"), map(shared.setdefault, names, names)), 0)
+        collections.deque(map(setattr, evs, itertools.repeat("tid"), map(shared.setdefault, tids, tids)), 0)
+        # the columns held the events' own objects: read again, so that only the shared ones stay
+        self.name, self.tid = list(map(_NAME, self._events)), list(map(_TID, self._events))
+
     def release(self) -> None:
         """Let go of the events (decoded, or their raw JSON), keeping the columns: for a conversion that read the
         trace itself, once its graph is built (no later stage reads an event). Reading an event after it is a bug."""
@@ -299,6 +316,7 @@ def _id_column(value: Any, default: int) -> int:
 
 
 NO_INDEX = -(1 << 63)
+_NAME, _TID = operator.attrgetter("name"), operator.attrgetter("tid")
 _CACHE = 1 << 14
 _decoder = msgspec.json.Decoder(_File)
 _list_decoder = msgspec.json.Decoder(list[msgspec.Raw])
