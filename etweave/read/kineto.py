@@ -10,7 +10,7 @@ import os
 import struct
 import sys
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from itertools import compress, count, islice
 from pathlib import Path
 from typing import Annotated, Any
@@ -160,6 +160,10 @@ def _eager_limit() -> int:
     return int(value) if value.isdecimal() else EAGER_LIMIT
 
 
+# The columns of an `EventTable` (see its docstring).
+COLUMNS = ("cpu", "runtime", "gpu", "sync", "ts", "dur", "tid", "name", "correlation", "ev_idx", "seq", "rf_id")
+
+
 class EventTable(Sequence[Event]):
     """The trace's duration events ("X"), in file order, without exact duplicates: decoded objects, or raw JSON
     decoded on access (a small cache serves the repeated reads of one event in a row).
@@ -251,12 +255,16 @@ class EventTable(Sequence[Event]):
         # the columns held the events' own objects: read again, so that only the shared ones stay
         self.name, self.tid = list(map(_NAME, self._events)), list(map(_TID, self._events))
 
-    def release(self) -> None:
-        """Let go of the events (decoded, or their raw JSON), keeping the columns: for a conversion that read the
-        trace itself, once its graph is built (no later stage reads an event). Reading an event after it is a bug."""
+    def release(self, keep: Collection[str] = COLUMNS) -> None:
+        """Let go of the events (decoded, or their raw JSON) and of the columns not named in `keep` (all kept when
+        not given): for a conversion that read the trace itself, once its graph is built (no later stage reads an
+        event). Reading an event after it is a bug, and so is reading a column let go (an AttributeError)."""
         self._released = len(self)
         self._events, self._raws = None, None
         self._cache.clear()
+        for column in COLUMNS:
+            if column not in keep and hasattr(self, column):
+                delattr(self, column)
 
     def __len__(self) -> int:
         if self._released is not None:
