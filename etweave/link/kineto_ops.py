@@ -63,9 +63,11 @@ def kineto_host(kineto: KinetoTrace, window: Window | None, ids: Ids) -> tuple[l
     starts = list(chain.from_iterable(thread_starts for _, thread_starts in sorted_threads))
     by_start = sorted(range(len(places)), key=starts.__getitem__)  # place of the op with each id, in id order
     order = list(map(places.__getitem__, by_start))  # event of the op with each id
-    op_ids = ids.take(len(order))
-    # each place's op id (the inverse permutation of by_start, sorted in C), then each thread root's
-    id_at = list(map(operator.add, sorted(range(len(places)), key=by_start.__getitem__), repeat(op_ids.start)))
+    # the ids as one list: the ops, their children's parents and the link share one int object per id (each pass
+    # over a range makes its own)
+    op_ids = list(ids.take(len(order)))
+    # each place's op id (by the inverse permutation of by_start, sorted in C), then each thread root's
+    id_at = list(map(op_ids.__getitem__, sorted(range(len(places)), key=by_start.__getitem__)))
     id_at += [thread_root[t] for t in tids]
     parent_at, partial = _parents(events, sorted_threads)
     thread_at = list(chain.from_iterable(repeat(et_tid[t], len(idx))
