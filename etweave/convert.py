@@ -140,8 +140,7 @@ def link(c: Conversion) -> None:
     if host is None:
         assert kineto is not None  # Conversion.start refuses neither
         # Kineto only, every item's name (and a host op's or runtime call's thread) is its event's: one object each
-        events = kineto.events
-        events.share_strings(itertools.chain(events.cpu, events.runtime, events.gpu))
+        kineto.events.share_strings()
         c.ops, c.link = kineto_host(kineto, c.window, c.ids)  # Kineto only: its cpu ops stand in for the host ops
         return
     c.ops = host.ops

@@ -240,20 +240,18 @@ class EventTable(Sequence[Event]):
             return list(map(self._events.__getitem__, positions))
         return [self[i] for i in positions]
 
-    def share_strings(self, positions: Iterable[int]) -> None:
-        """Make the events at these positions share one object per distinct name and per distinct thread id (the
-        whole-file decode gives each event its own). For the events whose name and thread the items copy, which
-        hold them to the end of a conversion: on allreduce-2020 the names were ~12 MB, the thread ids ~3 MB, for
-        120 and 5 distinct values. Events decoded on access (raw views) are left as they are."""
+    def share_strings(self) -> None:
+        """Make the events share one object per distinct name and per distinct thread id (the whole-file decode
+        gives each event its own): for a conversion whose items copy every event's name and thread (Kineto only),
+        and hold them to its end. On allreduce-2020 the names took ~12 MB, the thread ids ~3 MB, for 120 and 5
+        distinct values. Events decoded on access (raw views) are left as they are."""
         if self._events is None:
             return
-        evs = self.at(positions)
-        names, tids = list(map(_NAME, evs)), list(map(_TID, evs))
         shared: dict[Any, Any] = {}
-        collections.deque(map(setattr, evs, itertools.repeat("name"), map(shared.setdefault, names, names)), 0)
-        collections.deque(map(setattr, evs, itertools.repeat("tid"), map(shared.setdefault, tids, tids)), 0)
-        # the columns held the events' own objects: read again, so that only the shared ones stay
-        self.name, self.tid = list(map(_NAME, self._events)), list(map(_TID, self._events))
+        self.name = list(map(shared.setdefault, self.name, self.name))  # (the columns hold the events' objects)
+        self.tid = list(map(shared.setdefault, self.tid, self.tid))
+        collections.deque(map(setattr, self._events, itertools.repeat("name"), self.name), 0)
+        collections.deque(map(setattr, self._events, itertools.repeat("tid"), self.tid), 0)
 
     def release(self, keep: Collection[str] = COLUMNS) -> None:
         """Let go of the events (decoded, or their raw JSON) and of the columns not named in `keep` (all kept when
@@ -324,7 +322,6 @@ def _id_column(value: Any, default: int) -> int:
 
 
 NO_INDEX = -(1 << 63)
-_NAME, _TID = operator.attrgetter("name"), operator.attrgetter("tid")
 _CACHE = 1 << 14
 _decoder = msgspec.json.Decoder(_File)
 _list_decoder = msgspec.json.Decoder(list[msgspec.Raw])

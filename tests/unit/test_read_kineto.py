@@ -163,7 +163,7 @@ def test_shared_strings_are_one_object_per_value(tmp_path: Path, monkeypatch: py
     monkeypatch.setenv("ETWEAVE_EAGER_BYTES", eager_bytes)
     events = [kineto_event("a" * 40, 100.0 + n, 1.0, tid=12345) for n in range(4)]
     table = _read(tmp_path, kineto_trace(events)).events
-    table.share_strings(range(len(table)))
+    table.share_strings()
     assert [e.name for e in table] == ["a" * 40] * 4 and [e.tid for e in table] == [12345] * 4
     if eager_bytes == "":  # decoded events: one object each, in the events and in the columns
         assert len({id(e.name) for e in table} | {id(n) for n in table.name}) == 1
