@@ -104,11 +104,13 @@ def add_unlinked_cpu_ops(host: HostTrace, kineto: KinetoTrace, link: HostLink, i
     for i in new:
         id_of[i] = ids.next()
     fallback = {t: roots.get(et_of[t], process_root) if t in et_of else process_root for t in threads}
-    sorted_threads = [_entry_sorted(events, idx) for idx in threads.values()]
-    places = list(chain.from_iterable(idx for idx, _ in sorted_threads))
-    parent_at, _ = _parents(events, sorted_threads)
-    id_at = [*map(id_of.__getitem__, places), *map(fallback.__getitem__, threads)]
-    parent_of = dict(zip(places, map(id_at.__getitem__, parent_at), strict=True))
+    parent_of: dict[int, int] = {}
+    for t, idx in threads.items():  # a thread at a time: only one thread's lists are held at once
+        in_order = _entry_sorted(events, idx)
+        parent_at, _ = _parents(events, [in_order])
+        id_at = [*map(id_of.__getitem__, in_order[0]), fallback[t]]
+        parent_of.update(zip(in_order[0], map(id_at.__getitem__, parent_at), strict=True))
+        del in_order, parent_at, id_at
     added = []
     for i in new:
         ev = events[i]
