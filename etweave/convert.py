@@ -139,6 +139,8 @@ def link(c: Conversion) -> None:
     host, kineto = c.host, c.kineto
     if host is None:
         assert kineto is not None  # Conversion.start refuses neither
+        # Kineto only, every item's name (and a host op's or runtime call's thread) is its event's: one object each
+        kineto.events.share_strings()
         c.ops, c.link = kineto_host(kineto, c.window, c.ids)  # Kineto only: its cpu ops stand in for the host ops
         return
     c.ops = host.ops
@@ -230,12 +232,23 @@ def run_stages(c: Conversion, stages: Sequence[Stage] = STAGES, release: bool = 
 
 
 def release_inputs(c: Conversion) -> None:
-    """Let go of the Kineto trace's events (its columns stay) and of the ops the graph was built from: every item
-    carries what later stages read of them (README "Layout", assemble), and on a Kineto-only trace they are most of
-    the memory held until the nodes are written. The host ET's ops stay (the audit counts them)."""
+    """Let go of the Kineto trace's events and of the columns no later stage reads, of the ops the graph was built
+    from, and of what only assemble read of the link's device selection and of the repair (parents, launchers):
+    every item carries what later stages read of them (README "Layout", assemble), and on a Kineto-only trace
+    they are most of the memory held until the nodes are written. The host ET's ops stay (the audit counts
+    them)."""
     if c.kineto is not None:
-        c.kineto.events.release()
+        c.kineto.events.release(keep=_COLUMNS_READ_AFTER_THE_GRAPH)
     c.ops = []
+    if c.repair is not None:
+        c.repair.parent_of = {}
+    if c.device is not None:  # the audit reads its counts and what was left out
+        c.device.runtime, c.device.gpu, c.device.launcher_of = [], [], {}
+
+
+# The Kineto columns the stages after the graph read: the audit's count of the trace's cpu ops, those left out of
+# the window, and their examples (`audit._kineto_cpu_ops`).
+_COLUMNS_READ_AFTER_THE_GRAPH = ("cpu", "ts", "name")
 
 
 def convert_files(host: Path | None, device: Path | None, rank: int | None = None, select: Selection | None = None,

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import collections
 import functools
+import itertools
 import operator
 import os
 import struct
 import sys
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from itertools import compress, count, islice
 from pathlib import Path
 from typing import Annotated, Any
@@ -158,6 +160,10 @@ def _eager_limit() -> int:
     return int(value) if value.isdecimal() else EAGER_LIMIT
 
 
+# The columns of an `EventTable` (see its docstring).
+COLUMNS = ("cpu", "runtime", "gpu", "sync", "ts", "dur", "tid", "name", "correlation", "ev_idx", "seq", "rf_id")
+
+
 class EventTable(Sequence[Event]):
     """The trace's duration events ("X"), in file order, without exact duplicates: decoded objects, or raw JSON
     decoded on access (a small cache serves the repeated reads of one event in a row).
@@ -234,12 +240,29 @@ class EventTable(Sequence[Event]):
             return list(map(self._events.__getitem__, positions))
         return [self[i] for i in positions]
 
-    def release(self) -> None:
-        """Let go of the events (decoded, or their raw JSON), keeping the columns: for a conversion that read the
-        trace itself, once its graph is built (no later stage reads an event). Reading an event after it is a bug."""
+    def share_strings(self) -> None:
+        """Make the events share one object per distinct name and per distinct thread id (the whole-file decode
+        gives each event its own): for a conversion whose items copy every event's name and thread (Kineto only),
+        and hold them to its end. On allreduce-2020 the names took ~12 MB, the thread ids ~3 MB, for 120 and 5
+        distinct values. Events decoded on access (raw views) are left as they are."""
+        if self._events is None:
+            return
+        shared: dict[Any, Any] = {}
+        self.name = list(map(shared.setdefault, self.name, self.name))  # (the columns hold the events' objects)
+        self.tid = list(map(shared.setdefault, self.tid, self.tid))
+        collections.deque(map(setattr, self._events, itertools.repeat("name"), self.name), 0)
+        collections.deque(map(setattr, self._events, itertools.repeat("tid"), self.tid), 0)
+
+    def release(self, keep: Collection[str] = COLUMNS) -> None:
+        """Let go of the events (decoded, or their raw JSON) and of the columns not named in `keep` (all kept when
+        not given): for a conversion that read the trace itself, once its graph is built (no later stage reads an
+        event). Reading an event after it is a bug, and so is reading a column let go (an AttributeError)."""
         self._released = len(self)
         self._events, self._raws = None, None
         self._cache.clear()
+        for column in COLUMNS:
+            if column not in keep and hasattr(self, column):
+                delattr(self, column)
 
     def __len__(self) -> int:
         if self._released is not None:

@@ -113,6 +113,20 @@ def test_kineto_only_ops_take_ids_from_the_allocator_in_entry_order(tmp_path: Pa
     assert link.warnings == {"kineto_cpu_ops_partly_overlapping": 1}  # "straddles" ends after "outer"
 
 
+@pytest.mark.parametrize("with_index", [True, False])
+def test_kineto_only_entry_order_at_equal_starts(tmp_path: Path, with_index: bool) -> None:
+    """Within a thread, ops entered at one µs are ordered by Kineto's event index where every op has one (sorted
+    in C), else outer (longer) first (a key per op); the file's order is not the entry order here."""
+    def index(n: int) -> dict[str, Any]:
+        return {"Ev Idx": n} if with_index else {}
+    k = kineto(tmp_path, cpu("inner", 100, 5, index(2)), cpu("outer", 100, 10, index(1)), cpu("first", 90, 1, index(0)),
+               cpu("other thread", 100, 1, tid=300), cpu("last", 120, 1, index(3)))
+    ops, link = kineto_host(k, None, Ids(1))
+    assert [(o.id, o.name, o.parent) for o in ops[3:]] == [
+        (4, "first", 2), (5, "outer", 2), (6, "inner", 5), (7, "other thread", 3), (8, "last", 2)]
+    assert link.event_of == {4: 2, 5: 1, 6: 0, 7: 3, 8: 4} and link.warnings == {}
+
+
 def test_kineto_only_keeps_the_ops_that_start_in_the_window(tmp_path: Path) -> None:
     k = kineto(tmp_path, cpu("early", 10, 5), cpu("kept", 100, 5), cpu("late", 300, 5))
     ops, link = kineto_host(k, (50.0, 200.0), Ids(1))

@@ -149,6 +149,27 @@ def test_released_events_keep_their_columns(tmp_path: Path, monkeypatch: pytest.
             read()
 
 
+def test_released_events_keep_only_the_columns_asked_for(tmp_path: Path) -> None:
+    table = _read(tmp_path, kineto_trace(EVENTS)).events
+    table.release(keep=("cpu", "ts", "name"))
+    assert list(table.cpu) == [0] and list(table.ts) == [100.0, 105.0, 108.0] and table.name[0] == "aten::mm"
+    with pytest.raises(AttributeError):
+        table.dur  # noqa: B018  # a column let go is not read as empty
+
+
+@pytest.mark.parametrize("eager_bytes", ["", "0"])
+def test_shared_strings_are_one_object_per_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 eager_bytes: str) -> None:
+    monkeypatch.setenv("ETWEAVE_EAGER_BYTES", eager_bytes)
+    events = [kineto_event("a" * 40, 100.0 + n, 1.0, tid=12345) for n in range(4)]
+    table = _read(tmp_path, kineto_trace(events)).events
+    table.share_strings()
+    assert [e.name for e in table] == ["a" * 40] * 4 and [e.tid for e in table] == [12345] * 4
+    if eager_bytes == "":  # decoded events: one object each, in the events and in the columns
+        assert len({id(e.name) for e in table} | {id(n) for n in table.name}) == 1
+        assert len({id(e.tid) for e in table} | {id(t) for t in table.tid}) == 1
+
+
 def _everything(trace: KinetoTrace) -> tuple[object, ...]:
     """What reading gave: the events' fields, every column, the warnings."""
     table = trace.events
