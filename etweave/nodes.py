@@ -293,6 +293,8 @@ class EncodedNodes:
         self.evidence1: dict[str, bytes] = {}  # the same for one data_dep, by its source
         self.high: dict[int, bytes] = {}  # v >> 14 -> its varint, for v >= 2**28
         self.et_tids: dict[int, bytes] = {}  # the et_tid attr, by value (one per thread)
+        self.record_ids: dict[tuple[int, int, bool], bytes] = {}  # rf_id, seq_id and linked, by their values
+        self.exclusive: dict[float, bytes] = {}  # exclusive_micros, by the measured float (round once per value)
         self.node = self._node_function(deps)
 
     def __iter__(self) -> Iterator[bytes]:
@@ -310,6 +312,7 @@ class EncodedNodes:
         comp_shape_of = self.comp_shapes.get
         evidence1, new_evidence, other_deps = self.evidence1, self._evidence, self._other_deps
         high_of, new_high, host_fields = self.high.get, self._high, self._host
+        exclusive_of, new_exclusive = self.exclusive.get, self._exclusive
         work_of = self.work.get if self.work else None  # (no roofline values: every COMP node's work is unknown)
         add_deps, add_full = self.data_deps.append, self.in_full.append
         add_id, add_start = self.ids.append, self.starts.append
@@ -352,7 +355,8 @@ class EncodedNodes:
                 host_fields(it, host, shape, out)
             # the attrs after the place and host attrs, but `dep_evidence`, in the order the node has them
             if host_op and it.measured:
-                out.append(_EXCLUSIVE(round(it.excl)))
+                excl = it.excl
+                out.append(exclusive_of(excl) or new_exclusive(excl))
             value = it.part_of
             if value is not None:
                 out += ((_PART_OF_3, _MORE14[value & 0x3FFF], _BYTE[value >> 14]) if 0x4000 <= value < 1 << 21
@@ -421,12 +425,27 @@ class EncodedNodes:
         """A host op's IOInfo fields and attrs (`place` between them, as the node has them)."""
         pg_init = shape.pg_init
         et_tid = self.et_tids.get(host.et_tid) or self._et_tid(host.et_tid)
-        out += (_host_io(host, pg_init), shape.place, et_tid, _ET_PARENT(host.et_parent), _RF_ID(host.rf_id),
-                _SEQ_ID(host.seq_id), _LINKED[it.measured])
+        ids = (host.rf_id, host.seq_id, it.measured)  # (few combinations: rf_id 0, seq_id -1 on most)
+        out += (_host_io(host, pg_init), shape.place, et_tid, _ET_PARENT(host.et_parent),
+                self.record_ids.get(ids) or self._record_ids(ids))
         if host.op_schema:
             out.append(_string_attr(_OP_SCHEMA, host.op_schema))
         if pg_init:
             out.append(_string_attr(_PG_CONFIG, _io(host.inputs)[0]))
+
+    def _record_ids(self, ids: tuple[int, int, bool]) -> bytes:
+        """The rf_id, seq_id and linked attrs of a host op's node, cached by their values."""
+        encoded = _RF_ID(ids[0]) + _SEQ_ID(ids[1]) + _LINKED[ids[2]]
+        if len(self.record_ids) < _CACHE_CAP:
+            self.record_ids[ids] = encoded
+        return encoded
+
+    def _exclusive(self, excl: float) -> bytes:
+        """The exclusive_micros attr of a measured host op's node, cached by its float (few distinct values)."""
+        encoded = _EXCLUSIVE(round(excl))
+        if len(self.exclusive) < _CACHE_CAP:
+            self.exclusive[excl] = encoded
+        return encoded
 
     def _et_tid(self, et_tid: int) -> bytes:
         encoded = _ET_TID(et_tid)
