@@ -274,7 +274,8 @@ class EncodedNodes:
     (comm nodes and `## process_group:init ##`).
 
     One function per node (`node`) writes the fields in number order with the common cases inline; it caches the
-    bytes that repeat across nodes (name, type and place per `_Shape`, evidence lists, the high bits of times). A
+    bytes that repeat across nodes (name, type and place per `_Shape`, evidence lists, the high bits of times, a host
+    op's exclusive time and its rf_id/seq_id/linked attrs by their values). A
     varint of 0x4000 <= v < 2**64 is written as two parts, `_MORE14[v & 0x3FFF]` and the varint of v >> 14: a table
     entry while v < 2**28 (ids), else a cache (times in µs since the epoch share their high bits)."""
 
@@ -287,8 +288,8 @@ class EncodedNodes:
         self.data_deps: list[tuple[int, ...]] = []
         self.in_full: list[bytes] = []
         self.work = roofline.values if roofline is not None else {}
-        self.shapes: dict[tuple[object, ...], _Shape] = {}
-        self.comp_shapes: dict[tuple[object, ...], _Shape] = {}
+        self.shapes: dict[tuple[object, ...], _Shape] = {}  # comm nodes', by (name, kind, type, tid, device, stream)
+        self.comp_shapes: dict[tuple[object, ...], _Shape] = {}  # the others' (COMP nodes), by the same less the type
         self.evidence: dict[tuple[str, ...], bytes] = {}
         self.evidence1: dict[str, bytes] = {}  # the same for one data_dep, by its source
         self.high: dict[int, bytes] = {}  # v >> 14 -> its varint, for v >= 2**28
