@@ -274,7 +274,8 @@ class EncodedNodes:
     (comm nodes and `## process_group:init ##`).
 
     One function per node (`node`) writes the fields in number order with the common cases inline; it caches the
-    bytes that repeat across nodes (name, type and place per `_Shape`, evidence lists, the high bits of times). A
+    bytes that repeat across nodes (name, type and place per `_Shape`, evidence lists, the high bits of times, a host
+    op's exclusive time and its rf_id/seq_id/linked attrs by their values). A
     varint of 0x4000 <= v < 2**64 is written as two parts, `_MORE14[v & 0x3FFF]` and the varint of v >> 14: a table
     entry while v < 2**28 (ids), else a cache (times in µs since the epoch share their high bits)."""
 
@@ -287,11 +288,14 @@ class EncodedNodes:
         self.data_deps: list[tuple[int, ...]] = []
         self.in_full: list[bytes] = []
         self.work = roofline.values if roofline is not None else {}
-        self.shapes: dict[tuple[object, ...], _Shape] = {}
+        self.shapes: dict[tuple[object, ...], _Shape] = {}  # comm nodes', by (name, kind, type, tid, device, stream)
+        self.comp_shapes: dict[tuple[object, ...], _Shape] = {}  # the others' (COMP nodes), by the same less the type
         self.evidence: dict[tuple[str, ...], bytes] = {}
         self.evidence1: dict[str, bytes] = {}  # the same for one data_dep, by its source
         self.high: dict[int, bytes] = {}  # v >> 14 -> its varint, for v >= 2**28
         self.et_tids: dict[int, bytes] = {}  # the et_tid attr, by value (one per thread)
+        self.record_ids: dict[tuple[int, int, bool], bytes] = {}  # rf_id, seq_id and linked, by their values
+        self.exclusive: dict[float, bytes] = {}  # exclusive_micros, by the measured float (round once per value)
         self.node = self._node_function(deps)
 
     def __iter__(self) -> Iterator[bytes]:
@@ -303,10 +307,14 @@ class EncodedNodes:
         return map(self.node, items, times.start, times.seg_end)  # (a map: no generator step per node)
 
     def _node_function(self, deps: Dependencies) -> Callable[[Item, int, int], bytes]:
-        """The encoder of one node, its tables and caches in closure variables (no attribute lookup per node)."""
+        """The encoder of one node, its tables and caches in closure variables (no attribute lookup per node). The
+        common case is written inline, the rarer ones as expressions or helpers (few branches, no call for most)."""
         preds_of, shape_of, new_shape = deps.preds.get, self.shapes.get, self._shape
-        evidence1, new_evidence, many_deps = self.evidence1, self._evidence, self._many_deps
-        high_of, new_high, host_fields, attrs = self.high.get, self._high, self._host, self._attrs
+        comp_shape_of = self.comp_shapes.get
+        evidence1, new_evidence, other_deps = self.evidence1, self._evidence, self._other_deps
+        high_of, new_high, host_fields = self.high.get, self._high, self._host
+        exclusive_of, new_exclusive = self.exclusive.get, self._exclusive
+        work_of = self.work.get if self.work else None  # (no roofline values: every COMP node's work is unknown)
         add_deps, add_full = self.data_deps.append, self.in_full.append
         add_id, add_start = self.ids.append, self.starts.append
 
@@ -315,16 +323,14 @@ class EncodedNodes:
             add_id(iid)
             add_start(it.start)
             comm = it.comm
-            ntype = _COMP if comm is None else comm.node_type
-            shape = shape_of((it.name, it.kind, ntype, it.tid, it.device, it.stream)) or new_shape(it, ntype)
-            head, place, marker, _, _, in_full = shape  # (unpacked: a NamedTuple's fields are slow attributes)
+            shape = ((comp_shape_of((it.name, it.kind, it.tid, it.device, it.stream)) or new_shape(it, _COMP))
+                     if comm is None  # (most nodes: a key of five, the node type known)
+                     else _comm_shape(it, comm.node_type, shape_of, new_shape))
+            head, place, marker, _, host_op, in_full = shape  # (unpacked: a NamedTuple's fields are slow attributes)
             out = ([_N_ID, _MORE14[iid & 0x3FFF], _V14[iid >> 14], head] if 0x4000 <= iid < 1 << 28
                    else [_id_field(iid), head])
-            preds = preds_of(iid)
-            if not preds:
-                add_deps(())
-                evidence = b""
-            elif len(preds) == 1:  # most nodes
+            preds = preds_of(iid, ())
+            if len(preds) == 1:  # most nodes
                 edge = preds[0]
                 src = edge.src
                 out += ((_DATA_DEPS_3, _MORE14[src & 0x3FFF], _BYTE[src >> 14]) if 0x4000 <= src < 1 << 21
@@ -334,23 +340,38 @@ class EncodedNodes:
                 source = edge.source._value_
                 evidence = evidence1.get(source) or new_evidence((source,))
             else:
-                evidence = many_deps(preds, out)
-            if marker:
-                rounded, dur = start if it.measured or it.start > 0 else 0, 0
-            else:  # duration(): both ends rounded
-                rounded, dur = start, seg_end - start
-            if 1 << 28 <= rounded < _U64:  # start_time_micros (0 left out)
+                evidence = other_deps(preds, out)
+            # duration(): both ends rounded; a marker's 0, its start 0 when it has none
+            rounded = (start if it.measured or it.start > 0 else 0) if marker else start
+            dur = 0 if marker else seg_end - start
+            if 1 << 28 <= rounded < _U64:  # start_time_micros
                 out += (_N_START, _MORE14[rounded & 0x3FFF], high_of(rounded >> 14) or new_high(rounded))
-            elif rounded > 0:
-                out.append(_N_START + _uint64(rounded))
-            if dur > 0:  # duration_micros
-                out.append(_DURATIONS[dur] if dur < 0x80 else _N_DURATION + _uint64(dur))
+            else:
+                out.append(_N_START + _uint64(rounded) if rounded > 0 else b"")  # (0 left out)
+            out.append(b"" if dur <= 0 else _DURATIONS[dur] if dur < 0x80 else _N_DURATION + _uint64(dur))
             host = it.host
             if host is None:
                 out.append(place)
             else:
                 host_fields(it, host, shape, out)
-            attrs(it, shape, ntype, out)
+            # the attrs after the place and host attrs, but `dep_evidence`, in the order the node has them
+            if host_op and it.measured:
+                excl = it.excl
+                out.append(exclusive_of(excl) or new_exclusive(excl))
+            value = it.part_of
+            if value is not None:
+                out += ((_PART_OF_3, _MORE14[value & 0x3FFF], _BYTE[value >> 14]) if 0x4000 <= value < 1 << 21
+                        else (_PART_OF(value),))
+            if it.orphan_parent is not None:
+                out.append(_ORPHAN_PARENT(it.orphan_parent))
+            value = it.correlation
+            if value is not None:  # runtime calls
+                out += ((_CORRELATION_3, _MORE14[value & 0x3FFF], _BYTE[value >> 14]) if 0x4000 <= value < 1 << 21
+                        else (_CORRELATION(value),))
+            # a COMP node's num_ops and tensor_size (ASTRA-sim's roofline mode throws on a COMP_NODE without both,
+            # docs/FACTS.md §A3; 0 = not known), or a comm node's attrs
+            out.append((_NO_WORK if work_of is None else _work(work_of(iid))) if comm is None
+                       else _comm_attrs(comm, it.dur) + (_work(self.work.get(iid)) if comm.node_type == _COMP else b""))
             out.append(evidence)  # why each data_dep is there, in data_deps order (docs/OUTPUT.md); b"": none
             data = b"".join(out)
             if in_full:
@@ -359,29 +380,11 @@ class EncodedNodes:
 
         return node
 
-    def _attrs(self, it: Item, shape: _Shape, ntype: int, out: list[bytes]) -> None:
-        """The attrs after the place and host attrs, but `dep_evidence`, in the order the node has them."""
-        if shape.host_op and it.measured:
-            out.append(_EXCLUSIVE(round(it.excl)))
-        value = it.part_of
-        if value is not None:
-            out += ((_PART_OF_3, _MORE14[value & 0x3FFF], _BYTE[value >> 14]) if 0x4000 <= value < 1 << 21
-                    else (_PART_OF(value),))
-        if it.orphan_parent is not None:
-            out.append(_ORPHAN_PARENT(it.orphan_parent))
-        value = it.correlation
-        if value is not None:  # runtime calls
-            out += ((_CORRELATION_3, _MORE14[value & 0x3FFF], _BYTE[value >> 14]) if 0x4000 <= value < 1 << 21
-                    else (_CORRELATION(value),))
-        if it.comm is not None:
-            out.append(_comm_attrs(it.comm, it.dur))
-        if ntype == _COMP:
-            # ASTRA-sim's roofline mode throws on a COMP_NODE without both (docs/FACTS.md §A3); 0 = not known
-            work = self.work.get(it.id)
-            out.append(_NO_WORK if work is None else _NUM_OPS(work[0]) + _TENSOR_SIZE(work[1]))
-
-    def _many_deps(self, preds: list[Edge], out: list[bytes]) -> bytes:
-        """Appends the data_deps field of more than one dep; returns their `dep_evidence` attr."""
+    def _other_deps(self, preds: list[Edge] | tuple[()], out: list[bytes]) -> bytes:
+        """Appends the data_deps field of no dep (none) or more than one; returns their `dep_evidence` attr."""
+        if not preds:
+            self.data_deps.append(())
+            return b""
         data_deps = tuple([e.src for e in preds])
         self.data_deps.append(data_deps)
         payload = b"".join([_MORE14[src & 0x3FFF] + _BYTE[src >> 14] if 0x4000 <= src < 1 << 21 else _uint64(src)
@@ -413,25 +416,54 @@ class EncodedNodes:
         head = (_len_field(_N_NAME, _text(name)) if name else b"") + _TYPES[ntype]
         shape = _Shape(head, _place(it, PG_INIT_KIND if pg_init else kind), marker, pg_init, kind == HOST_OP,
                        ntype != _COMP or name == PG_INIT_NAME)
-        self.shapes[(name, kind, ntype, it.tid, it.device, it.stream)] = shape
+        if it.comm is None:
+            self.comp_shapes[(name, kind, it.tid, it.device, it.stream)] = shape
+        else:
+            self.shapes[(name, kind, ntype, it.tid, it.device, it.stream)] = shape
         return shape
 
     def _host(self, it: Item, host: OpRecord, shape: _Shape, out: list[bytes]) -> None:
         """A host op's IOInfo fields and attrs (`place` between them, as the node has them)."""
         pg_init = shape.pg_init
         et_tid = self.et_tids.get(host.et_tid) or self._et_tid(host.et_tid)
-        out += (_host_io(host, pg_init), shape.place, et_tid, _ET_PARENT(host.et_parent), _RF_ID(host.rf_id),
-                _SEQ_ID(host.seq_id), _LINKED[it.measured])
+        ids = (host.rf_id, host.seq_id, it.measured)  # (few combinations: rf_id 0, seq_id -1 on most)
+        out += (_host_io(host, pg_init), shape.place, et_tid, _ET_PARENT(host.et_parent),
+                self.record_ids.get(ids) or self._record_ids(ids))
         if host.op_schema:
             out.append(_string_attr(_OP_SCHEMA, host.op_schema))
         if pg_init:
             out.append(_string_attr(_PG_CONFIG, _io(host.inputs)[0]))
+
+    def _record_ids(self, ids: tuple[int, int, bool]) -> bytes:
+        """The rf_id, seq_id and linked attrs of a host op's node, cached by their values."""
+        encoded = _RF_ID(ids[0]) + _SEQ_ID(ids[1]) + _LINKED[ids[2]]
+        if len(self.record_ids) < _CACHE_CAP:
+            self.record_ids[ids] = encoded
+        return encoded
+
+    def _exclusive(self, excl: float) -> bytes:
+        """The exclusive_micros attr of a measured host op's node, cached by its float (few distinct values)."""
+        encoded = _EXCLUSIVE(round(excl))
+        if len(self.exclusive) < _CACHE_CAP:
+            self.exclusive[excl] = encoded
+        return encoded
 
     def _et_tid(self, et_tid: int) -> bytes:
         encoded = _ET_TID(et_tid)
         if len(self.et_tids) < _CACHE_CAP:
             self.et_tids[et_tid] = encoded
         return encoded
+
+
+def _comm_shape(it: Item, ntype: int, shape_of: Callable[[tuple[object, ...]], _Shape | None],
+                new_shape: Callable[[Item, int], _Shape]) -> _Shape:
+    """The `_Shape` of a comm item's node (`EncodedNodes.shapes`, by name, kind, type and place)."""
+    return shape_of((it.name, it.kind, ntype, it.tid, it.device, it.stream)) or new_shape(it, ntype)
+
+
+def _work(work: tuple[int, int] | None) -> bytes:
+    """The num_ops and tensor_size attrs of a COMP node, of its roofline values (None: both 0, not known)."""
+    return _NO_WORK if work is None else _NUM_OPS(work[0]) + _TENSOR_SIZE(work[1])
 
 
 def _id_field(value: int) -> bytes:
