@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import operator
-from array import array
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -137,7 +136,8 @@ def critical_path(nodes: Sequence[PathNode], durations: dict[int, float] | None 
     if durations:
         for i, d in durations.items():
             dur[index[i]] = d
-    src, dst = array("q"), array("q")
+    src: list[int] = []
+    dst: list[int] = []
     for k, n in enumerate(nodes):
         for p in n.preds:
             src.append(index[p])
@@ -151,22 +151,22 @@ class Successors(msgspec.Struct):
     """Each node's successors (positions), all in one array: node k's are `targets[offsets[k]:offsets[k + 1]]`, in
     the order their edges were given; `indeg`: each node's number of predecessors."""
 
-    offsets: array[int]
-    targets: array[int]
+    offsets: list[int]  # (lists, not int64 arrays: a node's read boxes no int, a write parses no argument)
+    targets: list[int]
     indeg: list[int]
 
     @classmethod
-    def of(cls, n: int, src: array[int], dst: array[int]) -> Successors:
-        """The successors of n nodes from their edges as two parallel arrays of positions."""
+    def of(cls, n: int, src: Sequence[int], dst: Sequence[int]) -> Successors:
+        """The successors of n nodes from their edges as two parallel sequences of positions."""
         outdeg = [0] * (n + 1)
         indeg = [0] * n
         for s in src:
             outdeg[s + 1] += 1
         for d in dst:
             indeg[d] += 1
-        offsets = array("q", itertools.accumulate(outdeg))
-        fill = array("q", offsets)
-        targets = array("q", bytes(8 * len(src)))
+        offsets = list(itertools.accumulate(outdeg))
+        fill = offsets.copy()
+        targets = [0] * len(src)
         for s, d in zip(src, dst, strict=True):
             at = fill[s]
             targets[at] = d
