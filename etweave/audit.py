@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections import Counter
 
 from etweave.collectives import CollectiveStats
 from etweave.conversion import Conversion, need
@@ -14,6 +13,7 @@ from etweave.deps.evidence import Evidence
 from etweave.fidelity import (
     NO_OP_KINDS,
     RANK_START_OFFSET,
+    SEVERAL,
     DelayShare,
     PathNode,
     Successors,
@@ -74,7 +74,6 @@ def build_report(c: Conversion) -> Report:
             left_out.append(LeftOutGroup("cpu_ops", "outside_window", cpu_left.count, cpu_left.examples))
     device = c.device
     rounded = c.times or Rounded.of(g.items)  # the nodes' times: the delays and the serialized work read them
-    edges = list(itertools.chain.from_iterable(deps.preds.values()))  # (the critical path's and the collectives')
     return Report(
         rank=g.rank,
         link=_link_summary(link, c.mismatch),
@@ -91,8 +90,8 @@ def build_report(c: Conversion) -> Report:
         edges=EdgeCounts(sum(deps.per_source.values()), by_name(deps.per_source), by_name(deps.inferred)),
         nodes=len(g.items),
         roofline=_roofline(g, c.roofline),
-        delays=delays(g, deps, rounded, edges),
-        collectives_without_dependents=collectives_without_dependents(g, deps, edges),
+        delays=delays(g, deps, rounded),
+        collectives_without_dependents=collectives_without_dependents(g, deps),
         astra_sim_serialized=serialized(g, rounded),
         cpu_ops=cpu_ops,
     )
@@ -176,13 +175,11 @@ def _roofline(g: Graph, rf: Roofline | None) -> RooflineSummary:
                            rf.ops if rf is not None else {})
 
 
-def delays(g: Graph, deps: Dependencies, rounded: Rounded | None = None, edges: list[Edge] | None = None) -> Delays:
+def delays(g: Graph, deps: Dependencies, rounded: Rounded | None = None) -> Delays:
     """The delay share of the critical path (fidelity.delay_share), every delay on it of LONG_DELAY µs or more with
     the evidence that nothing was awaited, and the distribution of wake-up latencies. (`rounded`: the items' times,
-    `edges`: every edge in the order of the targets' edges, when made already.)"""
-    if edges is None:
-        edges = list(itertools.chain.from_iterable(deps.preds.values()))
-    ds, no_op_on_path = _delay_share(g, deps, rounded or Rounded.of(g.items), edges)
+    when made already.)"""
+    ds, no_op_on_path = _delay_share(g, deps, rounded or Rounded.of(g.items))
     long = []
     evidence: NoWaitEvidence | None = None
     for it in no_op_on_path:
@@ -206,7 +203,7 @@ def delays(g: Graph, deps: Dependencies, rounded: Rounded | None = None, edges: 
     )
 
 
-def _delay_share(g: Graph, deps: Dependencies, rounded: Rounded, edges: list[Edge]) -> tuple[DelayShare, list[Item]]:
+def _delay_share(g: Graph, deps: Dependencies, rounded: Rounded) -> tuple[DelayShare, list[Item]]:
     """`fidelity.delay_share` of the nodes the items become, read from the items and edges (no node per item), and
     the critical path's items that stand for no op, in path order: the only ones whose kind and duration the share
     adds up (`share_of_path`), so the only ones it is given (its `on_path` lists them alone)."""
@@ -214,7 +211,7 @@ def _delay_share(g: Graph, deps: Dependencies, rounded: Rounded, edges: list[Edg
     ids = list(map(_ID, items))
     pos = _positions(ids)
     durations = _durations(g, rounded, pos)
-    cp, path = longest_path(ids, durations, _successors(ids, deps.preds, edges, pos))
+    cp, path = longest_path(ids, durations, _successors(ids, deps.preds, pos))
     del pos
     no_op = list(itertools.compress(path, map(_stands_for_no_op, map(items.__getitem__, path))))
     share = share_of_path(cp, [PathNode(items[k].id, items[k].name, items[k].kind, float(durations[k]), ())
@@ -226,28 +223,27 @@ def _stands_for_no_op(it: Item) -> bool:
     return it.kind in NO_OP_KINDS or it.name == RANK_START_OFFSET
 
 
-def _successors(ids: list[int], preds: dict[int, list[Edge]], edges: list[Edge],
-                pos: list[int] | dict[int, int]) -> Successors:
+def _successors(ids: list[int], preds: dict[int, list[Edge]], pos: list[int] | dict[int, int]) -> Successors:
     """Each node's successors (`fidelity.Successors`), filled in one pass over the items' edges: node k's edges from
-    each source are met in item order, so each source's targets come out as in `Successors.of`. (Lists: a write
-    into an `array('q')` parses its argument, ~6x the instructions of a list's.)"""
-    out_degree = Counter(map(_SRC, edges))
-    offsets = list(itertools.accumulate(map(out_degree.get, ids, itertools.repeat(0)), initial=0))
-    del out_degree
-    fill = offsets.copy()  # by position: where the node's next target goes
-    targets = [0] * offsets[-1]
-    indeg = [0] * len(ids)
-    get_preds = preds.get
+    each source are met in item order, so each source's targets come out as in `Successors.of`."""
+    n = len(ids)
+    first, several, indeg = [-1] * n, {}, [0] * n
+    get_preds, many = preds.get, SEVERAL
     for k, i in enumerate(ids):
         incoming = get_preds(i)
         if incoming:
             indeg[k] = len(incoming)
             for e in incoming:
                 p = pos[e.src]
-                at = fill[p]
-                targets[at] = k
-                fill[p] = at + 1
-    return Successors(offsets, targets, indeg)
+                f = first[p]
+                if f == -1:
+                    first[p] = k
+                elif f >= 0:
+                    several[p] = [f, k]
+                    first[p] = many
+                else:
+                    several[p].append(k)
+    return Successors(first, several, indeg)
 
 
 def _positions(ids: list[int]) -> list[int] | dict[int, int]:
@@ -286,18 +282,15 @@ _PROCESS_ROOT, _THREAD_ROOT = frozenset({PROCESS_ROOT}), frozenset({THREAD_ROOT}
 _PROGRAM_ORDER = frozenset({Evidence.THREAD_ORDER, Evidence.COLLECTIVE_ORDER})
 
 
-def collectives_without_dependents(g: Graph, deps: Dependencies,
-                                   edges: list[Edge] | None = None) -> list[CollectiveWithoutDependents]:
+def collectives_without_dependents(g: Graph, deps: Dependencies) -> list[CollectiveWithoutDependents]:
     """Collectives whose completion gates nothing on another thread or stream (program and collective order aside):
     no thread resumed after one and no other thread or stream consumed its output. A collective's own later
-    periods (`part_of`) stand for it. Each says why (`WHY_NO_DEPENDENT`). (`edges`: every edge, in the order of
-    the targets' edges, when listed already.)"""
+    periods (`part_of`) stand for it. Each says why (`WHY_NO_DEPENDENT`)."""
     gates: set[int] = set()
     next_on_stream: dict[int, int] = {}
     by_id = g.by_id
     # every edge but program order's (most edges: left out in C), in the order of the targets' edges
-    if edges is None:
-        edges = list(itertools.chain.from_iterable(deps.preds.values()))
+    edges = list(itertools.chain.from_iterable(deps.preds.values()))
     stream_order = Evidence.STREAM_ORDER
     for e in itertools.compress(edges, map(operator.not_, map(_PROGRAM_ORDER.__contains__, map(_SOURCE, edges)))):
         if e.source is stream_order:

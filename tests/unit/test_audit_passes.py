@@ -73,8 +73,7 @@ def test_critical_path_on_the_items_is_delay_share_of_path_nodes(case: tuple[Gra
     nodes = [PathNode(it.id, it.name, it.kind, float(duration(it)), tuple(e.src for e in deps.preds.get(it.id, ())))
              for it in g.items]
     want = delay_share(nodes)
-    edges = list(itertools.chain.from_iterable(deps.preds.values()))
-    got, no_op = audit._delay_share(g, deps, Rounded.of(g.items), edges)
+    got, no_op = audit._delay_share(g, deps, Rounded.of(g.items))
     by_id = {n.id: n for n in nodes}
     assert got.critical_path == want.critical_path
     assert (got.share, got.rank_start_offset, got.by_kind) == (want.share, want.rank_start_offset, want.by_kind)
