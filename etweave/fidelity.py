@@ -226,9 +226,9 @@ def _longest_starts(dur: Sequence[float], succ: Successors) -> tuple[list[float]
             if end > start[j] if decided[j] >= 0 else end >= 0.0:
                 start[j] = end
                 decided[j] = k
-            left = indeg[j] - 1
-            indeg[j] = left
-            if left:
+            left = indeg[j]
+            if left != 1:  # (predecessors left to take: not ready; its count is read no more once it is)
+                indeg[j] = left - 1
                 break
             k = j
     return start, decided

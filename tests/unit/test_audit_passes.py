@@ -97,3 +97,15 @@ def test_serialized_is_the_slot_rule_item_by_item(case: tuple[Graph, Dependencie
 
 def test_the_audit_looks_for_comm_nodes_among_the_items_they_are_made_of() -> None:
     assert audit._COMM_MADE_OF == collectives._GLOO_OR_KERNEL
+
+
+@settings(deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 400), st.integers(1, 60)), max_size=6))
+def test_positions_are_each_ids_place(runs: list[tuple[int, int]]) -> None:
+    # runs of consecutive ids (the usual case: slices), in any order, overlapping too (the last place wins)
+    ids = [i for first, length in runs for i in range(first, first + length)]
+    want: dict[int, int] = {}
+    for k, i in enumerate(ids):
+        want[i] = k
+    pos = audit._positions(ids)
+    assert {i: pos[i] for i in want} == want
