@@ -280,6 +280,7 @@ _LAUNCHER, _NAME, _HOST = operator.attrgetter("launcher"), operator.attrgetter("
 _HOST_OP, _RUNTIME = frozenset({HOST_OP}), frozenset({RUNTIME})
 _PROCESS_ROOT, _THREAD_ROOT = frozenset({PROCESS_ROOT}), frozenset({THREAD_ROOT})
 _PROGRAM_ORDER = frozenset({Evidence.THREAD_ORDER, Evidence.COLLECTIVE_ORDER})
+_NOT_PROGRAM_ORDER = frozenset(Evidence) - _PROGRAM_ORDER
 
 
 def collectives_without_dependents(g: Graph, deps: Dependencies) -> list[CollectiveWithoutDependents]:
@@ -292,7 +293,7 @@ def collectives_without_dependents(g: Graph, deps: Dependencies) -> list[Collect
     # every edge but program order's (most edges: left out in C), in the order of the targets' edges
     edges = list(itertools.chain.from_iterable(deps.preds.values()))
     stream_order = Evidence.STREAM_ORDER
-    for e in itertools.compress(edges, map(operator.not_, map(_PROGRAM_ORDER.__contains__, map(_SOURCE, edges)))):
+    for e in itertools.compress(edges, map(_NOT_PROGRAM_ORDER.__contains__, map(_SOURCE, edges))):
         if e.source is stream_order:
             next_on_stream[e.src] = e.dst
         dst, src = by_id[e.dst], by_id[e.src]
