@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import itertools
 import operator
-from array import array
-from collections import Counter
 
 from etweave.collectives import CollectiveStats
 from etweave.conversion import Conversion, need
@@ -15,6 +13,7 @@ from etweave.deps.evidence import Evidence
 from etweave.fidelity import (
     NO_OP_KINDS,
     RANK_START_OFFSET,
+    SEVERAL,
     DelayShare,
     PathNode,
     Successors,
@@ -26,6 +25,7 @@ from etweave.model import (
     DELAY,
     GPU_KINDS,
     HOST_OP,
+    KERNEL,
     PROCESS_ROOT,
     RUNTIME,
     THREAD_ROOT,
@@ -74,24 +74,23 @@ def build_report(c: Conversion) -> Report:
             left_out.append(LeftOutGroup("cpu_ops", "outside_window", cpu_left.count, cpu_left.examples))
     device = c.device
     rounded = c.times or Rounded.of(g.items)  # the nodes' times: the delays and the serialized work read them
-    kinds = list(map(_KIND, g.items))  # (read by several counts: one pass)
     return Report(
         rank=g.rank,
         link=_link_summary(link, c.mismatch),
         host_ops=_host_ops(c, g),
-        device_ops=Count(device.gpu_input if device else 0, sum(map(GPU_KINDS.__contains__, kinds))),
-        runtime_calls=Count(device.runtime_input if device else 0, operator.countOf(kinds, RUNTIME)),
+        device_ops=Count(device.gpu_input if device else 0, len(g.of_kinds(GPU_KINDS))),
+        runtime_calls=Count(device.runtime_input if device else 0, len(g.of_kinds(_RUNTIME))),
         collectives=Count(stats.calls, stats.comm_nodes),
         collective_type_mapping=dict(sorted(stats.mapped.items())),
-        synthesized=_synthesized(c, g, kinds),
+        synthesized=_synthesized(c, g),
         left_out=left_out,
-        warnings=_warnings(c, g, deps, stats, rep, kinds),
+        warnings=_warnings(c, g, deps, stats, rep),
         orphans=Orphans(len(rep.orphan_parent), [
             MissingParentEntry(m.id, m.thread, len(m.orphans), m.nodes_below, m.collectives) for m in rep.missing]),
         edges=EdgeCounts(sum(deps.per_source.values()), by_name(deps.per_source), by_name(deps.inferred)),
         nodes=len(g.items),
         roofline=_roofline(g, c.roofline),
-        delays=delays(g, deps, rounded, kinds),
+        delays=delays(g, deps, rounded),
         collectives_without_dependents=collectives_without_dependents(g, deps),
         astra_sim_serialized=serialized(g, rounded),
         cpu_ops=cpu_ops,
@@ -106,10 +105,11 @@ def _host_ops(c: Conversion, g: Graph) -> Count:
     return Count(len(c.host.ops), sum(1 for it in g.items if it.host is not None and it.id not in from_kineto))
 
 
-def _synthesized(c: Conversion, g: Graph, kinds: list[str]) -> Synthesized:
+def _synthesized(c: Conversion, g: Graph) -> Synthesized:
+    thread_roots = g.of_kinds(_THREAD_ROOT)
     if c.kineto_only:
-        return Synthesized(thread_roots=operator.countOf(kinds, THREAD_ROOT), process_root=1)
-    return Synthesized(thread_roots=sum(1 for it in g.items if it.kind == THREAD_ROOT and it.host is None),
+        return Synthesized(thread_roots=len(thread_roots), process_root=1)
+    return Synthesized(thread_roots=operator.countOf(map(_HOST, thread_roots), None),
                        host_ops_from_kineto=len(c.added_ops))
 
 
@@ -134,8 +134,7 @@ def _left_out(device: DeviceSelection | None, stats: CollectiveStats) -> list[Le
     return left_out
 
 
-def _warnings(c: Conversion, g: Graph, deps: Dependencies, stats: CollectiveStats, rep: Repair,
-              kinds: list[str]) -> dict[str, int]:
+def _warnings(c: Conversion, g: Graph, deps: Dependencies, stats: CollectiveStats, rep: Repair) -> dict[str, int]:
     """Every warning count, sorted by name; `inputs_mismatched` last (converted because --allow-mismatch)."""
     warnings: dict[str, int] = {}
     for src in (c.host.warnings if c.host else {}, c.kineto.warnings if c.kineto else {},
@@ -143,8 +142,7 @@ def _warnings(c: Conversion, g: Graph, deps: Dependencies, stats: CollectiveStat
         warnings.update(src)
     if c.kineto is not None and c.host is not None:
         # `## process_group:init ##` is written when the observer starts: Kineto never has it.
-        host_ops = itertools.compress(g.items, map(operator.eq, kinds, itertools.repeat(HOST_OP)))
-        unlinked = sum(1 for it in host_ops if not it.measured and it.name != PG_INIT_NAME)
+        unlinked = sum(1 for it in g.of_kinds(_HOST_OP) if not it.measured and it.name != PG_INIT_NAME)
         warnings["host_ops_unlinked"] = unlinked
     if rep.cycles:
         warnings["host_parent_cycles_broken"] = rep.cycles
@@ -154,8 +152,7 @@ def _warnings(c: Conversion, g: Graph, deps: Dependencies, stats: CollectiveStat
     if stats.coalesced_without_metadata:
         warnings["collective_coalesced_without_metadata"] = stats.coalesced_without_metadata
     if c.kineto is not None:
-        gpu_ops = itertools.compress(g.items, map(GPU_KINDS.__contains__, kinds))  # (a tenth of the items)
-        warnings["gpu_ops_without_launcher"] = operator.countOf(map(_LAUNCHER, gpu_ops), None)
+        warnings["gpu_ops_without_launcher"] = operator.countOf(map(_LAUNCHER, g.of_kinds(GPU_KINDS)), None)
     else:
         warnings["gpu_ops_without_launcher"] = 0
     for source, n in sorted(deps.rejected.items()):
@@ -170,19 +167,19 @@ def _warnings(c: Conversion, g: Graph, deps: Dependencies, stats: CollectiveStat
 
 def _roofline(g: Graph, rf: Roofline | None) -> RooflineSummary:
     """COMP nodes with real num_ops/tensor_size (from their launching op's shapes) and with zeros."""
-    comp = operator.countOf(map(_COMM, g.items), None)
+    made_of = g.of_kinds(_COMM_MADE_OF)
+    comp = len(g.items) - (len(made_of) - operator.countOf(map(_COMM, made_of), None))
     real = sum(1 for _ops, size in rf.values.values() if size > 0) if rf is not None else 0
     gpu, covered = (rf.gpu_time_us, rf.gpu_time_covered_us) if rf is not None else (0.0, 0.0)
     return RooflineSummary(comp, real, comp - real, round(100.0 * covered / gpu, 2) if gpu > 0 else None,
                            rf.ops if rf is not None else {})
 
 
-def delays(g: Graph, deps: Dependencies, rounded: Rounded | None = None, kinds: list[str] | None = None) -> Delays:
+def delays(g: Graph, deps: Dependencies, rounded: Rounded | None = None) -> Delays:
     """The delay share of the critical path (fidelity.delay_share), every delay on it of LONG_DELAY µs or more with
-    the evidence that nothing was awaited, and the distribution of wake-up latencies. (`rounded`, `kinds`: the
-    items' times and kinds, when made already.)"""
-    kinds = list(map(_KIND, g.items)) if kinds is None else kinds
-    ds, no_op_on_path = _delay_share(g, deps, rounded or Rounded.of(g.items), kinds)
+    the evidence that nothing was awaited, and the distribution of wake-up latencies. (`rounded`: the items' times,
+    when made already.)"""
+    ds, no_op_on_path = _delay_share(g, deps, rounded or Rounded.of(g.items))
     long = []
     evidence: NoWaitEvidence | None = None
     for it in no_op_on_path:
@@ -194,8 +191,8 @@ def delays(g: Graph, deps: Dependencies, rounded: Rounded | None = None, kinds: 
             long.append(LongDelay(it.id, it.name, it.kind, it.stream, str(it.tid) if it.stream is None else None,
                                   round(it.start), d, evidence.of(it)))
     items = g.items
-    wakeups = sorted(map(duration, map(items.__getitem__, itertools.compress(
-        range(len(items)), map(operator.eq, kinds, itertools.repeat(WAKEUP))))))
+    wakeups = sorted(map(duration, itertools.compress(items, map(operator.eq, map(_KIND, items),
+                                                                 itertools.repeat(WAKEUP)))))
     return Delays(
         critical_path_micros=round(ds.critical_path),
         share_percent=round(ds.share, 2),
@@ -206,77 +203,85 @@ def delays(g: Graph, deps: Dependencies, rounded: Rounded | None = None, kinds: 
     )
 
 
-def _delay_share(g: Graph, deps: Dependencies, rounded: Rounded, kinds: list[str]) -> tuple[DelayShare, list[Item]]:
+def _delay_share(g: Graph, deps: Dependencies, rounded: Rounded) -> tuple[DelayShare, list[Item]]:
     """`fidelity.delay_share` of the nodes the items become, read from the items and edges (no node per item), and
     the critical path's items that stand for no op, in path order: the only ones whose kind and duration the share
     adds up (`share_of_path`), so the only ones it is given (its `on_path` lists them alone)."""
     items = g.items
     ids = list(map(_ID, items))
-    durations = _durations(items, rounded, kinds)
-    cp, path = longest_path(ids, durations, _successors(ids, deps.preds))
-    no_op = [k for k in path if items[k].kind in NO_OP_KINDS or items[k].name == RANK_START_OFFSET]
+    pos = _positions(ids)
+    durations = _durations(g, rounded, pos)
+    cp, path = longest_path(ids, durations, _successors(ids, deps.preds, pos))
+    del pos
+    no_op = list(itertools.compress(path, map(_stands_for_no_op, map(items.__getitem__, path))))
     share = share_of_path(cp, [PathNode(items[k].id, items[k].name, items[k].kind, float(durations[k]), ())
                                for k in no_op])
     return share, [items[k] for k in no_op]
 
 
-def _successors(ids: list[int], preds: dict[int, list[Edge]]) -> Successors:
+def _stands_for_no_op(it: Item) -> bool:
+    return it.kind in NO_OP_KINDS or it.name == RANK_START_OFFSET
+
+
+def _successors(ids: list[int], preds: dict[int, list[Edge]], pos: list[int] | dict[int, int]) -> Successors:
     """Each node's successors (`fidelity.Successors`), filled in one pass over the items' edges: node k's edges from
     each source are met in item order, so each source's targets come out as in `Successors.of`."""
-    out_degree = Counter(map(_SRC, itertools.chain.from_iterable(preds.values())))
-    offsets = array("q", itertools.accumulate(map(out_degree.get, ids, itertools.repeat(0)), initial=0))
-    del out_degree
-    fill = array("q", offsets)  # by position: where the node's next target goes
-    pos = _positions(ids)
-    targets = array("q", bytes(8 * offsets[-1]))
-    indeg = [0] * len(ids)
-    get_preds = preds.get
-    for k, i in enumerate(ids):
-        edges = get_preds(i)
-        if edges:
-            indeg[k] = len(edges)
-            for e in edges:
+    n = len(ids)
+    first, several, indeg = [-1] * n, {}, [0] * n
+    get_preds, many = preds.get, SEVERAL
+    for i in ids:
+        incoming = get_preds(i)
+        if incoming:
+            k = pos[i]  # (the int `pos` holds, not one more of each: 6 MB on a trace of 224k items)
+            indeg[k] = len(incoming)
+            for e in incoming:
                 p = pos[e.src]
-                at = fill[p]
-                targets[at] = k
-                fill[p] = at + 1
-    return Successors(offsets, targets, indeg)
+                f = first[p]
+                if f == -1:
+                    first[p] = k
+                elif f >= 0:
+                    several[p] = [f, k]
+                    first[p] = many
+                else:
+                    several[p].append(k)
+    return Successors(first, several, indeg)
 
 
-def _positions(ids: list[int]) -> array[int] | dict[int, int]:
-    """id -> position: an array indexed by id where the ids are dense enough (8 bytes an id, where a dict held
-    about 70 bytes a node on a trace of 224k items), else a dict."""
+def _positions(ids: list[int]) -> list[int] | dict[int, int]:
+    """id -> position: a list indexed by id where the ids are dense enough, else a dict."""
     n = len(ids)
     if n and min(ids) >= 0 and max(ids) < 4 * n + 1024:
-        pos = array("q", bytes(8 * (max(ids) + 1)))
+        pos = [0] * (max(ids) + 1)
         for k, i in enumerate(ids):
             pos[i] = k
         return pos
     return dict(zip(ids, range(n), strict=True))
 
 
-def _durations(items: list[Item], rounded: Rounded, kinds: list[str]) -> list[int]:
-    """`nodes.duration` of every item in C passes over the rounded times: negative lengths and the markers (roots,
-    `## process_group:init ##`) 0. (Ints: the path's float starts add them exactly as their floats, and most are
-    small ints Python shares, where a float each held 5 MB more on a trace of 224k items.)"""
+def _durations(g: Graph, rounded: Rounded, pos: list[int] | dict[int, int]) -> list[int]:
+    """`nodes.duration` of every item (by position; `pos`: id -> position) in C passes over the rounded times:
+    negative lengths and the markers (roots, `## process_group:init ##`) 0. (Ints: the path's float starts add
+    them exactly as their floats, and most are small ints Python shares, where a float each held 5 MB more on a
+    trace of 224k items.)"""
     lengths = list(map(operator.sub, rounded.seg_end, rounded.start))
-    n = len(items)
-    for k in itertools.compress(range(n), map(operator.gt, itertools.repeat(0), lengths)):
+    for k in itertools.compress(range(len(lengths)), map(operator.gt, itertools.repeat(0), lengths)):
         lengths[k] = 0
-    for k in itertools.compress(range(n), map(_MAYBE_MARKER.__contains__, kinds)):
-        if kinds[k] != HOST_OP or items[k].name == PG_INIT_NAME:
-            lengths[k] = 0
+    host_ops = g.of_kinds(_HOST_OP)
+    markers = itertools.chain(g.of_kinds(_PROCESS_ROOT), g.of_kinds(_THREAD_ROOT), itertools.compress(host_ops, map(
+        operator.eq, map(_NAME, host_ops), itertools.repeat(PG_INIT_NAME))))
+    for it in markers:
+        lengths[pos[it.id]] = 0
     return lengths
-
-
-_MAYBE_MARKER = frozenset({PROCESS_ROOT, THREAD_ROOT, HOST_OP})  # roots, and host ops named PG_INIT_NAME
 
 
 _ID, _SRC = operator.attrgetter("id"), operator.attrgetter("src")
 _KIND, _COMM, _SOURCE = operator.attrgetter("kind"), operator.attrgetter("comm"), operator.attrgetter("source")
-_LAUNCHER = operator.attrgetter("launcher")
+_LAUNCHER, _NAME, _HOST = operator.attrgetter("launcher"), operator.attrgetter("name"), operator.attrgetter("host")
+# (one kind a set, as the stages before index them: `Graph.of_kinds` finds each in its index)
+_HOST_OP, _RUNTIME = frozenset({HOST_OP}), frozenset({RUNTIME})
+_PROCESS_ROOT, _THREAD_ROOT = frozenset({PROCESS_ROOT}), frozenset({THREAD_ROOT})
 _PROGRAM_ORDER = frozenset({Evidence.THREAD_ORDER, Evidence.COLLECTIVE_ORDER})
-_ROOT_KINDS = frozenset({PROCESS_ROOT, THREAD_ROOT})
+_NOT_PROGRAM_ORDER = frozenset(Evidence) - _PROGRAM_ORDER
 
 
 def collectives_without_dependents(g: Graph, deps: Dependencies) -> list[CollectiveWithoutDependents]:
@@ -289,7 +294,7 @@ def collectives_without_dependents(g: Graph, deps: Dependencies) -> list[Collect
     # every edge but program order's (most edges: left out in C), in the order of the targets' edges
     edges = list(itertools.chain.from_iterable(deps.preds.values()))
     stream_order = Evidence.STREAM_ORDER
-    for e in itertools.compress(edges, map(operator.not_, map(_PROGRAM_ORDER.__contains__, map(_SOURCE, edges)))):
+    for e in itertools.compress(edges, map(_NOT_PROGRAM_ORDER.__contains__, map(_SOURCE, edges))):
         if e.source is stream_order:
             next_on_stream[e.src] = e.dst
         dst, src = by_id[e.dst], by_id[e.src]
@@ -297,17 +302,23 @@ def collectives_without_dependents(g: Graph, deps: Dependencies) -> list[Collect
             gates.add(src.part_of if src.part_of is not None and src.comm is None else src.id)
     out = []
     memo: dict[int, int | None] = {}
-    for it in g.items:
-        if it.comm is None or it.id in gates:
+    made_of = g.of_kinds(_COMM_MADE_OF)  # (the only items a comm node is made of: a tenth to a third of them)
+    for it in itertools.compress(made_of, map(operator.is_not, map(_COMM, made_of), itertools.repeat(None))):
+        if it.id in gates:
             continue
-        issuer = g.by_id.get(it.parent) if it.parent is not None else None
+        comm = it.comm
+        assert comm is not None
+        issuer = by_id.get(it.parent) if it.parent is not None else None
         if it.stream is None and issuer is not None and issuer.tid == it.tid:
-            out.append(CollectiveWithoutDependents(it.id, it.name, it.comm.collective_name, "ran_on_issuing_thread"))
+            out.append(CollectiveWithoutDependents(it.id, it.name, comm.collective_name, "ran_on_issuing_thread"))
             continue
         through = _gate_later_on_stream(it.id, next_on_stream, gates, memo)
         why = "not_waited_for" if through is None else "waited_for_through_stream"
-        out.append(CollectiveWithoutDependents(it.id, it.name, it.comm.collective_name, why, through))
+        out.append(CollectiveWithoutDependents(it.id, it.name, comm.collective_name, why, through))
     return out
+
+
+_COMM_MADE_OF = frozenset({HOST_OP, KERNEL})  # the items etweave.collectives makes comm nodes of (gloo ops, kernels)
 
 
 WHY_NO_DEPENDENT = {

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import operator
-from array import array
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -137,7 +136,8 @@ def critical_path(nodes: Sequence[PathNode], durations: dict[int, float] | None 
     if durations:
         for i, d in durations.items():
             dur[index[i]] = d
-    src, dst = array("q"), array("q")
+    src: list[int] = []
+    dst: list[int] = []
     for k, n in enumerate(nodes):
         for p in n.preds:
             src.append(index[p])
@@ -148,30 +148,33 @@ def critical_path(nodes: Sequence[PathNode], durations: dict[int, float] | None 
 
 
 class Successors(msgspec.Struct):
-    """Each node's successors (positions), all in one array: node k's are `targets[offsets[k]:offsets[k + 1]]`, in
-    the order their edges were given; `indeg`: each node's number of predecessors."""
+    """Each node's successors (positions), in the order their edges were given: `first[k]` is node k's one
+    successor, -1 for none, `SEVERAL` when it has more, listed in `several[k]` (most nodes have one: a thread's
+    chain, read without a list of its own); `indeg`: each node's number of predecessors."""
 
-    offsets: array[int]
-    targets: array[int]
+    first: list[int]
+    several: dict[int, list[int]]
     indeg: list[int]
 
     @classmethod
-    def of(cls, n: int, src: array[int], dst: array[int]) -> Successors:
-        """The successors of n nodes from their edges as two parallel arrays of positions."""
-        outdeg = [0] * (n + 1)
-        indeg = [0] * n
-        for s in src:
-            outdeg[s + 1] += 1
-        for d in dst:
-            indeg[d] += 1
-        offsets = array("q", itertools.accumulate(outdeg))
-        fill = array("q", offsets)
-        targets = array("q", bytes(8 * len(src)))
+    def of(cls, n: int, src: Sequence[int], dst: Sequence[int]) -> Successors:
+        """The successors of n nodes from their edges as two parallel sequences of positions."""
+        succ = cls([-1] * n, {}, [0] * n)
+        first, several, indeg = succ.first, succ.several, succ.indeg
         for s, d in zip(src, dst, strict=True):
-            at = fill[s]
-            targets[at] = d
-            fill[s] = at + 1
-        return cls(offsets, targets, indeg)
+            indeg[d] += 1
+            f = first[s]
+            if f == -1:
+                first[s] = d
+            elif f >= 0:
+                several[s] = [f, d]
+                first[s] = SEVERAL
+            else:
+                several[s].append(d)
+        return succ
+
+
+SEVERAL = -2  # Successors.first: the node's successors are in Successors.several
 
 
 def longest_path(ids: Sequence[int], dur: Sequence[float], succ: Successors) -> tuple[float, list[int]]:
@@ -194,38 +197,38 @@ def longest_path(ids: Sequence[int], dur: Sequence[float], succ: Successors) -> 
 
 
 def _longest_starts(dur: Sequence[float], succ: Successors) -> tuple[list[float], list[int]]:
-    """Each node's latest predecessor end (unlimited resources), and the predecessor that decided it (-1: none)."""
+    """Each node's latest predecessor end (unlimited resources), and the predecessor that decided it (-1: none):
+    nodes in Kahn's order, the last made ready first; of predecessors ending at once, the first taken decides."""
     start = [0.0] * len(dur)
     decided = [-1] * len(dur)  # the predecessor whose end decided a node's start
-    indeg, offsets, targets = succ.indeg, succ.offsets, succ.targets
+    indeg, first, several = succ.indeg, succ.first, succ.several
     ready = list(itertools.compress(range(len(indeg)), map(operator.not_, indeg)))  # (no predecessor)
     pop, push = ready.pop, ready.append
     while ready:
         k = pop()
         while True:
             end = start[k] + dur[k]
-            lo, hi = offsets[k], offsets[k + 1]
-            if hi - lo != 1:
-                for j in targets[lo:hi]:
-                    sj = start[j]
-                    if end > sj or (end == sj and decided[j] < 0):
-                        start[j] = end
-                        decided[j] = k
-                    left = indeg[j] - 1
-                    indeg[j] = left
-                    if not left:
-                        push(j)
+            j = first[k]
+            if j < 0:
+                if j == SEVERAL:
+                    for j in several[k]:
+                        # a start no predecessor set is 0.0 and undecided: the first end at or after 0 sets it
+                        if end > start[j] if decided[j] >= 0 else end >= 0.0:
+                            start[j] = end
+                            decided[j] = k
+                        left = indeg[j] - 1
+                        indeg[j] = left
+                        if not left:
+                            push(j)
                 break
-            # one successor (most nodes: a thread's chain), without a slice; once ready, it would be pushed and
-            # popped at once (the last pushed), so it is taken next here
-            j = targets[lo]
-            sj = start[j]
-            if end > sj or (end == sj and decided[j] < 0):
+            # one successor (most nodes: a thread's chain); once ready, it would be pushed and popped at once (the
+            # last pushed), so it is taken next here
+            if end > start[j] if decided[j] >= 0 else end >= 0.0:
                 start[j] = end
                 decided[j] = k
-            left = indeg[j] - 1
-            indeg[j] = left
-            if left:
+            left = indeg[j]
+            if left != 1:  # (predecessors left to take: not ready; its count is read no more once it is)
+                indeg[j] = left - 1
                 break
             k = j
     return start, decided
