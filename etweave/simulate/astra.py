@@ -108,7 +108,7 @@ def _as_int(value: object, default: int = 0) -> int:
 def load_astra_rank(path: Path, default_rank: int | None = None) -> AstraRank:
     """One `.et` file, read the way ASTRA-sim's feeder reads it (only the fields it uses, plus measured times).
     Its rank as `etweave simulate` finds it (`runfolder.file_rank`)."""
-    metadata, nodes = read_nodes(path, _WANTED)  # one node at a time, only the fields ASTRA-sim's feeder reads
+    metadata, nodes = read_nodes(path, _WANTED)  # a chunk at a time, only the fields ASTRA-sim's feeder reads
     rank = file_rank(metadata, path, default_rank)
     out: list[AstraNode] = []
     append = out.append

@@ -120,7 +120,7 @@ def _special_node(node_id: int, name: str, ntype: int, deps: tuple[int, ...], st
 def load_rank(path: Path, default_rank: int | None = None) -> RankGraph:
     """One `.et` file, its rank by `etweave.runfolder.file_rank` (the name `<prefix>.<rank>.et`, else the
     GlobalMetadata attr `rank`, else `default_rank`)."""
-    metadata, nodes = read_nodes(path, _WANTED)  # one node at a time, only the fields the replay reads
+    metadata, nodes = read_nodes(path, _WANTED)  # a chunk of the file at a time, only the fields the replay reads
     rank = file_rank(metadata, path, default_rank)
     return RankGraph(rank=rank, nodes=_sim_nodes(nodes, path), source=str(path))
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Collection, Iterator
+from itertools import chain
 from operator import attrgetter
 from pathlib import Path
 from sys import intern
@@ -138,53 +139,76 @@ def _full(raw: bytes, path: Path, wanted: Collection[str]) -> NodeFields:
 
 def read_nodes(path: Path, wanted: Collection[str]) -> tuple[pb.GlobalMetadata, Iterator[NodeFields]]:
     """The metadata, and each node's fields with the attrs named in `wanted` (later entries of one name win, as
-    a dict of `node.attr` would), one node at a time: memory independent of the file's size. Names are
+    a dict of `node.attr` would), a chunk of the file at a time: memory independent of the file's size. Names are
     interned (a run repeats a few hundred over millions of nodes)."""
-    metadata, raws = iter_et_raw(path)
-    return metadata, _nodes(raws, path, frozenset(wanted))
+    metadata, batches = iter_et_raw(path)
+    return metadata, chain.from_iterable(_Reader(path, frozenset(wanted)).batches(batches))
 
 
+class _Reader:
+    """One file's nodes, read a batch (a chunk of the file) at a time, with the caches its nodes share."""
 
-def _nodes(raws: Iterator[bytes], path: Path, wanted: frozenset[str]) -> Iterator[NodeFields]:
-    new_node: Callable[[], Any] = _ReducedNode  # a built class: its fields are not typed
-    fields = attrgetter("id", "name", "type", "data_deps", "ctrl_deps", "start_time_micros", "duration_micros")
-    wanted_names = _name_counter(wanted)
-    names = frozenset(name.encode() for name in wanted)
-    known: dict[bytes, tuple[str, object]] = {}  # entry bytes -> (name, value), or _SKIP: most entries repeat
-    node_names: dict[bytes, str] = {}  # a node name's bytes -> the name, interned: names repeat over nodes
-    for raw in raws:
-        node = new_node()
-        try:
-            node.ParseFromString(raw)  # (FromString costs twice as much)
-        except Exception:
-            yield _full(raw, path, wanted)  # raises the error iter_et would
-            continue
-        node_id, name_bytes, ntype, data_deps, ctrl_deps, start, duration = fields(node)
-        attrs: dict[str, object] = {}
-        try:
-            name = node_names.get(name_bytes) or _name(name_bytes, node_names)
-            expected = len(wanted_names(raw))
-            if expected:
-                found = 0
-                for entry in node.attr:  # etweave writes the attrs the replays read first: a few entries are read
-                    hit = known.get(entry)
-                    if hit is None:
-                        if len(known) >= _CACHE_LIMIT:
-                            known.clear()
-                        hit = known[entry] = _decode(entry, names)
-                    if hit is not _SKIP:
-                        attrs[hit[0]] = hit[1]
-                        found += 1
-                        if found == expected:
-                            break
-                else:
-                    raise _Unusual  # a wanted name elsewhere: in a string, or an entry's later name field
-        except _Unusual:
-            yield _full(raw, path, wanted)  # raises the error iter_et would for a name that is not UTF-8
-            continue
-        # (a slice is a list made in C: iterating the repeated field costs twice as much)
-        yield (node_id, name, ntype, (*data_deps[:], *ctrl_deps[:]) if ctrl_deps else tuple(data_deps[:]), start,
-               duration, attrs)
+    def __init__(self, path: Path, wanted: frozenset[str]) -> None:
+        self.path, self.wanted = path, wanted
+        self.names = frozenset(name.encode() for name in wanted)
+        self.known: dict[bytes, tuple[str, object]] = {}  # entry bytes -> (name, value), or _SKIP: most repeat
+        self.node_names: dict[bytes, str] = {}  # a node name's bytes -> the name, interned: names repeat
+        self.wanted_names = _name_counter(wanted)
+
+    def batches(self, batches: Iterator[list[bytes]]) -> Iterator[list[NodeFields]]:
+        """The nodes of each batch; a bad node's error raised once the nodes before it were taken (a caller
+        that checks each node meets the first bad one first, as reading one node at a time)."""
+        for raws in batches:
+            nodes: list[NodeFields] = []
+            try:
+                self.batch(raws, nodes)
+            except BadInput:
+                yield nodes
+                raise
+            yield nodes
+
+    def batch(self, raws: list[bytes], out: list[NodeFields]) -> None:
+        """Each node of a batch, in order, appended to `out`."""
+        path, wanted, names, known, node_names = self.path, self.wanted, self.names, self.known, self.node_names
+        new_node: Callable[[], Any] = _ReducedNode  # a built class: its fields are not typed
+        append = out.append
+        wanted_names = self.wanted_names
+        for raw in raws:
+            node = new_node()
+            try:
+                node.ParseFromString(raw)  # (FromString costs twice as much)
+            except Exception:
+                append(_full(raw, path, wanted))  # raises the error iter_et would
+                continue
+            node_id, name_bytes, ntype, data_deps, ctrl_deps, start, duration = _fields(node)
+            attrs: dict[str, object] = {}
+            try:
+                name = node_names.get(name_bytes) or _name(name_bytes, node_names)
+                expected = len(wanted_names(raw))
+                if expected:
+                    found = 0
+                    for entry in node.attr:  # etweave writes the attrs the replays read first: a few are read
+                        hit = known.get(entry)
+                        if hit is None:
+                            if len(known) >= _CACHE_LIMIT:
+                                known.clear()
+                            hit = known[entry] = _decode(entry, names)
+                        if hit is not _SKIP:
+                            attrs[hit[0]] = hit[1]
+                            found += 1
+                            if found == expected:
+                                break
+                    else:
+                        raise _Unusual  # a wanted name elsewhere: in a string, or an entry's later name field
+            except _Unusual:
+                append(_full(raw, path, wanted))  # raises the error iter_et would for a name that is not UTF-8
+                continue
+            # (a slice is a list made in C: iterating the repeated field costs twice as much)
+            append((node_id, name, ntype, (*data_deps[:], *ctrl_deps[:]) if ctrl_deps else tuple(data_deps[:]),
+                    start, duration, attrs))
+
+
+_fields = attrgetter("id", "name", "type", "data_deps", "ctrl_deps", "start_time_micros", "duration_micros")
 
 
 def _name(raw: bytes, names: dict[bytes, str]) -> str:

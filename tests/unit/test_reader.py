@@ -154,3 +154,43 @@ def test_a_malformed_attr_no_one_reads_is_not_checked(tmp_path: Path) -> None:
     with pytest.raises(BadInput):
         _expected(path, WANTED)
     assert _read(path) == [(1, "a", pb.COMP_NODE, (), 0, 0, {})]
+
+
+def _stream_cases() -> list[bytes]:
+    """Streams of many nodes (so that several chunks are read), cut or broken at the places the framing reads."""
+    small = [_node(i, kind=("string_val", "host_op"), tid=("int64_val", i % 3)) for i in range(1, 3000)]
+    big = _node(3000, kind=("string_val", "x" * 20_000))  # a three-byte length prefix
+    whole = serialize(pb.GlobalMetadata(version="0.0.4"), [*small[:1500], big, *small[1500:]])
+    at_big = whole.index(b"x" * 20_000) - 40
+    return [whole, whole[:-1], whole[:-300], whole[: at_big + 10], whole[: len(whole) // 2],
+            whole[:1_048_577], whole + b"\x85", whole + b"\xff" * 11 + b"\x01",
+            whole[:2000] + b"\xff" * 11 + b"\x01" + whole[2000:]]
+
+
+@pytest.mark.parametrize("case", range(9))
+def test_framing_reads_and_fails_as_iter_et(tmp_path: Path, case: int) -> None:
+    """Nodes are cut from the stream a chunk at a time (etweave.chakra.io._raw_batches): the same nodes as
+    iter_et, and the same error at the same node, whatever the length prefixes and wherever the stream breaks."""
+    path = tmp_path / "t.0.et"
+    path.write_bytes(_stream_cases()[case])
+    try:
+        expected: object = _expected(path, WANTED)
+    except BadInput as exc:
+        expected = str(exc)
+    try:
+        got: object = _read(path)
+    except BadInput as exc:
+        got = str(exc)
+    assert got == expected
+
+
+def test_framing_limit_fails_as_iter_et(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "t.0.et"
+    path.write_bytes(_stream_cases()[0])
+    monkeypatch.setenv("ETWEAVE_MAX_INPUT_BYTES", "5000")
+    with pytest.raises(BadInput) as expected:
+        _expected(path, WANTED)
+    with pytest.raises(BadInput) as got:
+        _read(path)
+    assert str(got.value) == str(expected.value)
+    assert "input limit" in str(got.value)
