@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import operator
 
-from etweave.collectives import CollectiveStats
+from etweave.collectives import COMM_MADE_OF, CollectiveStats
 from etweave.conversion import Conversion, need
 from etweave.deps import Dependencies, by_name
 from etweave.deps.evidence import Evidence
@@ -25,7 +25,6 @@ from etweave.model import (
     DELAY,
     GPU_KINDS,
     HOST_OP,
-    KERNEL,
     PROCESS_ROOT,
     RUNTIME,
     THREAD_ROOT,
@@ -167,7 +166,7 @@ def _warnings(c: Conversion, g: Graph, deps: Dependencies, stats: CollectiveStat
 
 def _roofline(g: Graph, rf: Roofline | None) -> RooflineSummary:
     """COMP nodes with real num_ops/tensor_size (from their launching op's shapes) and with zeros."""
-    made_of = g.of_kinds(_COMM_MADE_OF)
+    made_of = g.of_kinds(COMM_MADE_OF)
     comp = len(g.items) - (len(made_of) - operator.countOf(map(_COMM, made_of), None))
     real = sum(1 for _ops, size in rf.values.values() if size > 0) if rf is not None else 0
     gpu, covered = (rf.gpu_time_us, rf.gpu_time_covered_us) if rf is not None else (0.0, 0.0)
@@ -302,7 +301,7 @@ def collectives_without_dependents(g: Graph, deps: Dependencies) -> list[Collect
             gates.add(src.part_of if src.part_of is not None and src.comm is None else src.id)
     out = []
     memo: dict[int, int | None] = {}
-    made_of = g.of_kinds(_COMM_MADE_OF)  # (the only items a comm node is made of: a tenth to a third of them)
+    made_of = g.of_kinds(COMM_MADE_OF)  # (the only items a comm node is made of: a tenth to a third of them)
     for it in itertools.compress(made_of, map(operator.is_not, map(_COMM, made_of), itertools.repeat(None))):
         if it.id in gates:
             continue
@@ -317,8 +316,6 @@ def collectives_without_dependents(g: Graph, deps: Dependencies) -> list[Collect
         out.append(CollectiveWithoutDependents(it.id, it.name, comm.collective_name, why, through))
     return out
 
-
-_COMM_MADE_OF = frozenset({HOST_OP, KERNEL})  # the items etweave.collectives makes comm nodes of (gloo ops, kernels)
 
 
 WHY_NO_DEPENDENT = {

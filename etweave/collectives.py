@@ -20,6 +20,7 @@ from etweave.chakra.accepts import SIMULATOR_MAPPING, comm_type_name
 from etweave.errors import BadInput
 from etweave.model import HOST_OP, HOST_OP_KIND, KERNEL, Comm, Graph, Item, OpRecord
 from etweave.read import widths
+from etweave.repair import COLLECTIVE_CALL_PREFIX
 
 SEND, RECV = "send", "recv"
 # How many calls back a gloo op's call may be: async calls (DDP buckets) can be open several at a time.
@@ -83,6 +84,7 @@ class CollectiveStats(msgspec.Struct):
     coalesced_without_metadata: int = 0  # NCCL kernels of a coalesced group that carry no Kineto args
 
 
+COMM_MADE_OF = frozenset({HOST_OP, KERNEL})  # the items a comm node may be made of (gloo ops, kernels)
 _KERNEL = frozenset({KERNEL})
 _NAME, _ID = operator.attrgetter("name"), operator.attrgetter("id")
 
@@ -93,7 +95,7 @@ def find_collectives(g: Graph, groups: dict[str, str]) -> CollectiveStats:
     # host ops and kernels told by name, once per distinct name; those of other names left out in C (most)
     host_ops, kernels = g.of_kinds(HOST_OP_KIND), g.of_kinds(_KERNEL)
     host_names = set(map(_NAME, host_ops))
-    c10d = {n for n in host_names if n.startswith("c10d::")}  # (every collective call's name: repair's rule)
+    c10d = {n for n in host_names if n.startswith(COLLECTIVE_CALL_PREFIX)}  # (no other name is a call)
     calls = [it for it in itertools.compress(host_ops, map(c10d.__contains__, map(_NAME, host_ops)))
              if it.host is not None and it.host.collective_call]
     paired: set[int] = set()

@@ -32,11 +32,14 @@ class Repair(msgspec.Struct):
     cycles: int = 0  # parent cycles in the host ET (an observer bug), each broken at its smallest id
 
 
+COLLECTIVE_CALL_PREFIX = "c10d::"  # every collective call's name starts so (etweave.collectives picks calls by it)
+
+
 def is_collective_call(op: HostOp) -> bool:
     """A c10d collective or p2p call (not `wait`, not the process-group bookkeeping)."""
-    if not op.name.startswith("c10d::"):
+    if not op.name.startswith(COLLECTIVE_CALL_PREFIX):
         return False
-    base = op.name[6:].rstrip("_")
+    base = op.name[len(COLLECTIVE_CALL_PREFIX):].rstrip("_")
     return base not in ("wait", "") and not base.startswith(("allreduce_coalesced_wait", "_wait"))
 
 

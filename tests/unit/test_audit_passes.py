@@ -9,7 +9,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from etweave import audit, collectives
+from etweave import audit
 from etweave.chakra import schema
 from etweave.deps import Dependencies
 from etweave.deps.evidence import Evidence
@@ -93,10 +93,6 @@ def test_serialized_is_the_slot_rule_item_by_item(case: tuple[Graph, Dependencie
             spans[cls][0].append(int(s))
             spans[cls][1].append(int(e))
     assert serialized(g) == {c: _serialized_of(*spans[c]) for c in SLOT_CLASSES}
-
-
-def test_the_audit_looks_for_comm_nodes_among_the_items_they_are_made_of() -> None:
-    assert audit._COMM_MADE_OF == collectives._GLOO_OR_KERNEL
 
 
 @settings(deadline=None)

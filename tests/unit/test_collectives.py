@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from etweave.chakra import et_def_pb2 as pb
-from etweave.collectives import RECV, SEND, classify, find_collectives
+from etweave.collectives import COMM_MADE_OF, RECV, SEND, classify, find_collectives
 from etweave.model import HOST_OP, KERNEL, RUNTIME, Comm, CommArgs, Graph, Ids, Item, KinetoArgs, OpRecord, TensorRef
 from etweave.read.host_et import IO
 
@@ -83,3 +83,14 @@ def test_gloo_op_pairs_with_the_call_of_its_tensor() -> None:
     stats = find_collectives(_graph(first, second, gloo), {})
     assert gloo.comm == Comm(pb.COMM_COLL_NODE, "broadcast", pb.BROADCAST, 8, "", None, type_source="host")
     assert stats.unmatched_calls == [first] and stats.calls == 2
+
+
+def test_comm_nodes_are_made_only_of_the_kinds_the_audit_looks_among() -> None:
+    # the audit looks for comm nodes among COMM_MADE_OF's kinds only: a comm node of any other kind would be missed
+    call = _op(1, "c10d::allreduce_", 100, _record(((0, 5, 6, 8, 4),), call=True))
+    gloo = _op(3, "gloo:allreduce", 170, _record(((0, 5, 6, 8, 4),)), tid=2)
+    kernel = _kernel(5, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", 4)
+    g = _graph(call, _launch(2, 110, 1), gloo, _launch(4, 120, 1), kernel)
+    find_collectives(g, {})
+    made = [it for it in g.items if it.comm is not None]
+    assert {it.id for it in made} == {3, 5} and all(it.kind in COMM_MADE_OF for it in made)
