@@ -177,11 +177,17 @@ def _raw_messages(stream: _ByteStream, path: Path | str) -> Iterator[bytes]:
         _check_frame(path, base, pos, start, size, limit, len(buf) if eof else None)
         if eof:
             return
-        want = _CHUNK if start < 0 else max(_CHUNK, min(start + size - len(buf), 64 * _CHUNK))
-        chunk = _read(stream, want, path)
-        eof = not chunk
         base += pos
-        buf, pos = buf[pos:] + chunk, 0
+        buf, eof = _refilled(stream, path, buf, pos, start, size)
+        pos = 0
+
+
+def _refilled(stream: _ByteStream, path: Path | str, buf: bytes, pos: int, start: int, size: int) -> tuple[bytes, bool]:
+    """`buf` from `pos` on with the next chunk read after it (enough for the whole message at `start` when its
+    `size` is known, at most 64 chunks at once), and whether the stream had ended."""
+    want = _CHUNK if start < 0 else max(_CHUNK, min(start + size - len(buf), 64 * _CHUNK))
+    chunk = _read(stream, want, path)
+    return buf[pos:] + chunk, not chunk
 
 
 def _raw_batches(stream: _ByteStream, path: Path | str) -> Iterator[list[bytes]]:
@@ -215,11 +221,9 @@ def _raw_batches(stream: _ByteStream, path: Path | str) -> Iterator[list[bytes]]
         _check_frame(path, base, pos, start, size, limit, len(buf) if eof else None)
         if eof:
             return
-        want = _CHUNK if start < 0 else max(_CHUNK, min(start + size - len(buf), 64 * _CHUNK))
-        chunk = _read(stream, want, path)
-        eof = not chunk
         base += pos
-        buf, pos = buf[pos:] + chunk, 0
+        buf, eof = _refilled(stream, path, buf, pos, start, size)
+        pos = 0
 
 
 def _cut_short(buf: bytes, pos: int, limit: int, out: list[bytes]) -> int:
