@@ -65,6 +65,8 @@ def assemble(c: Conversion) -> Graph:
     sync = list(map(sync_record, kineto.events.at(kineto.events.sync))) if kineto is not None else []
     g = Graph(items=items, by_id={it.id: it for it in items}, ids=c.ids, rank=c.rank, files=files, sync_events=sync)
     g.index_kinds(by_kind)
+    if c.inputs_handed_over:  # before the sweeps: the periods they make then take the memory the inputs held
+        c.let_go_of_inputs()
     _thread_order(g)
     _stream_order(g)
     return g

@@ -222,7 +222,7 @@ def _stands_for_no_op(it: Item) -> bool:
     return it.kind in NO_OP_KINDS or it.name == RANK_START_OFFSET
 
 
-def _successors(ids: list[int], preds: dict[int, list[Edge]], pos: list[int] | dict[int, int]) -> Successors:
+def _successors(ids: list[int], preds: dict[int, tuple[Edge, ...]], pos: list[int] | dict[int, int]) -> Successors:
     """Each node's successors (`fidelity.Successors`), filled in one pass over the items' edges: node k's edges from
     each source are met in item order, so each source's targets come out as in `Successors.of`."""
     n = len(ids)

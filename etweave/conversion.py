@@ -36,6 +36,9 @@ class Conversion(msgspec.Struct):
     allow_mismatch: bool = False
     window: Window | None = None  # the selection resolved on the Kineto trace's clock (µs)
     ids: Ids = field(default_factory=lambda: Ids(1))  # every fresh id of this conversion comes from here
+    # the caller handed the traces over: assemble lets go of what only it and the stages before read of them once it
+    # has made the items (`let_go_of_inputs`)
+    inputs_handed_over: bool = False
     # link
     link: HostLink | None = None
     ops: list[HostOp] = field(default_factory=list)  # every op the graph is built from: the host ET's, then added
@@ -79,6 +82,25 @@ class Conversion(msgspec.Struct):
     def kineto_only(self) -> bool:
         """No host ET: the Kineto cpu ops stand in for the host ops."""
         return self.host is None
+
+    def let_go_of_inputs(self) -> None:
+        """Let go of the Kineto trace's events and of the columns no later stage reads, of the ops the items were made
+        from, and of what only assemble read of the link's device selection and of the repair (parents, launchers):
+        every item carries what later stages read of them (README "Layout", assemble), and on a Kineto-only trace
+        they are most of the memory held until the nodes are written. The host ET's ops stay (the audit counts
+        them)."""
+        if self.kineto is not None:
+            self.kineto.events.release(keep=_COLUMNS_READ_AFTER_THE_ITEMS)
+        self.ops = []
+        if self.repair is not None:
+            self.repair.parent_of = {}
+        if self.device is not None:  # the audit reads its counts and what was left out
+            self.device.runtime, self.device.gpu, self.device.launcher_of = [], [], {}
+
+
+# The Kineto columns the stages after assemble read: the audit's count of the trace's cpu ops, those left out of the
+# window, and their examples (`audit._kineto_cpu_ops`).
+_COLUMNS_READ_AFTER_THE_ITEMS = ("cpu", "ts", "name")
 
 
 def need(value: T | None, what: str) -> T:

@@ -213,42 +213,20 @@ def run_pipeline(host: HostTrace | None, kineto: KinetoTrace | None, rank: int |
                  select: Selection | None = None, allow_mismatch: bool = False, release_inputs: bool = False
                  ) -> Result:
     """The stages in turn on one conversion of these inputs (see `Conversion.start` and `link`). `release_inputs`:
-    the caller hands the traces over, and what of them only the stages up to assemble read is let go once the
-    graph is built (the function `release_inputs`)."""
+    the caller hands the traces over, and what of them only the stages up to assemble read is let go once assemble
+    has made the items (`Conversion.let_go_of_inputs`)."""
     c = Conversion.start(host, kineto, rank, select, allow_mismatch)
-    run_stages(c, release=release_inputs)
+    c.inputs_handed_over = release_inputs
+    run_stages(c)
     return Result.of(c)
 
 
-def run_stages(c: Conversion, stages: Sequence[Stage] = STAGES, release: bool = False) -> None:
-    """Each stage in turn, under its progress line; with `release`, the inputs' events and ops are let go after
-    the graph is built."""
+def run_stages(c: Conversion, stages: Sequence[Stage] = STAGES) -> None:
+    """Each stage in turn, under its progress line."""
     for label, in_turn in itertools.groupby(stages, key=lambda s: s.progress):
         with progress.stage(label):
             for s in in_turn:
                 s.run(c)
-                if release and s.run is build_graph:
-                    release_inputs(c)
-
-
-def release_inputs(c: Conversion) -> None:
-    """Let go of the Kineto trace's events and of the columns no later stage reads, of the ops the graph was built
-    from, and of what only assemble read of the link's device selection and of the repair (parents, launchers):
-    every item carries what later stages read of them (README "Layout", assemble), and on a Kineto-only trace
-    they are most of the memory held until the nodes are written. The host ET's ops stay (the audit counts
-    them)."""
-    if c.kineto is not None:
-        c.kineto.events.release(keep=_COLUMNS_READ_AFTER_THE_GRAPH)
-    c.ops = []
-    if c.repair is not None:
-        c.repair.parent_of = {}
-    if c.device is not None:  # the audit reads its counts and what was left out
-        c.device.runtime, c.device.gpu, c.device.launcher_of = [], [], {}
-
-
-# The Kineto columns the stages after the graph read: the audit's count of the trace's cpu ops, those left out of
-# the window, and their examples (`audit._kineto_cpu_ops`).
-_COLUMNS_READ_AFTER_THE_GRAPH = ("cpu", "ts", "name")
 
 
 def convert_files(host: Path | None, device: Path | None, rank: int | None = None, select: Selection | None = None,

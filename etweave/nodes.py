@@ -380,7 +380,7 @@ class EncodedNodes:
 
         return node
 
-    def _other_deps(self, preds: list[Edge] | tuple[()], out: list[bytes]) -> bytes:
+    def _other_deps(self, preds: tuple[Edge, ...], out: list[bytes]) -> bytes:
         """Appends the data_deps field of no dep (none) or more than one; returns their `dep_evidence` attr."""
         if not preds:
             self.data_deps.append(())

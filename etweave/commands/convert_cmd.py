@@ -71,7 +71,7 @@ def explain(result: Result, node_id: int) -> str:
     if it is None:
         return f"node {node_id}: not in the output"
     lines = [f"node {node_id} {it.name!r} ({it.kind}, start {it.start:.3f} us, duration {it.excl:.3f} us):"]
-    preds = deps.preds.get(node_id, [])
+    preds = deps.preds.get(node_id, ())
     if not preds:
         lines.append("  no predecessors (first op of its thread or stream)")
     for e in preds:

@@ -38,7 +38,9 @@ SOURCES: dict[Evidence, Source] = {
 
 
 class Dependencies(msgspec.Struct):
-    preds: dict[int, list[Edge]]  # target id -> its incoming edges, in source order
+    # target id -> its incoming edges, in source order: a tuple (most targets have one edge, and a tuple of one
+    # holds 48 bytes where a list held 80 to 128: 14 MB less on a trace of 224k items)
+    preds: dict[int, tuple[Edge, ...]]
     per_source: Counter[Evidence] = field(default_factory=Counter)
     inferred: Counter[Evidence] = field(default_factory=Counter)
     rejected: Counter[Evidence] = field(default_factory=Counter)  # evidence that contradicts the timeline
@@ -76,10 +78,7 @@ def infer(g: Graph, applied: Iterable[Source] | None = None) -> Dependencies:
                 continue
             if waits[e.source] and a_start + a.dur > b_start + WAIT_TOLERANCE:  # it ended after its target began
                 late[e.source] += 1
-            if edges is None:
-                preds[dst] = [e]
-            else:
-                edges.append(e)
+            preds[dst] = (e,) if edges is None else (*edges, e)
     # counted once every edge is kept (one pass in C, not a count per edge)
     kept = list(itertools.chain.from_iterable(preds.values()))
     deps.per_source.update(map(_SOURCE, kept))

@@ -5,9 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import orjson
+import pytest
+from pytest import MonkeyPatch
 
+import etweave.assemble
 from etweave.assemble import assemble, kineto_args, op_record, sync_record
-from etweave.conversion import Conversion
+from etweave.conversion import Conversion, need
 from etweave.convert import STAGES, run_stages
 from etweave.model import HOST_OP, KERNEL, PROCESS_ROOT, RUNTIME, THREAD_ROOT, CommArgs, Graph, SyncRecord
 from etweave.read.host_et import IO, HostOp, read_host_et
@@ -49,13 +52,40 @@ KINETO_EVENTS = [
 ]
 
 
-def _graph(tmp_path: Path) -> Graph:
+def _conversion(tmp_path: Path) -> Conversion:
+    """A conversion of the hand-built traces, its stages before assemble run."""
     (tmp_path / "host.json").write_bytes(orjson.dumps({"schema": "1.0.1", "pid": 1, "nodes": HOST_NODES}))
     (tmp_path / "kineto.json").write_bytes(orjson.dumps({"traceEvents": KINETO_EVENTS}))
     host, kineto = read_host_et(tmp_path / "host.json"), read_kineto(tmp_path / "kineto.json")
     c = Conversion.start(host, kineto, 0, None, False)
     run_stages(c, [s for s in STAGES if s.name in ("link", "select_device_events", "repair_parents")])
-    return assemble(c)
+    return c
+
+
+def _graph(tmp_path: Path) -> Graph:
+    return assemble(_conversion(tmp_path))
+
+
+def test_inputs_handed_over_are_let_go_before_the_thread_sweeps(tmp_path: Path, monkeypatch: MonkeyPatch) -> None:
+    """The periods the sweeps make take the memory the events held: the inputs are let go once the items are
+    made, before the sweeps, and the graph is the one made from inputs kept."""
+    kept = _graph(tmp_path)
+    c = _conversion(tmp_path)
+    c.inputs_handed_over = True
+    events = need(c.kineto, "kineto").events
+    released_at_sweep = []
+    sweep = etweave.assemble._thread_order
+
+    def recording_sweep(g: Graph) -> None:
+        released_at_sweep.append((c.ops, need(c.device, "device").gpu, need(c.repair, "repair").parent_of))
+        with pytest.raises(RuntimeError, match="let go"):
+            events[0]
+        sweep(g)
+
+    monkeypatch.setattr(etweave.assemble, "_thread_order", recording_sweep)
+    g = assemble(c)
+    assert released_at_sweep == [([], [], {})]
+    assert g.items == kept.items and g.threads == kept.threads and g.streams == kept.streams
 
 
 def test_items_carry_decoded_host_and_kineto_fields(tmp_path: Path) -> None:

@@ -63,7 +63,7 @@ def _graphs(draw: st.DrawFn) -> tuple[Graph, Dependencies]:
         if draw(st.integers(0, 3)) == 0:
             preds.setdefault(b, []).append(Edge(a, b, draw(st.sampled_from(list(Evidence)))))
     keys = draw(st.permutations(list(preds)))
-    return graph(*items), Dependencies(preds={k: preds[k] for k in keys})
+    return graph(*items), Dependencies(preds={k: tuple(preds[k]) for k in keys})
 
 
 @settings(deadline=None, max_examples=200)  # (no timing in tests: a loaded host must not fail it)

@@ -24,8 +24,16 @@ def test_first_source_of_a_pair_wins_and_self_edges_are_dropped() -> None:
     g = _three()
     deps = infer(g, [_fixed(Edge(1, 2, Evidence.THREAD_ORDER), Edge(2, 2, Evidence.THREAD_ORDER)),
                      _fixed(Edge(1, 2, Evidence.TENSOR_FLOW), Edge(1, 3, Evidence.LAUNCH))])
-    assert deps.preds == {2: [Edge(1, 2, Evidence.THREAD_ORDER)], 3: [Edge(1, 3, Evidence.LAUNCH)]}
+    assert deps.preds == {2: (Edge(1, 2, Evidence.THREAD_ORDER),), 3: (Edge(1, 3, Evidence.LAUNCH),)}
     assert by_name(deps.per_source) == {"launch": 1, "thread_order": 1}
+
+
+def test_a_targets_edges_are_kept_in_source_order() -> None:
+    g = _three()
+    deps = infer(g, [_fixed(Edge(2, 3, Evidence.SYNC)),
+                     _fixed(Edge(1, 3, Evidence.TENSOR_FLOW), Edge(2, 3, Evidence.HANDOFF)),
+                     _fixed(Edge(1, 3, Evidence.LAUNCH))])
+    assert deps.preds == {3: (Edge(2, 3, Evidence.SYNC), Edge(1, 3, Evidence.TENSOR_FLOW))}
 
 
 def test_edges_backwards_in_time_are_rejected_and_counted_per_source() -> None:
@@ -44,7 +52,7 @@ def test_equal_starts_keep_chain_order() -> None:
     deps = infer(g, [_fixed(Edge(2, 1, Evidence.THREAD_ORDER), Edge(1, 2, Evidence.THREAD_ORDER),
                             Edge(3, 2, Evidence.THREAD_ORDER))])
     assert (b.pos, a.pos) == (1, 2)
-    assert deps.preds == {1: [Edge(2, 1, Evidence.THREAD_ORDER)], 2: [Edge(3, 2, Evidence.THREAD_ORDER)]}
+    assert deps.preds == {1: (Edge(2, 1, Evidence.THREAD_ORDER),), 2: (Edge(3, 2, Evidence.THREAD_ORDER),)}
     assert order_key(root) < order_key(b) < order_key(a)
 
 
@@ -64,5 +72,5 @@ def test_wait_edges_from_a_source_that_ended_after_the_target_began_are_counted_
 def test_default_sources_are_the_registry_in_order() -> None:
     g = graph(Item(1, THREAD_ROOT, "t", tid=1), Item(2, HOST_OP, "a", start=1.0, tid=1), threads={1: [1, 2]})
     deps = infer(g)
-    assert deps.preds == {2: [Edge(1, 2, Evidence.THREAD_ORDER)]}
+    assert deps.preds == {2: (Edge(1, 2, Evidence.THREAD_ORDER),)}
     assert next(iter(SOURCES)) is Evidence.THREAD_ORDER

@@ -40,7 +40,7 @@ ROOFLINE = Roofline({4: (64, 48)}, gpu_time_us=8, gpu_time_covered_us=8, ops={"e
 
 
 def _nodes() -> dict[int, pb.Node]:
-    deps = Dependencies(preds={4: [Edge(3, 4, Evidence.LAUNCH)], 3: [Edge(2, 3, Evidence.THREAD_ORDER)]})
+    deps = Dependencies(preds={4: (Edge(3, 4, Evidence.LAUNCH),), 3: (Edge(2, 3, Evidence.THREAD_ORDER),)})
     return {n.id: n for n in build_nodes(_graph(), deps, ROOFLINE)}
 
 
@@ -91,7 +91,7 @@ def test_encoding_is_protobufs() -> None:
         Item(id=8, kind=KERNEL, name="ncclSend", start=1, dur=3, seg_end=4, measured=True, device=1, stream=2,
              comm=Comm(pb.COMM_SEND_NODE, "send", pb.ALL_REDUCE, 8, "", None, 0, 1, -(2**31))),
     ]
-    deps = Dependencies(preds={8: [Edge(2**40, 8, Evidence.LAUNCH), Edge(4, 8, Evidence.THREAD_ORDER)]})
+    deps = Dependencies(preds={8: (Edge(2**40, 8, Evidence.LAUNCH), Edge(4, 8, Evidence.THREAD_ORDER))})
     for data in encode_nodes(g, deps, ROOFLINE):
         assert pb.Node.FromString(data).SerializeToString(deterministic=True) == data
 
@@ -129,8 +129,8 @@ def test_values_at_the_encoders_split_points_as_protobuf_writes_them() -> None:
     edges = [0x3FFF, 0x4000, 2**21 - 1, 2**21, 2**28 - 1, 2**28, 2**40]
     items = [Item(id=v, kind=RUNTIME, name="cudaLaunchKernel", start=v * 977.0, seg_end=v * 977.0 + (v % 300),
                   measured=True, tid=7, correlation=v, part_of=v) for v in edges]
-    preds = {v: [Edge(edges[i - 1], v, Evidence.THREAD_ORDER)] for i, v in enumerate(edges) if i}
-    preds[edges[-1]] = [Edge(v, edges[-1], Evidence.THREAD_ORDER) for v in edges[:-1]]  # many deps
+    preds = {v: (Edge(edges[i - 1], v, Evidence.THREAD_ORDER),) for i, v in enumerate(edges) if i}
+    preds[edges[-1]] = tuple(Edge(v, edges[-1], Evidence.THREAD_ORDER) for v in edges[:-1])  # many deps
     g = Graph(items=items, by_id={it.id: it for it in items}, ids=Ids(2**41))
     encoded = encode_nodes(g, Dependencies(preds=preds))
     for data, it, data_deps in zip(list(encoded), items, encoded.data_deps, strict=True):
@@ -145,7 +145,7 @@ def test_given_times_are_the_ones_written_and_encoding_twice_is_refused() -> Non
     """The times the audit rounded (`Rounded`) are what the nodes carry; a list of another length, or a second pass
     over the same nodes (what the self-check reads is kept as they go), is refused."""
     g = _graph()
-    deps = Dependencies(preds={3: [Edge(2, 3, Evidence.THREAD_ORDER)]})
+    deps = Dependencies(preds={3: (Edge(2, 3, Evidence.THREAD_ORDER),)})
     times = Rounded.of(g.items)
     times.start[2], times.seg_end[2] = 1000, 1007  # (the runtime call's, as a caller might have rounded them)
     encoded = encode_nodes(g, deps, ROOFLINE, times)
