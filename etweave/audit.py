@@ -262,7 +262,7 @@ def _durations(g: Graph, rounded: Rounded, pos: list[int] | dict[int, int]) -> l
     negative lengths and the markers (roots, `## process_group:init ##`) 0. (Ints: the path's float starts add
     them exactly as their floats, and most are small ints Python shares, where a float each held 5 MB more on a
     trace of 224k items.)"""
-    lengths = list(map(operator.sub, rounded.seg_end, rounded.start))
+    lengths = list(rounded.length)
     for k in itertools.compress(range(len(lengths)), map(operator.gt, itertools.repeat(0), lengths)):
         lengths[k] = 0
     host_ops = g.of_kinds(_HOST_OP)

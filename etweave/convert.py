@@ -57,7 +57,7 @@ class Result(msgspec.Struct):
     audit: Report
     roofline: Roofline  # num_ops / tensor_size of GPU COMP nodes
     group_ids: dict[str, str]  # trace process-group name -> the comm-group id this rank's nodes carry
-    # every item's start and seg_end rounded (the audit's), in item order; let go once the nodes are encoded (their
+    # every item's start and length rounded (the audit's), in item order; let go once the nodes are encoded (their
     # self-check's memory is the conversion's peak), made again if they are encoded again
     times: Rounded | None
     _nodes: list[pb.Node] | None = None

@@ -10,7 +10,7 @@ length and bytes. `build_nodes` gives the same nodes as protobuf objects (the Py
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from operator import attrgetter
+from operator import attrgetter, sub
 from typing import TYPE_CHECKING, NamedTuple
 
 import orjson
@@ -82,15 +82,19 @@ def on_gpu(it: Item) -> bool:
 
 
 class Rounded(NamedTuple):
-    """Every item's start and seg_end rounded to the µs, in item order: what its node's times are made of (the
-    audit's passes and the encoder share them; `round` of a float is one of the dearest steps per node)."""
+    """Every item's start rounded to the µs, and its seg_end rounded less that, in item order: what its node's times
+    are made of (the audit's passes and the encoder share them; `round` of a float is one of the dearest steps per
+    node)."""
 
     start: list[int]  # (lists: int64 arrays would hold less, but box every time again each time it is read)
-    seg_end: list[int]
+    # round(seg_end) - round(start), negative where seg_end rounds below start: held, not the rounded ends, as most
+    # lengths are small ints Python shares where each end was an int of its own (7 MB on a trace of 224k items)
+    length: list[int]
 
     @classmethod
     def of(cls, items: list[Item]) -> Rounded:
-        return cls(list(map(round, map(_START, items))), list(map(round, map(_SEG_END, items))))
+        starts = list(map(round, map(_START, items)))
+        return cls(starts, list(map(sub, map(round, map(_SEG_END, items)), starts)))
 
 
 _START, _SEG_END = attrgetter("start"), attrgetter("seg_end")
@@ -302,9 +306,9 @@ class EncodedNodes:
         if self.data_deps:  # (what the self-check reads is kept as the nodes go: twice would be wrong)
             raise RuntimeError("a conversion's nodes are encoded once")
         items, times = self.items, self.times or Rounded.of(self.items)
-        if not len(items) == len(times.start) == len(times.seg_end):
+        if not len(items) == len(times.start) == len(times.length):
             raise ValueError(f"{len(times.start)} rounded times for {len(items)} items")
-        return map(self.node, items, times.start, times.seg_end)  # (a map: no generator step per node)
+        return map(self.node, items, times.start, times.length)  # (a map: no generator step per node)
 
     def _node_function(self, deps: Dependencies) -> Callable[[Item, int, int], bytes]:
         """The encoder of one node, its tables and caches in closure variables (no attribute lookup per node). The
@@ -318,7 +322,7 @@ class EncodedNodes:
         add_deps, add_full = self.data_deps.append, self.in_full.append
         add_id, add_start = self.ids.append, self.starts.append
 
-        def node(it: Item, start: int, seg_end: int) -> bytes:  # (start, seg_end: `Rounded`'s)
+        def node(it: Item, start: int, length: int) -> bytes:  # (start, length: `Rounded`'s)
             iid = it.id
             add_id(iid)
             add_start(it.start)
@@ -343,7 +347,7 @@ class EncodedNodes:
                 evidence = other_deps(preds, out)
             # duration(): both ends rounded; a marker's 0, its start 0 when it has none
             rounded = (start if it.measured or it.start > 0 else 0) if marker else start
-            dur = 0 if marker else seg_end - start
+            dur = 0 if marker else length
             if 1 << 28 <= rounded < _U64:  # start_time_micros
                 out += (_N_START, _MORE14[rounded & 0x3FFF], high_of(rounded >> 14) or new_high(rounded))
             else:

@@ -91,7 +91,7 @@ def test_serialized_is_the_slot_rule_item_by_item(case: tuple[Graph, Dependencie
         s, e = _measured_span(it)
         if cls is not None and it.start > 0 and e > s:
             spans[cls][0].append(int(s))
-            spans[cls][1].append(int(e))
+            spans[cls][1].append(int(e - s))  # (its length)
     assert serialized(g) == {c: _serialized_of(*spans[c]) for c in SLOT_CLASSES}
 
 

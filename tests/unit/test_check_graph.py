@@ -12,6 +12,7 @@ from etweave.check import (
     NodeChecker,
     RisingKeys,
     Violation,
+    _first_parts,
     _graph_violations,
     _keys_rise,
     _keys_rise_in_two,
@@ -158,6 +159,35 @@ def test_the_graph_checks_find_what_a_brute_force_walk_finds(case: tuple[list[tu
     two = RisingKeys([k // 3 for k in order], whole.__getitem__)
     for key in (None, order, two):
         assert {v.rule for v in _graph_violations(shapes, "r", key)} == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 7).flatmap(lambda n: st.tuples(
+    st.lists(st.lists(st.integers(0, 2 * n + 2), max_size=3).map(tuple), min_size=n, max_size=n),
+    st.sets(st.integers(0, 2 * n + 1), min_size=n, max_size=n).map(sorted),
+    st.permutations(range(n)))))
+def test_rising_ids_with_gaps_take_the_list_by_id_and_find_the_same(case: tuple[list[tuple[int, ...]], list[int],
+                                                                                  list[int]]) -> None:
+    """A conversion's ids rise, with gaps: its first parts are a list by id (`_first_parts`), where a dep into a gap
+    or past the last id is dangling, as it is by the dict."""
+    deps, ids, order = case
+    shapes = _shapes(deps, ids)
+    firsts = [k // 3 for k in order]
+    listed = _first_parts(ids, firsts)
+    assert isinstance(listed, list) and [listed[i] for i in ids] == firsts
+    assert {i for i, v in enumerate(listed) if v is not None} <= set(ids)
+    whole = {nid: (k // 3, k) for nid, k in zip(ids, order, strict=True)}
+    two = RisingKeys(firsts, whole.__getitem__)
+    by_dict = dict(zip(ids, firsts, strict=True))
+    assert _keys_rise_in_two(shapes, listed, two) == _keys_rise_in_two(shapes, by_dict, two)
+    assert {v.rule for v in _graph_violations(shapes, "r", two)} == _reference_rules(deps, ids)
+
+
+def test_first_parts_by_dict_where_ids_do_not_rise_or_are_sparse_and_none_where_one_repeats() -> None:
+    assert _first_parts([3, 1, 2], [0, 1, 2]) == {3: 0, 1: 1, 2: 2}
+    assert _first_parts([1, 10**9], [0, 1]) == {1: 0, 10**9: 1}
+    assert _first_parts([2, 1, 2], [0, 1, 2]) is None
+    assert _first_parts([1, 3], [5, 6]) == [None, 5, None, 6]
 
 
 def test_a_conversions_nodes_come_first() -> None:

@@ -147,7 +147,7 @@ def test_given_times_are_the_ones_written_and_encoding_twice_is_refused() -> Non
     g = _graph()
     deps = Dependencies(preds={3: (Edge(2, 3, Evidence.THREAD_ORDER),)})
     times = Rounded.of(g.items)
-    times.start[2], times.seg_end[2] = 1000, 1007  # (the runtime call's, as a caller might have rounded them)
+    times.start[2], times.length[2] = 1000, 7  # (the runtime call's, as a caller might have rounded them)
     encoded = encode_nodes(g, deps, ROOFLINE, times)
     node = pb.Node.FromString(list(encoded)[2])
     assert (node.start_time_micros, node.duration_micros) == (1000, 7)
@@ -155,4 +155,4 @@ def test_given_times_are_the_ones_written_and_encoding_twice_is_refused() -> Non
     with pytest.raises(RuntimeError, match="encoded once"):
         list(encoded)
     with pytest.raises(ValueError, match="rounded times for 6 items"):
-        list(encode_nodes(g, deps, ROOFLINE, Rounded(times.start[:5], times.seg_end[:5])))
+        list(encode_nodes(g, deps, ROOFLINE, Rounded(times.start[:5], times.length[:5])))
