@@ -187,6 +187,8 @@ def test_first_parts_by_dict_where_ids_do_not_rise_or_are_sparse_and_none_where_
     assert _first_parts([3, 1, 2], [0, 1, 2]) == {3: 0, 1: 1, 2: 2}
     assert _first_parts([1, 10**9], [0, 1]) == {1: 0, 10**9: 1}
     assert _first_parts([2, 1, 2], [0, 1, 2]) is None
+    assert _first_parts([0, 10, 5], [0, 1, 2]) == {0: 0, 10: 1, 5: 2}
+    assert _first_parts([4, -1, 5], [0, 1, 2]) == {4: 0, -1: 1, 5: 2}
     assert _first_parts([1, 3], [5, 6]) == [None, 5, None, 6]
 
 
