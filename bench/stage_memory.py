@@ -53,6 +53,13 @@ def main(argv: list[str] | None = None) -> int:
         device = traces_dir() / "kineto-only" / "allreduce-2020.json.gz"
     if args.traced:
         tracemalloc.start()
+    try:
+        return _run(host, device, args.top)
+    finally:
+        tracemalloc.stop()  # (a caller in the same process runs untraced after it)
+
+
+def _run(host: Path | None, device: Path | None, top: int) -> int:
     # (imported here: with --traced, what the modules hold is traced too)
     from etweave import convert
     from etweave.conversion import Conversion
@@ -62,24 +69,24 @@ def main(argv: list[str] | None = None) -> int:
     from etweave.read.kineto import read_kineto
 
     with no_gc():
-        _report("start", args.top)
+        _report("start", top)
         host_trace = read_host_et(host) if host is not None else None
         kineto = read_kineto(device) if device is not None else None
-        _report("read", args.top)
+        _report("read", top)
         c = Conversion.start(host_trace, kineto)
         c.inputs_handed_over = True  # as `etweave convert`: what only assemble reads is let go there
         del host_trace, kineto
         for stage in convert.STAGES:
             stage.run(c)
-            _report(stage.name, args.top)
+            _report(stage.name, top)
         result = convert.Result.of(c)
         del c  # (as `convert_files` returns: the result holds what encoding reads)
         nodes = encode_nodes(result.graph, result.deps, result.roofline, result.times)
         size = sum(map(len, nodes))
-        _report(f"encoded ({size >> 20} MiB)", args.top)
+        _report(f"encoded ({size >> 20} MiB)", top)
         for _ in result._self_check(nodes):  # (what `Result.encoded_nodes` chains after the last node)
             pass
-        _report("self-checked", args.top)
+        _report("self-checked", top)
     return 0
 
 
