@@ -484,6 +484,94 @@ def _pair_comm(kept: list[dict[StartupKey, Any]], ranks: list[int]) -> None:
             if sum(channel in other for other in p2p) < 2 or not set(channel[:2]) <= set(ranks):
                 del first[key]
 
+# ---- the start-up input of convert-run: the real input's first ranks, each cut to the start of its threads
+
+STARTUP_SHARE = 0.03  # of each CPU thread's ops kept in convert-run's start-up input (dlrm: ~120 of 4241 nodes)
+HOST_ROOT_MARK = "[pytorch|profiler|execution_"  # the host ET's process and thread roots (kept whole)
+GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+
+
+def startup_input(run: Path, folder: Path, ranks: int = 2, share: float = STARTUP_SHARE) -> Path:
+    """Convert-run's start-up input, from the real run folder `run`: its first `ranks` ranks (as many as the
+    workers the real run starts), each with the same files, cut to the first `share` of each CPU thread's ops,
+    and never past the thread's first communication op, so the ranks' collective and send/recv sequences are
+    empty alike and the cut converts clean with the same command line. Kineto: the cpu ops, annotations and
+    runtime calls that start before the cut, the GPU ops and flows of the launches kept, every other event
+    (metadata, `distributedInfo`) as it is; host ET: its roots and the first ops of each thread, as many as the
+    Kineto thread of the same rank in start order keeps. So `convert-run` meets everything a rank makes it meet
+    (both readers, the linker, the pool and its workers' imports, the cross-rank work, the report), with next to
+    no work per rank."""
+    dirs = sorted((d for d in run.iterdir() if d.is_dir() and d.name.startswith("rank")), key=lambda d: int(d.name[4:]))
+    for d in dirs[:ranks]:
+        kineto = load_json(d / "kineto.json.gz")
+        kept = _cut_kineto(kineto, share)
+        (folder / d.name).mkdir(parents=True, exist_ok=True)
+        _write_gz(folder / d.name / "kineto.json.gz", kineto)
+        if (d / "host.json.gz").is_file():
+            _write_gz(folder / d.name / "host.json.gz", _cut_host(load_json(d / "host.json.gz"), kept))
+    return folder
+
+
+def _is_comm(name: object) -> bool:
+    from etweave.collectives import classify
+
+    return isinstance(name, str) and (name == "record_param_comms" or classify(name) is not None)
+
+
+def _cut_kineto(doc: dict[str, Any], share: float) -> list[int]:
+    """Cut `doc`'s events in place (`startup_input`); the ops kept per CPU thread, the threads in start order."""
+    events = doc["traceEvents"]
+    comm_launch = {(e.get("args") or {}).get("correlation") for e in events
+                   if e.get("cat") in GPU_CATS and _is_comm(e.get("name"))}
+    starts: dict[tuple[Any, Any], list[tuple[float, bool]]] = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "cuda_runtime"):
+            comm = _is_comm(e["name"]) or (e["cat"] == "cuda_runtime" and e["args"].get("correlation") in comm_launch)
+            starts.setdefault((e["pid"], e["tid"]), []).append((e["ts"], comm and e["cat"] == "cpu_op"))
+            if comm and e["cat"] == "cuda_runtime":  # the launch of a collective kernel: cut before it
+                starts[(e["pid"], e["tid"])].append((e["ts"], True))
+    cut: dict[tuple[Any, Any], float] = {}
+    for thread, marks in starts.items():
+        marks.sort()
+        ops = sum(1 for _, comm in marks if not comm)  # (runtime calls count as ops here: a share of the thread)
+        first_comm = next((ts for ts, comm in marks if comm), math.inf)
+        at = math.ceil(share * ops)
+        cut[thread] = min(first_comm, marks[at][0] if at < len(marks) else math.inf)
+    kept, launched = [], set()
+    counts: dict[tuple[Any, Any], int] = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation", "cuda_runtime"):
+            thread = (e["pid"], e["tid"])
+            if e["ts"] >= cut.get(thread, math.inf):
+                continue
+            if e["cat"] == "cuda_runtime":
+                launched.add(e["args"].get("correlation"))
+            elif not str(e.get("name", "")).startswith("ProfilerStep#"):  # the step has no host node
+                counts[thread] = counts.get(thread, 0) + 1
+        kept.append(e)
+    doc["traceEvents"] = [
+        e for e in kept
+        if not (e.get("cat") in GPU_CATS and (e.get("args") or {}).get("correlation") not in launched)
+        and not (e.get("cat") == "ac2g" and e.get("id") not in launched)]
+    first_ts = {t: min(ts for ts, _ in marks) for t, marks in starts.items()}
+    return [counts.get(t, 0) for t in sorted(first_ts, key=first_ts.__getitem__)]
+
+
+def _cut_host(doc: dict[str, Any], kept: list[int]) -> dict[str, Any]:
+    """The host ET's roots and, per thread (threads in first-op order), as many first ops as `kept` says."""
+    ops: dict[int, list[dict[str, Any]]] = {}
+    roots = []
+    for node in doc["nodes"]:
+        if str(node["name"]).startswith(HOST_ROOT_MARK):
+            roots.append(node)
+        else:
+            ops.setdefault(node["tid"], []).append(node)
+    nodes = list(roots)
+    threads = sorted(ops.values(), key=lambda nodes: min(n["id"] for n in nodes))
+    for i, thread in enumerate(threads):
+        nodes += sorted(thread, key=lambda n: n["id"])[:kept[i] if i < len(kept) else 0]
+    return {**doc, "nodes": sorted(nodes, key=lambda n: n["id"])}
+
 # ---- the N-rank table: every size prepared first, then each command timed on every size, interleaved
 
 COMMANDS = ("convert-run", "check", "decode", "simulate", "simulate astra")
@@ -568,12 +656,9 @@ def prepare(n: int, work: Path, jobs: int, source: tuple[str, Path | None], repe
     return prep
 
 
-def _command(name: str, out: Path, run: Path | None, scratch: Path, jobs: int) -> list[str]:
-    """The command line of `name` on output folder `out` (convert-run: of `run`, into `scratch`; on the start-up
-    run, `run` is None: convert-run's start-up is `python -m etweave --help`)."""
+def _command(name: str, out: Path, run: Path, scratch: Path, jobs: int) -> list[str]:
+    """The command line of `name` on output folder `out` (convert-run: of run folder `run`, into `scratch`)."""
     if name == "convert-run":
-        if run is None:
-            return _etweave("--help")
         shutil.rmtree(scratch, ignore_errors=True)
         return _etweave("convert-run", str(run), "-o", str(scratch), "--quiet", "--jobs", str(jobs))
     if name == "decode":
@@ -583,14 +668,15 @@ def _command(name: str, out: Path, run: Path | None, scratch: Path, jobs: int) -
     return _etweave("simulate", str(out), *(["--model", "astra-sim"] if name == "simulate astra" else []))
 
 
-def time_interleaved(sizes: list[Prepared], startup: Path, work: Path, jobs: int, repeats: Repeats
+def time_interleaved(sizes: list[Prepared], startup: tuple[Path, Path], work: Path, jobs: int, repeats: Repeats
                      ) -> dict[str, Runs]:
-    """Every command on the start-up run and on every size, in rounds (round k runs each (command, folder) that
-    wants a k-th run), so the repeats of the small sizes spread over the same stretch of the host's time as the
-    large ones; the runs of the start-up run are returned, each size's go into its `runs`."""
+    """Every command on the start-up run (`startup`: its output folder, for convert-run its input) and on every
+    size, in rounds (round k runs each (command, folder) that wants a k-th run), so the repeats of the small
+    sizes spread over the same stretch of the host's time as the large ones; the runs of the start-up run are
+    returned, each size's go into its `runs`."""
     start = {name: Runs(name) for name in COMMANDS}
     ok = [p for p in sizes if "et_mb" in p.row]
-    cells: list[tuple[Runs, Path, Path | None]] = [(start[name], startup, None) for name in COMMANDS]
+    cells: list[tuple[Runs, Path, Path]] = [(start[name], *startup) for name in COMMANDS]
     cells += [(p.runs.setdefault(name, Runs(name)), p.out, p.run) for p in ok for name in COMMANDS]
     scratch = work / "convert-again"
     while todo := [c for c in cells if not c[0].procs or len(c[0].procs) < c[0].wanted]:
@@ -621,10 +707,14 @@ def table(args: argparse.Namespace) -> int:
             print(f"{n:>5} ranks generated and converted", flush=True)
         ok = [p for p in prepared if "et_mb" in p.row]
         if ok:
-            startup_run(ok[0].out, work / "startup")
-            start = time_interleaved(prepared, work / "startup", work, args.jobs, repeats)
-            fixed = {name: r.step(1 + args.jobs if name == "convert-run" else 1.0) for name, r in start.items()}
-            print(f"start-up: the start-up run of {ok[0].n} ranks' output (startup_run), median CPU: " + ", ".join(
+            startup_run(ok[0].out, work / "startup" / "out")
+            # as many ranks as the workers the real runs start (the pool starts no more workers than ranks)
+            startup_input(ok[0].run, work / "startup" / "run", max(2, min(args.jobs, ok[0].n)))
+            start = time_interleaved(prepared, (work / "startup" / "out", work / "startup" / "run"), work,
+                                     args.jobs, repeats)
+            fixed = {name: r.step() for name, r in start.items()}
+            print(f"start-up: the start-up run of {ok[0].n} ranks (startup_input, startup_run), median CPU: "
+                  + ", ".join(
                 f"{name} {s.cpu_s:.2f} s ({s.runs} runs{', FAILED rc ' + str(s.rc) if s.rc else ''})"
                 for name, s in fixed.items()), flush=True)
         for p in prepared:
