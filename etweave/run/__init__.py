@@ -148,7 +148,8 @@ def _convert_locked(run_dir: Path, found: Discovery, out_dir: Path, prefix: str,
     spool = Path(tempfile.mkdtemp(prefix=SPOOL_PREFIX, dir=out_dir))  # a fresh name: a stale one is never reused
     ranks = RankStreams(Path(out_dir), prefix)
     try:
-        spilled = convert_ranks(found.ranks, jobs, scheduler, progress, allow_mismatch, keep=_spiller(spool))
+        spilled = convert_ranks(found.ranks, jobs, scheduler, progress, allow_mismatch, keep=_spiller(spool),
+                                spool=spool)
         outputs = [replace(out, host=_relative(rf.host, run_dir), kineto=_relative(rf.kineto, run_dir))
                    for out, rf in zip(spilled, found.ranks, strict=True)]
         found.ignored = [str(_relative(Path(p), run_dir)) for p in found.ignored]
