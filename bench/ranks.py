@@ -29,9 +29,11 @@ the world group of N ranks. Timestamps are jittered as above, to the ns.
     python -m bench.ranks --generate 16 --source gloo --out /tmp/g16
     python -m bench.ranks --sizes 8,64,256 [--dask 64]              # the N-rank table (bench/README.md)
 
-The table subtracts each command's CPU on a start-up run (`startup_run`: two ranks of the real output, one node of
-every kind) and repeats each command on each folder until its runs' CPU sums to `--cpu-target`, the median run
-counting, in interleaved rounds (`time_interleaved`; bench/README.md says why).
+The table subtracts each command's CPU on a start-up run, the same command on an almost empty run of the same shape
+(convert-run: `startup_input`, the smallest run's first ranks cut to the start of each thread, with the same
+`--jobs`; the others: `startup_run`, two ranks of its output, one node of every kind), and repeats each command on
+each folder until its runs' CPU sums to `--cpu-target`, their mean counting, in interleaved rounds
+(`time_interleaved`; bench/README.md says why).
 """
 
 from __future__ import annotations
@@ -274,7 +276,7 @@ class Step:
     rss_mb: float
     rc: int
     err: str
-    runs: int = 1  # the runs it is the median of
+    runs: int = 1  # the runs it is the mean of
     cpu_runs: list[float] = field(default_factory=list)  # each run's CPU, in order
 
 
@@ -373,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="convert-run workers (default: CPUs)")
     p.add_argument("--cpu-target", type=float, default=CPU_TARGET_S, metavar="S",
                    help=f"run each command on each folder until its runs' CPU sums to S seconds (default "
-                        f"{CPU_TARGET_S:g}); the median run counts")
+                        f"{CPU_TARGET_S:g}); their mean counts")
     p.add_argument("--most-runs", type=int, default=MOST_RUNS, metavar="K",
                    help=f"at most K runs of a command on a folder (default {MOST_RUNS})")
     p.add_argument("--fewest-runs", type=int, default=FEWEST_RUNS, metavar="K",
@@ -565,12 +567,19 @@ def _cut_host(doc: dict[str, Any], kept: list[int]) -> dict[str, Any]:
         if str(node["name"]).startswith(HOST_ROOT_MARK):
             roots.append(node)
         else:
-            ops.setdefault(node["tid"], []).append(node)
+            ops.setdefault(_host_tid(node), []).append(node)
     nodes = list(roots)
     threads = sorted(ops.values(), key=lambda nodes: min(n["id"] for n in nodes))
     for i, thread in enumerate(threads):
         nodes += sorted(thread, key=lambda n: n["id"])[:kept[i] if i < len(kept) else 0]
     return {**doc, "nodes": sorted(nodes, key=lambda n: n["id"])}
+
+
+def _host_tid(node: dict[str, Any]) -> Any:
+    """A host ET node's thread: a field of its own (schema 1.0.1), else in its attrs (1.0.3 and later)."""
+    if "tid" in node:
+        return node["tid"]
+    return next((a.get("value") for a in node.get("attrs", ()) if a.get("name") == "tid"), None)
 
 # ---- the N-rank table: every size prepared first, then each command timed on every size, interleaved
 
@@ -593,7 +602,7 @@ def runs_needed(first_cpu_s: float, repeats: Repeats = Repeats()) -> int:
     """How many runs a command gets on one folder, from its first run's CPU: enough that their CPU sums to
     `repeats.target_s` (so every size is measured over a similar amount of CPU, as one long run of the largest
     is), at least `repeats.fewest` (a second run of the largest sizes halves the weight of one slow stretch of
-    the host's time on their median) and at most `repeats.most`."""
+    the host's time on their mean) and at most `repeats.most`."""
     if first_cpu_s <= 0:
         return repeats.most
     return max(repeats.fewest, min(repeats.most, math.ceil(repeats.target_s / first_cpu_s)))
@@ -613,10 +622,12 @@ class Runs:
             self.wanted = runs_needed(proc.cpu_s, repeats) if proc.rc == 0 else 1
 
     def step(self, scale: float = 1.0) -> Step:
-        """The median run's figures (median CPU and wall; the largest peak RSS), CPU times `scale`."""
-        cpu = statistics.median(p.cpu_s for p in self.procs) * scale
+        """The runs' mean CPU and wall (their CPU over the same amount of CPU as one long run: it counts the host's
+        slow stretches as a long run does, where a median or the best run would leave them out of the short runs
+        only; bench/README.md) and the largest peak RSS; CPU times `scale`."""
+        cpu = statistics.mean(p.cpu_s for p in self.procs) * scale
         failed = next((p for p in self.procs if p.rc), None)
-        return Step(self.name, statistics.median(p.wall_s for p in self.procs), cpu,
+        return Step(self.name, statistics.mean(p.wall_s for p in self.procs), cpu,
                     max(p.rss_kib for p in self.procs) / 1024, failed.rc if failed else 0,
                     failed.err.splitlines()[-1] if failed and failed.err else "", len(self.procs),
                     [p.cpu_s * scale for p in self.procs])
@@ -690,7 +701,7 @@ def table(args: argparse.Namespace) -> int:
     """The N-rank table (bench/README.md)."""
     sizes = [int(s) for s in args.sizes.split(",")]
     print(f"python {platform.python_version()}; {os.cpu_count()} CPUs; --jobs {args.jobs}; load average "
-          f"{os.getloadavg()[0]:.2f} at the start; median CPU of runs summing to >= {args.cpu_target:g} s "
+          f"{os.getloadavg()[0]:.2f} at the start; mean CPU of runs summing to >= {args.cpu_target:g} s "
           f"(at least {args.fewest_runs}, at most {args.most_runs}) per command and folder", flush=True)
     repeats = Repeats(args.cpu_target, args.most_runs, args.fewest_runs)
     rows = []
@@ -713,7 +724,7 @@ def table(args: argparse.Namespace) -> int:
             start = time_interleaved(prepared, (work / "startup" / "out", work / "startup" / "run"), work,
                                      args.jobs, repeats)
             fixed = {name: r.step() for name, r in start.items()}
-            print(f"start-up: the start-up run of {ok[0].n} ranks (startup_input, startup_run), median CPU: "
+            print(f"start-up: the start-up run of {ok[0].n} ranks (startup_input, startup_run), mean CPU: "
                   + ", ".join(
                 f"{name} {s.cpu_s:.2f} s ({s.runs} runs{', FAILED rc ' + str(s.rc) if s.rc else ''})"
                 for name, s in fixed.items()), flush=True)
@@ -730,8 +741,9 @@ def table(args: argparse.Namespace) -> int:
     if ok:
         _print_flatness([r for r in rows if "steps" in r and not r.get("dask")], fixed)
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
-    if args.save:
-        args.save.write_bytes(orjson.dumps(rows, option=orjson.OPT_INDENT_2) + b"\n")
+    if args.save:  # the start-up runs last, as a row of their own (`startup`: the size they were cut from)
+        startup = [{"startup": ok[0].n, "steps": {name: _as_json(s) for name, s in fixed.items()}}] if ok else []
+        args.save.write_bytes(orjson.dumps([*rows, *startup], option=orjson.OPT_INDENT_2) + b"\n")
     return 0
 
 
