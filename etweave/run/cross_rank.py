@@ -14,7 +14,7 @@ from msgspec.structs import replace
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.accepts import comm_type_name
 from etweave.chakra.io import attr_value, parse
-from etweave.check import Violation, check_each, check_nodes, check_run
+from etweave.check import EncodedNodes, Violation, check_each, check_nodes, check_run
 from etweave.collectives import classify
 from etweave.deps.evidence import Evidence
 from etweave.errors import BadInput, CheckFailed
@@ -596,28 +596,12 @@ def _second_pass(first: _FirstPass, by_rank: Mapping[int, ConvertedRank], groups
         checked.ranks.put(rank, splice(data, summary.spans, encoded, appended), summary.nodes + (delay is not None))
         comm_of[rank] = [encoded[n.id] for n in comm]
         del data, comm, edited, in_order, encoded
-    across = check_run(_Parsed(comm_of), groups.members, checked.notes, checked.warnings)
+    across = check_run(EncodedNodes(comm_of), groups.members, checked.notes, checked.warnings)
     # Ranks that disagree are the user's input, not a broken conversion: the caller fails on them unless told
     # to allow them; every other violation fails the run.
     checked.mismatches.extend(v for v in across if v.rule in _MISMATCH_RULES)
     checked.violations.extend(v for v in across if v.rule not in _MISMATCH_RULES)
     return checked
-
-
-class _Parsed(Mapping[int, list[pb.Node]]):
-    """rank -> its nodes, parsed from their encodings when looked up: the ranks' comm nodes are held as bytes."""
-
-    def __init__(self, encoded: dict[int, list[bytes]]) -> None:
-        self._encoded = encoded
-
-    def __getitem__(self, rank: int) -> list[pb.Node]:
-        return [pb.Node.FromString(data) for data in self._encoded[rank]]
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._encoded)
-
-    def __len__(self) -> int:
-        return len(self._encoded)
 
 
 def _durations(checked: _GroupsChecked) -> dict[str, int]:
