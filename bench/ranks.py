@@ -29,9 +29,11 @@ the world group of N ranks. Timestamps are jittered as above, to the ns.
     python -m bench.ranks --generate 16 --source gloo --out /tmp/g16
     python -m bench.ranks --sizes 8,64,256 [--dask 64]              # the N-rank table (bench/README.md)
 
-The table subtracts each command's CPU on a start-up run (`startup_run`: two ranks of the real output, one node of
-every kind) and repeats each command on each folder until its runs' CPU sums to `--cpu-target`, the median run
-counting, in interleaved rounds (`time_interleaved`; bench/README.md says why).
+The table subtracts each command's CPU on a start-up run, the same command on an almost empty run of the same shape
+(convert-run: `startup_input`, the smallest run's first ranks cut to the start of each thread, with the same
+`--jobs`; the others: `startup_run`, two ranks of its output, one node of every kind), and repeats each command on
+each folder until its runs' CPU sums to `--cpu-target`, their mean counting, in interleaved rounds
+(`time_interleaved`; bench/README.md says why).
 """
 
 from __future__ import annotations
@@ -274,7 +276,7 @@ class Step:
     rss_mb: float
     rc: int
     err: str
-    runs: int = 1  # the runs it is the median of
+    runs: int = 1  # the runs it is the mean of
     cpu_runs: list[float] = field(default_factory=list)  # each run's CPU, in order
 
 
@@ -373,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="convert-run workers (default: CPUs)")
     p.add_argument("--cpu-target", type=float, default=CPU_TARGET_S, metavar="S",
                    help=f"run each command on each folder until its runs' CPU sums to S seconds (default "
-                        f"{CPU_TARGET_S:g}); the median run counts")
+                        f"{CPU_TARGET_S:g}); their mean counts")
     p.add_argument("--most-runs", type=int, default=MOST_RUNS, metavar="K",
                    help=f"at most K runs of a command on a folder (default {MOST_RUNS})")
     p.add_argument("--fewest-runs", type=int, default=FEWEST_RUNS, metavar="K",
@@ -484,6 +486,101 @@ def _pair_comm(kept: list[dict[StartupKey, Any]], ranks: list[int]) -> None:
             if sum(channel in other for other in p2p) < 2 or not set(channel[:2]) <= set(ranks):
                 del first[key]
 
+# ---- the start-up input of convert-run: the real input's first ranks, each cut to the start of its threads
+
+STARTUP_SHARE = 0.03  # of each CPU thread's ops kept in convert-run's start-up input (dlrm: ~120 of 4241 nodes)
+HOST_ROOT_MARK = "[pytorch|profiler|execution_"  # the host ET's process and thread roots (kept whole)
+GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+
+
+def startup_input(run: Path, folder: Path, ranks: int = 2, share: float = STARTUP_SHARE) -> Path:
+    """Convert-run's start-up input, from the real run folder `run`: its first `ranks` ranks (as many as the
+    workers the real run starts), each with the same files, cut to the first `share` of each CPU thread's ops,
+    and never past the thread's first communication op, so the ranks' collective and send/recv sequences are
+    empty alike and the cut converts clean with the same command line. Kineto: the cpu ops, annotations and
+    runtime calls that start before the cut, the GPU ops and flows of the launches kept, every other event
+    (metadata, `distributedInfo`) as it is; host ET: its roots and the first ops of each thread, as many as the
+    Kineto thread of the same rank in start order keeps. So `convert-run` meets everything a rank makes it meet
+    (both readers, the linker, the pool and its workers' imports, the cross-rank work, the report), with next to
+    no work per rank."""
+    dirs = sorted((d for d in run.iterdir() if d.is_dir() and d.name.startswith("rank")), key=lambda d: int(d.name[4:]))
+    for d in dirs[:ranks]:
+        kineto = load_json(d / "kineto.json.gz")
+        kept = _cut_kineto(kineto, share)
+        (folder / d.name).mkdir(parents=True, exist_ok=True)
+        _write_gz(folder / d.name / "kineto.json.gz", kineto)
+        if (d / "host.json.gz").is_file():
+            _write_gz(folder / d.name / "host.json.gz", _cut_host(load_json(d / "host.json.gz"), kept))
+    return folder
+
+
+def _is_comm(name: object) -> bool:
+    from etweave.collectives import classify
+
+    return isinstance(name, str) and (name == "record_param_comms" or classify(name) is not None)
+
+
+def _cut_kineto(doc: dict[str, Any], share: float) -> list[int]:
+    """Cut `doc`'s events in place (`startup_input`); the ops kept per CPU thread, the threads in start order."""
+    events = doc["traceEvents"]
+    comm_launch = {(e.get("args") or {}).get("correlation") for e in events
+                   if e.get("cat") in GPU_CATS and _is_comm(e.get("name"))}
+    starts: dict[tuple[Any, Any], list[tuple[float, bool]]] = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "cuda_runtime"):
+            comm = _is_comm(e["name"]) or (e["cat"] == "cuda_runtime" and e["args"].get("correlation") in comm_launch)
+            starts.setdefault((e["pid"], e["tid"]), []).append((e["ts"], comm and e["cat"] == "cpu_op"))
+            if comm and e["cat"] == "cuda_runtime":  # the launch of a collective kernel: cut before it
+                starts[(e["pid"], e["tid"])].append((e["ts"], True))
+    cut: dict[tuple[Any, Any], float] = {}
+    for thread, marks in starts.items():
+        marks.sort()
+        ops = sum(1 for _, comm in marks if not comm)  # (runtime calls count as ops here: a share of the thread)
+        first_comm = next((ts for ts, comm in marks if comm), math.inf)
+        at = math.ceil(share * ops)
+        cut[thread] = min(first_comm, marks[at][0] if at < len(marks) else math.inf)
+    kept, launched = [], set()
+    counts: dict[tuple[Any, Any], int] = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation", "cuda_runtime"):
+            thread = (e["pid"], e["tid"])
+            if e["ts"] >= cut.get(thread, math.inf):
+                continue
+            if e["cat"] == "cuda_runtime":
+                launched.add(e["args"].get("correlation"))
+            elif not str(e.get("name", "")).startswith("ProfilerStep#"):  # the step has no host node
+                counts[thread] = counts.get(thread, 0) + 1
+        kept.append(e)
+    doc["traceEvents"] = [
+        e for e in kept
+        if not (e.get("cat") in GPU_CATS and (e.get("args") or {}).get("correlation") not in launched)
+        and not (e.get("cat") == "ac2g" and e.get("id") not in launched)]
+    first_ts = {t: min(ts for ts, _ in marks) for t, marks in starts.items()}
+    return [counts.get(t, 0) for t in sorted(first_ts, key=first_ts.__getitem__)]
+
+
+def _cut_host(doc: dict[str, Any], kept: list[int]) -> dict[str, Any]:
+    """The host ET's roots and, per thread (threads in first-op order), as many first ops as `kept` says."""
+    ops: dict[int, list[dict[str, Any]]] = {}
+    roots = []
+    for node in doc["nodes"]:
+        if str(node["name"]).startswith(HOST_ROOT_MARK):
+            roots.append(node)
+        else:
+            ops.setdefault(_host_tid(node), []).append(node)
+    nodes = list(roots)
+    threads = sorted(ops.values(), key=lambda nodes: min(n["id"] for n in nodes))
+    for i, thread in enumerate(threads):
+        nodes += sorted(thread, key=lambda n: n["id"])[:kept[i] if i < len(kept) else 0]
+    return {**doc, "nodes": sorted(nodes, key=lambda n: n["id"])}
+
+
+def _host_tid(node: dict[str, Any]) -> Any:
+    """A host ET node's thread: a field of its own (schema 1.0.1), else in its attrs (1.0.3 and later)."""
+    if "tid" in node:
+        return node["tid"]
+    return next((a.get("value") for a in node.get("attrs", ()) if a.get("name") == "tid"), None)
+
 # ---- the N-rank table: every size prepared first, then each command timed on every size, interleaved
 
 COMMANDS = ("convert-run", "check", "decode", "simulate", "simulate astra")
@@ -505,7 +602,7 @@ def runs_needed(first_cpu_s: float, repeats: Repeats = Repeats()) -> int:
     """How many runs a command gets on one folder, from its first run's CPU: enough that their CPU sums to
     `repeats.target_s` (so every size is measured over a similar amount of CPU, as one long run of the largest
     is), at least `repeats.fewest` (a second run of the largest sizes halves the weight of one slow stretch of
-    the host's time on their median) and at most `repeats.most`."""
+    the host's time on their mean) and at most `repeats.most`."""
     if first_cpu_s <= 0:
         return repeats.most
     return max(repeats.fewest, min(repeats.most, math.ceil(repeats.target_s / first_cpu_s)))
@@ -525,10 +622,12 @@ class Runs:
             self.wanted = runs_needed(proc.cpu_s, repeats) if proc.rc == 0 else 1
 
     def step(self, scale: float = 1.0) -> Step:
-        """The median run's figures (median CPU and wall; the largest peak RSS), CPU times `scale`."""
-        cpu = statistics.median(p.cpu_s for p in self.procs) * scale
+        """The runs' mean CPU and wall (their CPU over the same amount of CPU as one long run: it counts the host's
+        slow stretches as a long run does, where a median or the best run would leave them out of the short runs
+        only; bench/README.md) and the largest peak RSS; CPU times `scale`."""
+        cpu = statistics.mean(p.cpu_s for p in self.procs) * scale
         failed = next((p for p in self.procs if p.rc), None)
-        return Step(self.name, statistics.median(p.wall_s for p in self.procs), cpu,
+        return Step(self.name, statistics.mean(p.wall_s for p in self.procs), cpu,
                     max(p.rss_kib for p in self.procs) / 1024, failed.rc if failed else 0,
                     failed.err.splitlines()[-1] if failed and failed.err else "", len(self.procs),
                     [p.cpu_s * scale for p in self.procs])
@@ -568,12 +667,9 @@ def prepare(n: int, work: Path, jobs: int, source: tuple[str, Path | None], repe
     return prep
 
 
-def _command(name: str, out: Path, run: Path | None, scratch: Path, jobs: int) -> list[str]:
-    """The command line of `name` on output folder `out` (convert-run: of `run`, into `scratch`; on the start-up
-    run, `run` is None: convert-run's start-up is `python -m etweave --help`)."""
+def _command(name: str, out: Path, run: Path, scratch: Path, jobs: int) -> list[str]:
+    """The command line of `name` on output folder `out` (convert-run: of run folder `run`, into `scratch`)."""
     if name == "convert-run":
-        if run is None:
-            return _etweave("--help")
         shutil.rmtree(scratch, ignore_errors=True)
         return _etweave("convert-run", str(run), "-o", str(scratch), "--quiet", "--jobs", str(jobs))
     if name == "decode":
@@ -583,14 +679,15 @@ def _command(name: str, out: Path, run: Path | None, scratch: Path, jobs: int) -
     return _etweave("simulate", str(out), *(["--model", "astra-sim"] if name == "simulate astra" else []))
 
 
-def time_interleaved(sizes: list[Prepared], startup: Path, work: Path, jobs: int, repeats: Repeats
+def time_interleaved(sizes: list[Prepared], startup: tuple[Path, Path], work: Path, jobs: int, repeats: Repeats
                      ) -> dict[str, Runs]:
-    """Every command on the start-up run and on every size, in rounds (round k runs each (command, folder) that
-    wants a k-th run), so the repeats of the small sizes spread over the same stretch of the host's time as the
-    large ones; the runs of the start-up run are returned, each size's go into its `runs`."""
+    """Every command on the start-up run (`startup`: its output folder, for convert-run its input) and on every
+    size, in rounds (round k runs each (command, folder) that wants a k-th run), so the repeats of the small
+    sizes spread over the same stretch of the host's time as the large ones; the runs of the start-up run are
+    returned, each size's go into its `runs`."""
     start = {name: Runs(name) for name in COMMANDS}
     ok = [p for p in sizes if "et_mb" in p.row]
-    cells: list[tuple[Runs, Path, Path | None]] = [(start[name], startup, None) for name in COMMANDS]
+    cells: list[tuple[Runs, Path, Path]] = [(start[name], *startup) for name in COMMANDS]
     cells += [(p.runs.setdefault(name, Runs(name)), p.out, p.run) for p in ok for name in COMMANDS]
     scratch = work / "convert-again"
     while todo := [c for c in cells if not c[0].procs or len(c[0].procs) < c[0].wanted]:
@@ -604,7 +701,7 @@ def table(args: argparse.Namespace) -> int:
     """The N-rank table (bench/README.md)."""
     sizes = [int(s) for s in args.sizes.split(",")]
     print(f"python {platform.python_version()}; {os.cpu_count()} CPUs; --jobs {args.jobs}; load average "
-          f"{os.getloadavg()[0]:.2f} at the start; median CPU of runs summing to >= {args.cpu_target:g} s "
+          f"{os.getloadavg()[0]:.2f} at the start; mean CPU of runs summing to >= {args.cpu_target:g} s "
           f"(at least {args.fewest_runs}, at most {args.most_runs}) per command and folder", flush=True)
     repeats = Repeats(args.cpu_target, args.most_runs, args.fewest_runs)
     rows = []
@@ -621,10 +718,14 @@ def table(args: argparse.Namespace) -> int:
             print(f"{n:>5} ranks generated and converted", flush=True)
         ok = [p for p in prepared if "et_mb" in p.row]
         if ok:
-            startup_run(ok[0].out, work / "startup")
-            start = time_interleaved(prepared, work / "startup", work, args.jobs, repeats)
-            fixed = {name: r.step(1 + args.jobs if name == "convert-run" else 1.0) for name, r in start.items()}
-            print(f"start-up: the start-up run of {ok[0].n} ranks' output (startup_run), median CPU: " + ", ".join(
+            startup_run(ok[0].out, work / "startup" / "out")
+            # as many ranks as the workers the real runs start (the pool starts no more workers than ranks)
+            startup_input(ok[0].run, work / "startup" / "run", max(2, min(args.jobs, ok[0].n)))
+            start = time_interleaved(prepared, (work / "startup" / "out", work / "startup" / "run"), work,
+                                     args.jobs, repeats)
+            fixed = {name: r.step() for name, r in start.items()}
+            print(f"start-up: the start-up run of {ok[0].n} ranks (startup_input, startup_run), mean CPU: "
+                  + ", ".join(
                 f"{name} {s.cpu_s:.2f} s ({s.runs} runs{', FAILED rc ' + str(s.rc) if s.rc else ''})"
                 for name, s in fixed.items()), flush=True)
         for p in prepared:
@@ -640,8 +741,9 @@ def table(args: argparse.Namespace) -> int:
     if ok:
         _print_flatness([r for r in rows if "steps" in r and not r.get("dask")], fixed)
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
-    if args.save:
-        args.save.write_bytes(orjson.dumps(rows, option=orjson.OPT_INDENT_2) + b"\n")
+    if args.save:  # the start-up runs last, as a row of their own (`startup`: the size they were cut from)
+        startup = [{"startup": ok[0].n, "steps": {name: _as_json(s) for name, s in fixed.items()}}] if ok else []
+        args.save.write_bytes(orjson.dumps([*rows, *startup], option=orjson.OPT_INDENT_2) + b"\n")
     return 0
 
 

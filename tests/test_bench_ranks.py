@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.ranks import Repeats, _startup_key, generate, record_gloo, runs_needed, startup_run
+from bench.ranks import Repeats, _startup_key, generate, record_gloo, runs_needed, startup_input, startup_run
 from bench.scale import load_json
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import node_attrs, read_et
@@ -118,6 +118,27 @@ def test_startup_run_holds_every_kind(run32: tuple[Path, Path, Path], tmp_path: 
     _replays_clean(tmp_path / "startup")
 
 
+def _converts_small(run: Path, full: Path, tmp_path: Path) -> None:
+    """convert-run's start-up input (`startup_input`) of `run`: ranks 0 and 1 with the same files, converting clean
+    with the table's command line into under 10% of each rank's nodes in the real output `full` (dlrm 3%, gloo 5%)."""
+    cut = startup_input(run, tmp_path / "cut")
+    assert sorted(p.relative_to(cut).as_posix() for p in cut.rglob("*.gz")) == sorted(
+        p.relative_to(run).as_posix() for p in run.rglob("*.gz") if p.parent.name in ("rank0", "rank1"))
+    out = tmp_path / "out"
+    assert main(["convert-run", str(cut), "-o", str(out), "--quiet", "--jobs", "2"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["cross_rank"]["consistent"]
+    for r in (0, 1):
+        nodes = report["ranks"][str(r)]["nodes"]
+        assert 0 < nodes < 0.1 * len(read_et(full / f"trace.{r}.et")[1])
+        assert report["ranks"][str(r)]["host_ops"]["output"] > 0  # both files read and linked: the same shape
+
+
+def test_startup_input_converts_small(run32: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    run, out, _ = run32
+    _converts_small(run, out, tmp_path)
+
+
 def test_runs_needed() -> None:
     assert runs_needed(0.5, Repeats(10, 25)) == 20  # a 0.5 s run: 20 runs make the 10 s
     assert runs_needed(0.3, Repeats(10, 25)) == 25 and runs_needed(0.0, Repeats(10, 25)) == 25  # capped
@@ -188,6 +209,11 @@ def test_gloo_source_bounds(gloo16: tuple[Path, Path, Path], tmp_path: Path) -> 
     for bad in (0, 3, MAX_RANKS + 2):  # 3: not a multiple of the source's 2 ranks (a peer would be missing)
         with pytest.raises(SystemExit):
             generate(bad, tmp_path / "bad", src, source="gloo")
+
+
+def test_gloo_startup_input_converts_small(gloo16: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    _, run, out = gloo16
+    _converts_small(run, out, tmp_path)
 
 
 def test_gloo_startup_run_pairs_send_and_recv(gloo16: tuple[Path, Path, Path], tmp_path: Path) -> None:

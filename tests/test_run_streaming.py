@@ -59,6 +59,25 @@ def test_ranks_wait_on_disk_not_in_memory(traces: Path, tmp_path: Path, monkeypa
     assert len(result.ranks[0][1]) == result.ranks.node_counts[0]
 
 
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_workers_write_the_streams(traces: Path, tmp_path: Path, jobs: int) -> None:
+    """With a spool folder, the converter (a pool worker, or this process) writes each stream there itself: what
+    arrives is its path, never its bytes, and the file holds the stream converted in memory."""
+    found = whole_run.discover((traces / RUN).resolve())
+    arrived: list[bytes | Path] = []
+
+    def keep(out: whole_run.ConvertedRank) -> whole_run.ConvertedRank:
+        arrived.append(out.et)
+        return out
+
+    spooled = whole_run.convert_ranks(found.ranks, jobs=jobs, keep=keep, spool=tmp_path)
+    assert sorted(arrived, key=str) == [tmp_path / "task0.et", tmp_path / "task1.et"]
+    in_memory = whole_run.convert_ranks(found.ranks, jobs=1)
+    for out, mem in zip(spooled, in_memory, strict=True):
+        assert isinstance(out.et, Path) and isinstance(mem.et, bytes)
+        assert out.et.read_bytes() == mem.et and out.summary == mem.summary
+
+
 def test_same_bytes_as_in_memory(traces: Path, tmp_path: Path) -> None:
     """The streams staged on disk are the bytes the cross-rank work gives in memory (assemble_run without an
     output folder)."""

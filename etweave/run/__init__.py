@@ -39,8 +39,8 @@ ranks together (`assemble_run`):
     converted).
 Outputs are written only when all of that passed (a divergence passes only with `allow_mismatch`), all renamed
 into place together; a failed run writes nothing. The parent holds one rank's stream at a time: each converted
-rank's stream is spilled to a spool folder in OUT_DIR as it arrives, and each final stream is staged beside its
-target as soon as it is final (`RankStreams`).
+rank's stream is written to a spool folder in OUT_DIR by the process that converted it (on Dask, by the parent as
+it arrives), and each final stream is staged beside its target as soon as it is final (`RankStreams`).
 """
 
 from __future__ import annotations
@@ -142,13 +142,14 @@ def _convert_locked(run_dir: Path, found: Discovery, out_dir: Path, prefix: str,
         raise BadInput(out_dir, f"holds {len(stale)} .et file(s) of ranks not in this run ("
                                 f"{', '.join(p.name for p in stale[:5])}{more}): remove them or choose another "
                                 "output folder or --prefix")
-    # Each converted rank's stream goes to a spool folder as it arrives, each final one is staged beside its
-    # target as it is final: the parent holds one rank at a time. A killed run's spool folder and staged files
-    # are removed by the next run into OUT_DIR (etweave.output.folder_lock).
+    # Each converted rank's stream goes to a spool folder (written by its worker; from Dask, as it arrives), each
+    # final one is staged beside its target as it is final: the parent holds one rank at a time. A killed run's
+    # spool folder and staged files are removed by the next run into OUT_DIR (etweave.output.folder_lock).
     spool = Path(tempfile.mkdtemp(prefix=SPOOL_PREFIX, dir=out_dir))  # a fresh name: a stale one is never reused
     ranks = RankStreams(Path(out_dir), prefix)
     try:
-        spilled = convert_ranks(found.ranks, jobs, scheduler, progress, allow_mismatch, keep=_spiller(spool))
+        spilled = convert_ranks(found.ranks, jobs, scheduler, progress, allow_mismatch, keep=_spiller(spool),
+                                spool=spool)
         outputs = [replace(out, host=_relative(rf.host, run_dir), kineto=_relative(rf.kineto, run_dir))
                    for out, rf in zip(spilled, found.ranks, strict=True)]
         found.ignored = [str(_relative(Path(p), run_dir)) for p in found.ignored]
@@ -175,9 +176,9 @@ SPOOL_PREFIX = ".etweave-run-"
 
 
 def _spiller(spool: Path) -> Callable[[ConvertedRank], ConvertedRank]:
-    """Write each converted rank's stream to a file of its own in `spool` as it arrives; keep the rest, with the
-    rank lists of its process groups shared with the ranks before it (every rank lists the world group's N ranks:
-    held once, not N times)."""
+    """Write each converted rank's stream that arrives as bytes (from Dask) to a file of its own in `spool`; keep
+    the rest, with the rank lists of its process groups shared with the ranks before it (every rank lists the
+    world group's N ranks: held once, not N times)."""
     count = itertools.count()
     shared: dict[tuple[int, ...], tuple[int, ...]] = {}
 

@@ -14,7 +14,7 @@ from msgspec.structs import replace
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.accepts import comm_type_name
 from etweave.chakra.io import attr_value, parse
-from etweave.check import Violation, check_each, check_nodes, check_run
+from etweave.check import EncodedNodes, Violation, check_each, check_nodes, check_run
 from etweave.collectives import classify
 from etweave.deps.evidence import Evidence
 from etweave.errors import BadInput, CheckFailed
@@ -244,12 +244,13 @@ def _diverging(at: dict[int, CollSig | None], index: int, diverged: dict[int, di
     return agreeing
 
 
-def _adjust(seqs: dict[int, list[CollSig]], matched: int, nodes_by_id: dict[int, dict[int, pb.Node]],
-            stats: Counter[str], biggest: list[int], parts: dict[int, dict[int, list[pb.Node]]] | None = None) -> None:
-    """Collective durations without the wait for the slowest peer (see the module docstring). On the gloo path
-    the op's later periods (`parts`: comm node id -> its `[self]` nodes in order) hold the rest of that wait:
-    they lose what the node itself could not, so a thread that waits for the collective's end (a wake-up edge)
-    does not wait for the slowest peer twice, once in the replay's rendezvous and once in the stored time."""
+def _adjust(seqs: dict[int, list[CollSig]], matched: int, first: _FirstPass, stats: Counter[str],
+            biggest: list[int]) -> None:
+    """Collective durations without the wait for the slowest peer (see the module docstring), into
+    `first.transfers` (pass 2 writes them into the nodes). On the gloo path the op's later periods (`first.parts`:
+    comm node id -> its `[self]` periods in order) hold the rest of that wait: they lose what the node itself
+    could not, so a thread that waits for the collective's end (a wake-up edge) does not wait for the slowest
+    peer twice, once in the replay's rendezvous and once in the stored time."""
     for i in range(matched):
         sigs = {r: s[i] for r, s in seqs.items()}
         if any(s.start <= 0 for s in sigs.values()):
@@ -262,42 +263,55 @@ def _adjust(seqs: dict[int, list[CollSig]], matched: int, nodes_by_id: dict[int,
             stats["not_overlapping"] += 1
             continue
         for r, sig in sigs.items():
-            node = nodes_by_id[r][sig.node]
+            duration = first.durations[r][sig.node]  # (each comm node is one group's, matched once: as converted)
             measured = sig.end - sig.start
             transfer = max(0, sig.end - latest)
             if measured > 0:
                 transfer = max(1, transfer)
             # Never lengthen: on the gloo path the node is only the first period of its op (the rest, waits
             # included, sits in later [self] nodes), so end - latest start can exceed the node's own duration.
-            new = min(node.duration_micros, transfer)
+            new = min(duration, transfer)
             stats["collectives"] += 1
-            if new < node.duration_micros:
+            if new < duration:
                 stats["adjusted"] += 1
-                biggest[0] = max(biggest[0], node.duration_micros - new)
-            if measured > node.duration_micros + 1:  # +1: rounding the ends vs rounding the length
+                biggest[0] = max(biggest[0], duration - new)
+            if measured > duration + 1:  # +1: rounding the ends vs rounding the length
                 stats["split_ops"] += 1
-            left = max(0, latest - sig.start) - (node.duration_micros - new)  # the wait not cut from the node
-            _cut_parts((parts or {}).get(r, {}).get(node.id, ()), left, stats)
-            node.duration_micros = new
-            a = _attr(node, "transfer_duration_micros")
-            if a is None:
-                a = node.attr.add(name="transfer_duration_micros")
-            a.int64_val = new
+            left = max(0, latest - sig.start) - (duration - new)  # the wait not cut from the node
+            _cut_parts(first.parts.get(r, {}).get(sig.node, ()), left, stats)
+            first.transfers.setdefault(r, {})[sig.node] = new
 
 
-def _cut_parts(parts: Sequence[pb.Node], left: int, stats: Counter[str]) -> None:
+def _set_transfer(node: pb.Node, new: int) -> None:
+    """A collective's duration cut to its transfer time (`_adjust`), also kept in attr transfer_duration_micros."""
+    node.duration_micros = new
+    a = _attr(node, "transfer_duration_micros")
+    if a is None:
+        a = node.attr.add(name="transfer_duration_micros")
+    a.int64_val = new
+
+
+class _Period(msgspec.Struct):
+    """A later period of a collective's op (a node whose part_of names the comm node): its id and duration."""
+
+    node: int
+    duration: int
+
+
+def _cut_parts(parts: Sequence[_Period], left: int, stats: Counter[str]) -> None:
     """Cut `left` µs of wait from an op's later periods, in order, none below 0."""
     for part in parts:
-        cut = min(part.duration_micros, left)
+        cut = min(part.duration, left)
         if cut > 0:
-            part.duration_micros -= cut
+            part.duration -= cut
             left -= cut
             stats["parts_adjusted"] += 1
 
 
 class _FirstPass(msgspec.Struct):
-    """What pass 1 keeps of the ranks: only the nodes and facts the cross-rank work needs (the comm nodes with
-    run-wide pg names, edited in place by `_adjust`, then put in place of their originals by pass 2)."""
+    """What pass 1 keeps of the ranks: only the facts the cross-rank work needs, no node (a parsed node takes about
+    2 KB, 6 times its bytes: 16 MB for a thousand ranks' comm nodes); pass 2 parses a rank's comm nodes and
+    periods again and writes `_adjust`'s durations into them."""
 
     streams: dict[int, bytes | Path] = msgspec.field(default_factory=dict)  # rank -> its stream as converted
     summaries: dict[int, RankSummary] = msgspec.field(default_factory=dict)  # rank -> what pass 2 splices
@@ -305,9 +319,11 @@ class _FirstPass(msgspec.Struct):
     rewritten: int = 0  # pg_name attrs rewritten to the run-wide id
     # group id -> rank -> its collectives in ascending id (the order the simulator matches them in)
     seqs: dict[str, dict[int, list[CollSig]]] = msgspec.field(default_factory=dict)
-    collectives: dict[int, dict[int, pb.Node]] = msgspec.field(default_factory=dict)  # rank -> comm node id -> node
-    comm_nodes: dict[int, list[pb.Node]] = msgspec.field(default_factory=dict)  # rank -> every comm node (check_run's)
-    parts: dict[int, dict[int, list[pb.Node]]] = msgspec.field(default_factory=dict)  # rank -> comm node id -> periods
+    # rank -> collective node id -> its duration as converted
+    durations: dict[int, dict[int, int]] = msgspec.field(default_factory=dict)
+    # rank -> collective node id -> its duration cut to the transfer (`_adjust`; only the matched ones)
+    transfers: dict[int, dict[int, int]] = msgspec.field(default_factory=dict)
+    parts: dict[int, dict[int, list[_Period]]] = msgspec.field(default_factory=dict)  # rank -> comm node id -> periods
     violations: list[Violation] = msgspec.field(default_factory=list)  # of ranks whose graph was checked here
     warnings: list[Violation] = msgspec.field(default_factory=list)
 
@@ -427,15 +443,21 @@ def _first_pass(streams: dict[int, bytes | Path], by_rank: Mapping[int, Converte
     hand-built ConvertedRank) is summarized here, and its whole graph checked as its converter would have."""
     first = _FirstPass(streams)
     for rank in sorted(by_rank):
-        data = _load(streams[rank])
-        summary = by_rank[rank].summary or _summarized_here(data, rank, first)
+        summary = by_rank[rank].summary
+        stream = streams[rank]
+        data: bytes | _Spans
+        if summary is not None and isinstance(stream, Path):
+            # read only the nodes this pass parses (a few of thousands), not the whole file
+            data = _Spans(stream, [summary.spans[i] for i in (*summary.comm, *summary.parts)])
+        else:
+            data = _load(stream)
+            summary = summary or _summarized_here(data, rank, first)
         first.summaries[rank] = summary
         comm = [_node_at(data, summary, i) for i in summary.comm]
         first.rewritten += _rewrite_pg_names(comm, _local_to_global(by_rank[rank].local_groups, ids))
-        first.comm_nodes[rank] = comm
         first.starts[rank] = summary.first_start
         colls = {n.id: n for n in comm if n.type == pb.COMM_COLL_NODE}
-        first.collectives[rank] = colls
+        first.durations[rank] = {i: n.duration_micros for i, n in colls.items()}
         for node in sorted(colls.values(), key=lambda n: n.id):
             a = _attr(node, "pg_name")
             gid = a.string_val if a is not None else ""
@@ -444,9 +466,20 @@ def _first_pass(streams: dict[int, bytes | Path], by_rank: Mapping[int, Converte
             n = _node_at(data, summary, i)
             owner = _int_attr(n, PART_OF)
             assert owner is not None  # a summary lists a period by its part_of
-            first.parts.setdefault(rank, {}).setdefault(owner, []).append(n)
-        del data
+            first.parts.setdefault(rank, {}).setdefault(owner, []).append(_Period(n.id, n.duration_micros))
+        del data, comm, colls
     return first
+
+
+class _Spans:
+    """The bytes of some spans of a stream on disk (each node's, length prefix included), read in one go."""
+
+    def __init__(self, path: Path, spans: Sequence[tuple[int, int]]) -> None:
+        self.framed: dict[tuple[int, int], bytes] = {}
+        with open(path, "rb") as f:
+            for start, end in sorted(spans):
+                f.seek(start)
+                self.framed[start, end] = f.read(end - start)
 
 
 def _summarized_here(data: bytes, rank: int, first: _FirstPass) -> RankSummary:
@@ -455,9 +488,13 @@ def _summarized_here(data: bytes, rank: int, first: _FirstPass) -> RankSummary:
     return summarize(data, nodes, spans)
 
 
-def _node_at(data: bytes, summary: RankSummary, node_id: int) -> pb.Node:
+def _node_at(data: bytes | _Spans, summary: RankSummary, node_id: int) -> pb.Node:
+    span = summary.spans[node_id]
     try:
-        return pb.Node.FromString(message(data, summary.spans[node_id]))
+        if isinstance(data, _Spans):
+            framed = data.framed[span]
+            return pb.Node.FromString(message(framed, (0, len(framed))))
+        return pb.Node.FromString(message(data, span))
     except Exception as exc:  # protobuf's DecodeError: a stream changed since it was summarized
         raise BadInput("<memory>", f"not a Chakra .et stream: {exc}") from exc
 
@@ -506,7 +543,7 @@ def _check_group(first: _FirstPass, gid: str, members: list[int], here: list[int
     absent = len(members) - len(here)
     member_seqs = {r: first.seqs.get(gid, {}).get(r, []) for r in here}
     divergences, matched = check_sequences(member_seqs)
-    _adjust(member_seqs, matched, first.collectives, out.stats, out.biggest, first.parts)
+    _adjust(member_seqs, matched, first, out.stats, out.biggest)
     out.report.append({
         "group": gid, "members": len(members), "present": _range_text(here), "absent": absent,
         "collectives_per_rank": {str(r): len(s) for r, s in member_seqs.items()},
@@ -530,12 +567,21 @@ def _second_pass(first: _FirstPass, by_rank: Mapping[int, ConvertedRank], groups
     measured_starts = [t for t in first.starts.values() if t > 0]
     run_t0 = min(measured_starts) if measured_starts else None
     checked = _Checked(ranks, {}, list(first.violations), [], [], list(first.warnings))
+    comm_of: dict[int, list[bytes]] = {}  # rank -> its final comm nodes, encoded (check_run's, parsed in turn)
     for rank in sorted(by_rank):
         data = _load(first.streams.pop(rank))
         summary = first.summaries.pop(rank)
-        edited = {n.id: n for n in first.comm_nodes[rank]}
-        for periods in first.parts.get(rank, {}).values():
-            edited.update((n.id, n) for n in periods)
+        comm = [_node_at(data, summary, i) for i in summary.comm]
+        _rewrite_pg_names(comm, _local_to_global(by_rank[rank].local_groups, groups.ids))  # as pass 1 did
+        transfers = first.transfers.pop(rank, {})
+        for node in comm:
+            if node.id in transfers:
+                _set_transfer(node, transfers[node.id])
+        edited = {n.id: n for n in comm}
+        durations = {p.node: p.duration for periods in first.parts.pop(rank, {}).values() for p in periods}
+        for i in summary.parts:
+            period = edited[i] = _node_at(data, summary, i)
+            period.duration_micros = durations[i]
         delay = None
         if run_t0 is not None:
             checked.offsets[rank], delay = _start_offset(data, summary, first.starts[rank], run_t0, edited)
@@ -548,8 +594,9 @@ def _second_pass(first: _FirstPass, by_rank: Mapping[int, ConvertedRank], groups
         encoded = {n.id: n.SerializeToString(deterministic=True) for n in in_order}
         appended = delay.SerializeToString(deterministic=True) if delay is not None else b""
         checked.ranks.put(rank, splice(data, summary.spans, encoded, appended), summary.nodes + (delay is not None))
-        del data, edited, in_order, encoded
-    across = check_run(first.comm_nodes, groups.members, checked.notes, checked.warnings)
+        comm_of[rank] = [encoded[n.id] for n in comm]
+        del data, comm, edited, in_order, encoded
+    across = check_run(EncodedNodes(comm_of), groups.members, checked.notes, checked.warnings)
     # Ranks that disagree are the user's input, not a broken conversion: the caller fails on them unless told
     # to allow them; every other violation fails the run.
     checked.mismatches.extend(v for v in across if v.rule in _MISMATCH_RULES)
