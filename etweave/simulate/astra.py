@@ -30,6 +30,7 @@ from itertools import compress, count, islice
 from operator import lt, not_
 from pathlib import Path
 from sys import intern
+from typing import Any
 
 import msgspec
 from msgspec import field
@@ -53,6 +54,11 @@ _COMP, _COLL, _BCAST, _SEND, _RECV = 0, 1, 2, 3, 4
 _P2P = frozenset({_SEND, _RECV})
 _ALONE, _NEVER = -1, -2  # send/recv peer markers, as in engine.py
 _NEVER_SCHEDULED = -1  # a node's end time while it has none
+# a rank's state in the event loop, one list (`_EventLoop.state`): its ready heaps at [slot] (CPU, GPU, COMM, FREE),
+# the node holding each slot at [_HOLD + slot] (-1: none; FREE's unused), ns waited per slot at [_WAIT + slot], the
+# rank index at [_RI]. One list, not one per field: an event touches a few cache lines of its rank, and at 1000
+# ranks those lines are what falls out of the caches between two events of a rank
+_HOLD, _WAIT, _RI = 4, 8, 11
 
 
 class AstraNode(msgspec.Struct, gc=False):  # numbers, strings and a tuple of ints: never in a cycle
@@ -207,7 +213,8 @@ def _run(ranks: list[AstraRank], flat: _Flat, instances: _Instances, peer: list[
         ends = loop.end[first:last]  # every event scheduled ran: a node is done when it has an end
         finished.append(max(ends, default=0) if min(ends, default=0) >= 0 else None)
     run = AstraRun(ranks=ranks, collectives=collectives, slots=slots, finished_ns=finished,
-                   slot_wait_ns=loop.slot_wait, blocked_by=[dict(b) for b in loop.blocked], notes=notes)
+                   slot_wait_ns=[st[_WAIT:_WAIT + 3] for st in loop.state], blocked_by=[dict(b) for b in loop.blocked],
+                   notes=notes)
     # (a rank is unfinished when a node of it never ended: no pass over every node when all finished)
     stuck = list(compress(range(n), map(_NEVER_SCHEDULED.__eq__, loop.end))) if None in finished else []
     run.stuck_count = len(stuck)
@@ -385,10 +392,10 @@ class _EventLoop:
         times: Callable[[], MutableSequence[int]] = ((lambda: array("q", [-1]) * n) if machine_ints
                                                      else (lambda: [-1] * n))
         self.issue_t, self.ready_t, self.end = times(), times(), times()  # end: set when scheduled, -1: never
-        self.ready: list[list[list[int]]] = [[[] for _ in range(4)] for _ in ranks]  # per rank and slot: g, a heap
+        # per rank index (see _HOLD): ready heaps of g per slot, slot holders, ready → issue ns summed per slot, ri
+        self.state: list[list[Any]] = [[[], [], [], [], -1, -1, -1, -1, 0, 0, 0, ri] for ri in range(len(ranks))]
+        self.state_of = list(map(self.state.__getitem__, flat.owner))  # per g: its rank's state, one lookup
         self.arrived = [0] * len(instances.nodes)
-        self.slot_wait = [[0] * 3 for _ in ranks]  # per rank index and slot: ready → issue, summed
-        self.holder = [[-1] * 4 for _ in ranks]  # per rank index and slot (FREE's entry unused): the node
         self.since = [[0] * 3 for _ in ranks]  # when each slot's (holder, someone waiting) state was last accounted
         self.blocked: list[dict[tuple[int, str], int]] = [defaultdict(int) for _ in ranks]  # with contention
         self.events: list[int] = []  # _key(time, sequence, g), a heap
@@ -413,62 +420,60 @@ class _EventLoop:
         """Every completion in time order (`issue_ready` and `make_ready` written out, and `issue` of a compute
         node: they run per node)."""
         flat = self.flat
-        indeg, children, slot, owner, dur_ns = self.indeg, flat.children, flat.slot, flat.owner, self.dur_ns
-        events, ready_t, issue_t, end, holder, ready, slot_wait = (self.events, self.ready_t, self.issue_t, self.end,
-                                                                   self.holder, self.ready, self.slot_wait)
+        indeg, children, slot, state_of, dur_ns = self.indeg, flat.children, flat.slot, self.state_of, self.dur_ns
+        events, ready_t, end = self.events, self.ready_t, self.end
         pop, push, issue_ready, tick = heapq.heappop, heapq.heappush, self.issue_ready, self.seq.__next__
         charge = self._charge if self.contention else None
         shift, g_bits, g_mask = self.time_shift, self.g_bits, (1 << self.g_bits) - 1
         while events:
             key = pop(events)
             t, g = key >> shift, key & g_mask
-            ri = owner[g]
-            hold, heaps = holder[ri], ready[ri]
+            st = state_of[g]
             if charge is not None:
-                charge(ri, t)
-            hold[slot[g]] = -1  # (a FREE node's "slot" is the fourth entry, which nothing reads)
+                charge(st[_RI], t)
+            st[_HOLD + slot[g]] = -1  # (a FREE node's holder entry is one nothing reads)
             for c in children[g]:
                 d = indeg[c] - 1
                 indeg[c] = d
                 if not d:
                     ready_t[c] = t
-                    push(heaps[slot[c]], c)
+                    push(st[slot[c]], c)
             # the nodes that issue now (`_pick`'s rule): most events issue one compute node, the lowest ready one
             # of the only free slot that has some, taken here without a call or a list; a comm slot's node (never
             # a compute node) counts as two, so it takes the general way
-            cpu, gpu, comm, free = heaps
+            cpu, gpu, comm, free, h_cpu, h_gpu, h_comm, _, _, _, _, ri = st
             n = 0
-            if cpu and hold[CPU] < 0:
+            if cpu and h_cpu < 0:
                 h, n = cpu, 1
-            if gpu and hold[GPU] < 0:
+            if gpu and h_gpu < 0:
                 h, n = gpu, n + 1
-            if comm and hold[COMM] < 0:
+            if comm and h_comm < 0:
                 n += 2
             if n != 1 or free:
                 if n or free:
                     issue_ready(ri, t)
                 continue
-            c = pop(h)  # a compute node: CPU and GPU slots hold nothing else
+            c = pop(h)  # a compute node: CPU and GPU slots hold nothing else. (Its issue time is not kept: only a
+            # send's or recv's is read, and a compute node that issued always ends.)
             s = slot[c]
-            issue_t[c] = t
-            hold[s] = c
-            slot_wait[ri][s] += t - ready_t[c]
+            st[_HOLD + s] = c
+            st[_WAIT + s] += t - ready_t[c]
             end[c] = e = t + dur_ns[c]
             push(events, (e << shift) | (tick() << g_bits) | c)
 
     def _charge(self, ri: int, t: int) -> None:
         """The contention breakdown at an event of rank `ri` at t (the rank's slot states change only at its own
         events): charge each slot's holder, up to t, for the time a node waited for it."""
-        hold, heaps, at, blocked = self.holder[ri], self.ready[ri], self.since[ri], self.blocked[ri]
+        st, at, blocked = self.state[ri], self.since[ri], self.blocked[ri]
         kind_name = self.flat.kind_name
-        h = hold[CPU]  # (unrolled over the three slots)
-        if h >= 0 and heaps[CPU]:
+        h = st[_HOLD + CPU]  # (unrolled over the three slots)
+        if h >= 0 and st[CPU]:
             blocked[CPU, kind_name[h]] += t - at[CPU]
-        h = hold[GPU]
-        if h >= 0 and heaps[GPU]:
+        h = st[_HOLD + GPU]
+        if h >= 0 and st[GPU]:
             blocked[GPU, kind_name[h]] += t - at[GPU]
-        h = hold[COMM]
-        if h >= 0 and heaps[COMM]:
+        h = st[_HOLD + COMM]
+        if h >= 0 and st[COMM]:
             blocked[COMM, kind_name[h]] += t - at[COMM]
         at[CPU] = at[GPU] = at[COMM] = t
 
@@ -500,9 +505,9 @@ class _EventLoop:
         self.issue_t[g] = t
         s = flat.slot[g]
         if s != FREE:
-            ri = flat.owner[g]
-            self.holder[ri][s] = g
-            self.slot_wait[ri][s] += t - self.ready_t[g]
+            st = self.state[flat.owner[g]]
+            st[_HOLD + s] = g
+            st[_WAIT + s] += t - self.ready_t[g]
         k = flat.kind[g]
         if k in (_COMP, _BCAST):
             self.finish_at(g, t + flat.dur_ns[g])
@@ -529,28 +534,29 @@ class _EventLoop:
                 self.finish_at(m, t + self.coll_ns(m))
 
     def issue_ready(self, ri: int, t: int) -> None:
-        for g in _pick(self.ready[ri], self.holder[ri]):
+        for g in _pick(self.state[ri]):
             self.issue(g, t)
 
     def make_ready(self, g: int, t: int) -> None:
         self.ready_t[g] = t
-        heapq.heappush(self.ready[self.flat.owner[g]][self.flat.slot[g]], g)
+        heapq.heappush(self.state_of[g][self.flat.slot[g]], g)
 
 
 _heappop = heapq.heappop  # a module global: `_pick` calls it at every event
 
 
-def _pick(heaps: list[list[int]], hold: list[int]) -> list[int]:
+def _pick(st: list[Any]) -> list[int]:
     """The ready nodes of a rank that issue now, in id order (g ascends with id within a rank). ASTRA-sim visits
     the ready nodes in ascending id and issues each whose slot is free: per slot that is its lowest ready node;
-    every slot-free node issues (issued in id order, which orders equal-time events)."""
-    cpu, gpu, comm, free = heaps  # (one unpacking, not a subscript per test: this runs at every event)
+    every slot-free node issues (issued in id order, which orders equal-time events). `st`: the rank's state
+    (`_HOLD`)."""
+    cpu, gpu, comm, free, h_cpu, h_gpu, h_comm, _, _, _, _, _ = st  # (one unpacking, not a subscript per test)
     picked = []
-    if cpu and hold[CPU] < 0:
+    if cpu and h_cpu < 0:
         picked.append(_heappop(cpu))
-    if gpu and hold[GPU] < 0:
+    if gpu and h_gpu < 0:
         picked.append(_heappop(gpu))
-    if comm and hold[COMM] < 0:
+    if comm and h_comm < 0:
         picked.append(_heappop(comm))
     if free:
         picked += free
