@@ -1,19 +1,20 @@
 """Read, from each `.et` node, only the fields the replays use: the loaders' one reader (load.py, astra.py).
 
 A node is parsed by protobuf (upb, in C) with a reduced schema: the Node's own fields as Chakra's, its `attr`
-entries kept as their serialized bytes. Only the entries whose name the caller wants are decoded here: one regex
-over the node's bytes (in C) counts the places that read as a wanted name field, and the entries are read in
-order, each looked up whole in a cache of the entries seen, until that many wanted ones were read (etweave
-writes them first, so most nodes read three or four entries; building a protobuf object per attribute, about
-ten per node, is what made reading cost twice the decode). An entry is decoded by hand when it has the
-canonical form every protobuf writer gives it (the name first, then one value: an integer, bool or string); any
-other form (another value type, a value before the name, a doc_string, a malformed entry, a name field twice or
-with a padded length, a wanted name's bytes inside a string) sends that node through the full protobuf message
-instead, so every value reads exactly as `etweave.chakra.io.attr_value` reads it, and bad bytes fail as
-`iter_et` fails. A node's name is read as bytes and decoded (and interned) once per distinct name, the deps as
-slices of the repeated fields (a list made in C). The one difference: the entries of attrs no replay reads are
-never parsed, so a malformed one (which protobuf would refuse) goes unnoticed here; `etweave check` reads every
-byte.
+entries kept as their serialized bytes. Only the entries whose name the caller wants are decoded here: the
+entries are read in order, each looked up whole in a cache of the entries seen, until as many wanted ones were
+read as the nodes with the same first entry held before (etweave writes `kind` first, and the attrs the replays
+read first, so most nodes read three or four entries; building a protobuf object per attribute, about ten per
+node, is what made reading cost twice the decode); then one regex (in C) over the node's bytes after the last
+entry read shows that the entries left hold no place that reads as a wanted name field, or they are read too.
+An entry read that holds a wanted name is decoded by hand when it has the canonical form every protobuf writer
+gives it (the name first, then one value: an integer, bool or string); any other form (another value type, a
+value before the name, a doc_string, a malformed entry, a name field twice or with a padded length, a wanted
+name's bytes inside another attr's string) sends that node through the full protobuf message instead, so every
+value reads exactly as `etweave.chakra.io.attr_value` reads it, and bad bytes fail as `iter_et` fails. A node's
+name is read as bytes and decoded (and interned) once per distinct name, the deps as slices of the repeated
+fields (a list made in C). The one difference: an entry that holds no wanted name's bytes is never parsed, so a
+malformed one (which protobuf would refuse) goes unnoticed here; `etweave check` reads every byte.
 """
 
 from __future__ import annotations
@@ -106,11 +107,10 @@ _CACHE_LIMIT = 1 << 16  # distinct entries kept decoded (a rank repeats a few hu
 _SKIP = ("", None)  # an entry of a name not wanted
 
 
-def _name_counter(wanted: Collection[str]) -> Callable[[bytes], list[bytes]]:
-    """Every place in a node's bytes that reads as a wanted name field: tag, length and name, the length in one
-    byte (the usual form) or padded to more (which the fast path never counts as read: the node goes to the full
-    message). A node holds as many wanted entries as these when no entry repeats its name field and no string
-    holds such bytes: then, once that many were read, the entries left hold no wanted name and are not read."""
+def _name_finder(wanted: Collection[str]) -> Callable[[bytes, int], re.Match[bytes] | None]:
+    """The first place from a position in some bytes that reads as a wanted name field: tag, length and name,
+    the length in one byte (the usual form) or padded to more. Bytes where there is none hold no wanted attr:
+    protobuf could read no wanted name in them."""
     encoded = [name.encode() for name in sorted(wanted)]
     by_length: dict[int, list[bytes]] = {}
     for name in encoded:
@@ -120,9 +120,9 @@ def _name_counter(wanted: Collection[str]) -> Callable[[bytes], list[bytes]]:
     usual = b"|".join(re.escape(bytes([length])) + b"(?:" + b"|".join(map(re.escape, names)) + b")"
                       for length, names in sorted(by_length.items()))
     lengths = b"".join(re.escape(bytes([length])) for length in sorted(by_length) if length < 0x80)
-    padded = b"|".join(map(re.escape, encoded))
-    return re.compile(rb"\n(?=[" + lengths + rb"\x80-\xff])(?:" + usual + rb"|[\x80-\xff]+[\x00-\x7f](?:" + padded
-                      + rb"))").findall
+    padded = b"|".join(map(re.escape, encoded)) or b"(?!)"  # (no name wanted: a pattern that never matches)
+    return re.compile(rb"\n(?=[" + lengths + rb"\x80-\xff])(?:" + (usual or b"(?!)") + rb"|[\x80-\xff]+[\x00-\x7f](?:"
+                      + padded + rb"))").search
 
 
 def _full(raw: bytes, path: Path, wanted: Collection[str]) -> NodeFields:
@@ -153,7 +153,9 @@ class _Reader:
         self.names = frozenset(name.encode() for name in wanted)
         self.known: dict[bytes, tuple[str, object]] = {}  # entry bytes -> (name, value), or _SKIP: most repeat
         self.node_names: dict[bytes, str] = {}  # a node name's bytes -> the name, interned: names repeat
-        self.wanted_names = _name_counter(wanted)
+        self.find_name = _name_finder(wanted)
+        # a node's first attr entry (etweave writes `kind` first) -> the most wanted attrs its nodes held so far
+        self.expect: dict[bytes, int] = {}
 
     def batches(self, batches: Iterator[list[bytes]]) -> Iterator[list[NodeFields]]:
         """The nodes of each batch; a bad node's error raised once the nodes before it were taken (a caller
@@ -169,12 +171,13 @@ class _Reader:
 
     def batch(self, raws: list[bytes], out: list[NodeFields]) -> None:
         """Each node of a batch, in order, appended to `out`."""
-        path, wanted, names, known, node_names = self.path, self.wanted, self.names, self.known, self.node_names
-        new_node: Callable[[], Any] = _ReducedNode  # a built class: its fields are not typed
+        path, wanted, known, node_names = self.path, self.wanted, self.known, self.node_names
+        find_name, expect = self.find_name, self.expect
+        # one message for the batch, parsed again for each node (a parse clears it first): making one per node
+        # costs half as much again as the parse; its arena grows with the batch's nodes and goes with it
+        node: Any = _ReducedNode()  # a built class: its fields are not typed
         append = out.append
-        wanted_names = self.wanted_names
         for raw in raws:
-            node = new_node()
             try:
                 node.ParseFromString(raw)  # (FromString costs twice as much)
             except Exception:
@@ -184,28 +187,49 @@ class _Reader:
             attrs: dict[str, object] = {}
             try:
                 name = node_names.get(name_bytes) or _name(name_bytes, node_names)
-                expected = len(wanted_names(raw))
-                if expected:
-                    found = 0
-                    for entry in node.attr:  # etweave writes the attrs the replays read first: a few are read
-                        hit = known.get(entry)
-                        if hit is None:
-                            if len(known) >= _CACHE_LIMIT:
-                                known.clear()
-                            hit = known[entry] = _decode(entry, names)
-                        if hit is not _SKIP:
-                            attrs[hit[0]] = hit[1]
-                            found += 1
-                            if found == expected:
+                # The entries are read in order until as many wanted ones were read as the nodes with the same
+                # first entry held (etweave writes `kind` first, and the attrs the replays read first: a few are
+                # read); then one regex over the node's bytes after the last one read shows that the entries left
+                # hold no wanted name (or they are read too). `_decode` reads every entry read.
+                found = expected = 0
+                first = last = b""
+                for entry in node.attr:
+                    hit = known.get(entry) or self.decode(entry)
+                    if not first:
+                        first = entry
+                        expected = expect.get(entry, 0)  # 0: not seen, every entry is read
+                    if hit is not _SKIP:
+                        attrs[hit[0]] = hit[1]
+                        found += 1
+                        last = entry
+                        if found == expected:
+                            # the entries after `last` lie after its first place in the node's bytes
+                            if find_name(raw, raw.find(last) + len(last)) is None:
                                 break
-                    else:
-                        raise _Unusual  # a wanted name elsewhere: in a string, or an entry's later name field
+                            expected = 0
+                else:
+                    if found > expect.get(first, 0):
+                        self.learn(first, found)
             except _Unusual:
                 append(_full(raw, path, wanted))  # raises the error iter_et would for a name that is not UTF-8
                 continue
             # (a slice is a list made in C: iterating the repeated field costs twice as much)
             append((node_id, name, ntype, (*data_deps[:], *ctrl_deps[:]) if ctrl_deps else tuple(data_deps[:]),
                     start, duration, attrs))
+
+
+    def decode(self, entry: bytes) -> tuple[str, object]:
+        """An attr entry not seen before (`_decode`), kept."""
+        if len(self.known) >= _CACHE_LIMIT:
+            self.known.clear()
+        hit = self.known[entry] = _decode(entry, self.names, self.find_name)
+        return hit
+
+    def learn(self, first: bytes, found: int) -> None:
+        """`found` wanted attrs in a node whose first attr entry is `first`: more than any before."""
+        if len(self.expect) >= _CACHE_LIMIT:
+            self.expect.clear()
+        self.expect[first] = found
 
 
 _fields = attrgetter("id", "name", "type", "data_deps", "ctrl_deps", "start_time_micros", "duration_micros")
@@ -221,15 +245,19 @@ def _name(raw: bytes, names: dict[bytes, str]) -> str:
     return name
 
 
-def _decode(entry: bytes, names: frozenset[bytes]) -> tuple[str, object]:
-    """(name, value) of an entry whose name is wanted, _SKIP for one of another name (its value not read);
-    _Unusual unless the name comes first, with a one-byte length."""
-    if not entry:
-        return _SKIP  # nothing set: the name is ""
+def _decode(entry: bytes, names: frozenset[bytes], find_name: Callable[[bytes, int], re.Match[bytes] | None]
+            ) -> tuple[str, object]:
+    """(name, value) of an entry whose name is wanted, _SKIP for one that holds no wanted name (not read
+    further: a malformed one goes unnoticed); _Unusual for one that holds a wanted name but not as its one name
+    field, first, with a one-byte length (protobuf reads the last name field)."""
     if len(entry) < 2 or entry[0] != 0x0A or entry[1] >= 0x80 or 2 + entry[1] > len(entry):
+        if find_name(entry, 0) is None:
+            return _SKIP  # (the empty entry too: its name is "")
         raise _Unusual
     at = 2 + entry[1]
     name = entry[2:at]
     if name not in names:
+        if find_name(entry, at) is not None:
+            raise _Unusual  # a wanted name field after this one, or such bytes in its value
         return _SKIP
     return name.decode(), _value(entry, at)

@@ -194,3 +194,44 @@ def test_framing_limit_fails_as_iter_et(tmp_path: Path, monkeypatch: pytest.Monk
         _read(path)
     assert str(got.value) == str(expected.value)
     assert "input limit" in str(got.value)
+
+
+def test_nodes_of_one_first_attr_read_as_protobuf_reads_them(tmp_path: Path) -> None:
+    """The reader reads a node's attrs up to as many wanted ones as the nodes with the same first attr held
+    before, then shows by a regex that the rest hold none: a node holding more, later, or in another order, or
+    the wanted name's bytes elsewhere, reads as protobuf reads it."""
+    nodes = [_node(1, kind=("string_val", "k"), is_cpu_op=("bool_val", True), tid=("int64_val", 1),
+                   other=("int64_val", 5)),
+             _node(2, kind=("string_val", "k"), is_cpu_op=("bool_val", True), tid=("int64_val", 2),
+                   other=("int64_val", 6), pg_name=("string_val", "g")),  # one more, after an unwanted one
+             _node(3, kind=("string_val", "k"), tid=("int64_val", 3), other=("string_val", "\n\x03tid")),
+             _node(4, kind=("string_val", "k"), other=("int64_val", 7), tid=("int64_val", 4)),
+             _node(5, kind=("string_val", "k")),  # fewer than before
+             _node(6, kind=("string_val", "k"), is_cpu_op=("bool_val", True), tid=("int64_val", 6),
+                   other=("int64_val", 5), device=("int32_val", 1), stream=("int32_val", 2))]
+    nodes[3].attr.add(name="tid", int64_val=9)  # a repeated name, after the first held as many as before
+    path = _write(tmp_path / "t.0.et", nodes * 3)
+    assert _typed(_read(path)) == _typed(_expected(path, WANTED))
+
+
+@pytest.mark.parametrize("content", [
+    b"\x0a\x09is_cpu_op\x0a\x03tid\x48\x05",  # an unwanted name field, then a wanted one: the last counts
+    b"\x48\x05",  # a value with no name: not wanted
+])
+def test_entries_read_before_the_wanted_ones_read_as_protobuf_reads_them(tmp_path: Path, content: bytes) -> None:
+    node = (pb.Node(id=1, name="a", type=pb.COMP_NODE).SerializeToString() + _entry(content)
+            + _entry(b"\x0a\x04kind\xea\x01\x01k"))
+    path = tmp_path / "t.0.et"
+    path.write_bytes(_raw_node(node))
+    assert _typed(_read(path)) == _typed(_expected(path, WANTED))
+
+
+def test_a_malformed_attr_before_a_wanted_one_is_not_checked(tmp_path: Path) -> None:
+    """An entry with no wanted name's bytes in it is never parsed, wherever it is."""
+    node = (pb.Node(id=1, name="a", type=pb.COMP_NODE).SerializeToString() + _entry(b"\x0a\x09tid")
+            + _entry(b"\x0a\x04kind\xea\x01\x01k"))
+    path = tmp_path / "t.0.et"
+    path.write_bytes(_raw_node(node))
+    with pytest.raises(BadInput):
+        _expected(path, WANTED)
+    assert _read(path) == [(1, "a", pb.COMP_NODE, (), 0, 0, {"kind": "k"})]
