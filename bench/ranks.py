@@ -560,7 +560,9 @@ def _cut_kineto(doc: dict[str, Any], share: float) -> list[int]:
 
 
 def _cut_host(doc: dict[str, Any], kept: list[int]) -> dict[str, Any]:
-    """The host ET's roots and, per thread (threads in first-op order), as many first ops as `kept` says."""
+    """The host ET's roots and, per thread (threads in first-op order), as many first ops as `kept` says, never
+    past the thread's first communication op (a host thread need not be the Kineto thread of the same place in
+    start order: a cut by count alone kept a different number of collectives on each rank of a gloo run)."""
     ops: dict[int, list[dict[str, Any]]] = {}
     roots = []
     for node in doc["nodes"]:
@@ -571,7 +573,9 @@ def _cut_host(doc: dict[str, Any], kept: list[int]) -> dict[str, Any]:
     nodes = list(roots)
     threads = sorted(ops.values(), key=lambda nodes: min(n["id"] for n in nodes))
     for i, thread in enumerate(threads):
-        nodes += sorted(thread, key=lambda n: n["id"])[:kept[i] if i < len(kept) else 0]
+        ordered = sorted(thread, key=lambda n: n["id"])
+        first_comm = next((at for at, n in enumerate(ordered) if _is_comm(n["name"])), len(ordered))
+        nodes += ordered[:min(first_comm, kept[i] if i < len(kept) else 0)]
     return {**doc, "nodes": sorted(nodes, key=lambda n: n["id"])}
 
 
