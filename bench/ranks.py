@@ -500,9 +500,9 @@ def startup_input(run: Path, folder: Path, ranks: int = 2, share: float = STARTU
     empty alike and the cut converts clean with the same command line. Kineto: the cpu ops, annotations and
     runtime calls that start before the cut, the GPU ops and flows of the launches kept, every other event
     (metadata, `distributedInfo`) as it is; host ET: its roots and the first ops of each thread, as many as the
-    Kineto thread of the same rank in start order keeps. So `convert-run` meets everything a rank makes it meet
-    (both readers, the linker, the pool and its workers' imports, the cross-rank work, the report), with next to
-    no work per rank."""
+    Kineto thread of the same rank in start order keeps and none past the thread's first communication op. So
+    `convert-run` meets everything a rank makes it meet (both readers, the linker, the pool and its workers'
+    imports, the cross-rank work, the report), with next to no work per rank."""
     dirs = sorted((d for d in run.iterdir() if d.is_dir() and d.name.startswith("rank")), key=lambda d: int(d.name[4:]))
     for d in dirs[:ranks]:
         kineto = load_json(d / "kineto.json.gz")

@@ -217,7 +217,6 @@ class _Reader:
             append((node_id, name, ntype, (*data_deps[:], *ctrl_deps[:]) if ctrl_deps else tuple(data_deps[:]),
                     start, duration, attrs))
 
-
     def decode(self, entry: bytes) -> tuple[str, object]:
         """An attr entry not seen before (`_decode`), kept."""
         if len(self.known) >= _CACHE_LIMIT:
