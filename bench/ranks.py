@@ -520,18 +520,37 @@ def _is_comm(name: object) -> bool:
     return isinstance(name, str) and (name == "record_param_comms" or classify(name) is not None)
 
 
+_Thread = tuple[Any, Any]  # (pid, tid)
+
+
+def _thread_marks(events: list[dict[str, Any]]) -> tuple[dict[_Thread, list[tuple[float, bool]]], set[_Thread]]:
+    """Per CPU thread, the start of each of its ops and whether it is a communication op (`_cut_kineto`), and the
+    threads with cpu ops or runtime calls (those the host ET's cut is matched to)."""
+    comm_launch = {(e.get("args") or {}).get("correlation") for e in events
+                   if e.get("cat") in GPU_CATS and _is_comm(e.get("name"))}
+    starts: dict[_Thread, list[tuple[float, bool]]] = {}
+    op_threads: set[_Thread] = set()
+    for e in events:
+        cat = e.get("cat")
+        if e.get("ph") != "X":
+            continue
+        if cat in ("cpu_op", "cuda_runtime"):
+            thread = (e["pid"], e["tid"])
+            op_threads.add(thread)
+            comm = _is_comm(e["name"]) or (cat == "cuda_runtime" and e["args"].get("correlation") in comm_launch)
+            starts.setdefault(thread, []).append((e["ts"], comm and cat == "cpu_op"))
+            if comm and cat == "cuda_runtime":  # the launch of a collective kernel: cut before it
+                starts[thread].append((e["ts"], True))
+        elif cat == "user_annotation" and _is_comm(e.get("name")):
+            # gloo's collectives are annotations ("gloo:all_reduce"), some on threads with no cpu op at all
+            starts.setdefault((e["pid"], e["tid"]), []).append((e["ts"], True))
+    return starts, op_threads
+
+
 def _cut_kineto(doc: dict[str, Any], share: float) -> list[int]:
     """Cut `doc`'s events in place (`startup_input`); the ops kept per CPU thread, the threads in start order."""
     events = doc["traceEvents"]
-    comm_launch = {(e.get("args") or {}).get("correlation") for e in events
-                   if e.get("cat") in GPU_CATS and _is_comm(e.get("name"))}
-    starts: dict[tuple[Any, Any], list[tuple[float, bool]]] = {}
-    for e in events:
-        if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "cuda_runtime"):
-            comm = _is_comm(e["name"]) or (e["cat"] == "cuda_runtime" and e["args"].get("correlation") in comm_launch)
-            starts.setdefault((e["pid"], e["tid"]), []).append((e["ts"], comm and e["cat"] == "cpu_op"))
-            if comm and e["cat"] == "cuda_runtime":  # the launch of a collective kernel: cut before it
-                starts[(e["pid"], e["tid"])].append((e["ts"], True))
+    starts, op_threads = _thread_marks(events)
     cut: dict[tuple[Any, Any], float] = {}
     for thread, marks in starts.items():
         marks.sort()
@@ -555,7 +574,7 @@ def _cut_kineto(doc: dict[str, Any], share: float) -> list[int]:
         e for e in kept
         if not (e.get("cat") in GPU_CATS and (e.get("args") or {}).get("correlation") not in launched)
         and not (e.get("cat") == "ac2g" and e.get("id") not in launched)]
-    first_ts = {t: min(ts for ts, _ in marks) for t, marks in starts.items()}
+    first_ts = {t: min(ts for ts, _ in marks) for t, marks in starts.items() if t in op_threads}
     return [counts.get(t, 0) for t in sorted(first_ts, key=first_ts.__getitem__)]
 
 
