@@ -321,8 +321,7 @@ class _Sweep:
     def run(self) -> list[int]:
         # The state lives in locals (the hot loop reads no attribute of self): `pending` is an op whose own node
         # period is still open, `cursor` where the current period began, `top_end` the innermost open op's end.
-        stack, ends, chain, close = self.stack, self.ends, self.chain, self._close
-        parts, first_id, self_names, tid = self.parts, self.first_id, self.self_names, self.tid
+        stack, ends, chain, close, part = self.stack, self.ends, self.chain, self._close, self._part
         pending: Item | None = None
         cursor, top_end = self.cursor, math.inf
         for it, entry in itertools.islice(zip(self.seq, self.times, strict=True), self._place_roots(), None):
@@ -342,19 +341,7 @@ class _Sweep:
             # round(t) - round(cursor) >= 1, else shorter than the output's resolution: joins the next period (told
             # by the length alone unless it is under 2: round moves each end by at most 0.5)
             elif (length := t - cursor) >= 2.0 or (length > 0.0 and round(t) - round(cursor) >= 1):
-                # (`_part` inline: a call less per period, most of them made here)
-                part_id = first_id + len(parts)
-                if stack:
-                    owner = stack[-1]
-                    name = self_names.get(owner.name)
-                    if name is None:
-                        name = self_names[owner.name] = f"{owner.name} [self]"
-                    parts.append(Item(part_id, SELF_PART, name, cursor, length, length, t, True, tid, None, None, None,
-                                      None, None, None, None, None, None, None, 0, owner.id))
-                else:
-                    parts.append(Item(part_id, DELAY, "[idle]", cursor, length, length, t, True, tid))
-                chain.append(part_id)
-                cursor = t
+                cursor = part(cursor, t, stack[-1] if stack else None)
             if stack:  # it began inside the innermost open op: its time is not that op's own (_enclose inline)
                 parent = stack[-1]
                 it.enclosing = parent.id
@@ -408,8 +395,9 @@ class _Sweep:
             name = self.self_names.get(owner.name)
             if name is None:
                 name = self.self_names[owner.name] = f"{owner.name} [self]"
-            parts.append(Item(part_id, SELF_PART, name, start, length, length, t, True, self.tid, None, None, None, None,
-                              None, None, None, None, None, None, 0, owner.id))  # (positional: `Item`'s order)
+            # (positional, in `Item`'s order: fewer steps than by keyword)
+            parts.append(Item(part_id, SELF_PART, name, start, length, length, t, True, self.tid, None, None, None,
+                              None, None, None, None, None, None, None, 0, owner.id))
         else:
             parts.append(Item(part_id, DELAY, "[idle]", start, length, length, t, True, self.tid))
         self.chain.append(part_id)
