@@ -325,18 +325,22 @@ class _Sweep:
         pending: Item | None = None
         cursor, top_end = self.cursor, math.inf
         for it, entry in itertools.islice(zip(self.seq, self.times, strict=True), self._place_roots(), None):
-            measured = it.measured
-            # an unmeasured op is placed at its entry time, not before the cursor (max(entry, cursor))
-            t = it.start if measured else cursor if cursor > entry else entry
+            if it.measured:  # (its start and duration read once)
+                t = it.start
+                dur = it.dur
+            else:  # an unmeasured op is placed at its entry time, not before the cursor (max(entry, cursor))
+                t = cursor if cursor > entry else entry
+                dur = 0.0  # (never opened below, and overlaps nothing: every open op ends after t)
+            end = t + dur
             if top_end <= t + NESTING_EPS:  # ops that ended by t close
                 cursor, pending = close(t + NESTING_EPS, cursor, pending)
                 top_end = ends[-1] if ends else math.inf
             # the period up to t ends: the pending op's own node, a later part of the innermost open op, or idle
             if pending is not None:  # (its own node period ends at t, not before its start: _own_end inline)
                 start = pending.start
-                pending.seg_end = end = start if start > t else t
-                if end > cursor:
-                    cursor = end
+                pending.seg_end = own_end = start if start > t else t
+                if own_end > cursor:
+                    cursor = own_end
                 pending = None
             # round(t) - round(cursor) >= 1, else shorter than the output's resolution: joins the next period (told
             # by the length alone unless it is under 2: round moves each end by at most 0.5)
@@ -345,15 +349,13 @@ class _Sweep:
             if stack:  # it began inside the innermost open op: its time is not that op's own (_enclose inline)
                 parent = stack[-1]
                 it.enclosing = parent.id
-                if measured:
-                    end = it.start + it.dur
-                    overlap = (top_end if top_end < end else end) - it.start
-                    if overlap > 0.0:  # (parent.excl -= max(0.0, overlap))
-                        parent.excl -= overlap
+                overlap = (top_end if top_end < end else end) - t
+                if overlap > 0.0:  # (parent.excl -= max(0.0, overlap))
+                    parent.excl -= overlap
             chain.append(it.id)
-            if measured and it.dur > 0:
+            if dur > 0:
                 stack.append(it)
-                ends.append(top_end := it.start + it.dur)
+                ends.append(top_end := end)
                 pending = it
             else:
                 it.start = it.seg_end = t
