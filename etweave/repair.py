@@ -54,7 +54,8 @@ def repair(ops: Sequence[HostOp], ids: Ids) -> Repair:
     # cycle is broken, and then of no use)
     children: dict[int, list[int]] | None = None
     missing: dict[int, list[HostOp]] = {}
-    if not _all_recorded(ops, names, rep.parent_of):
+    recorded = _all_recorded(ops, names, rep.parent_of)  # None: some op's parent is not in the file
+    if recorded is None:
         children, missing = _recorded_parents(ops, rep.parent_of)
     for missing_id in sorted(missing):
         for op in missing[missing_id]:
@@ -63,7 +64,7 @@ def repair(ops: Sequence[HostOp], ids: Ids) -> Repair:
                 root = thread_root_of[op.et_tid] = rep.synthesized_roots[op.et_tid] = ids.next()
             rep.parent_of[op.id] = root
             rep.orphan_parent[op.id] = missing_id
-    rep.cycles = _break_cycles(ops, rep.parent_of, children, thread_root_of)
+    rep.cycles = 0 if recorded else _break_cycles(ops, rep.parent_of, children, thread_root_of)
     if missing:
         by_id = {op.id: op for op in ops}
         assert children is not None  # (found with the missing parents)
@@ -76,22 +77,28 @@ _NAME, _ID, _PARENT = operator.attrgetter("name"), operator.attrgetter("id"), op
 _THREAD_ROOT_NAMES, _ROOT_NAMES = frozenset(THREAD_ROOT_NAMES), frozenset(PROCESS_ROOT_NAMES + THREAD_ROOT_NAMES)
 
 
-def _all_recorded(ops: Sequence[HostOp], names: list[str], parent_of: dict[int, int | None]) -> bool:
+def _all_recorded(ops: Sequence[HostOp], names: list[str], parent_of: dict[int, int | None]) -> bool | None:
     """`_recorded_parents`' parents in C passes where every op but the roots has its parent in the file (most
-    traces, every Kineto-only conversion): False, nothing set, where one has not."""
+    traces, every Kineto-only conversion): None, nothing set, where one has not. Else whether every parent's id is
+    below its child's (ids handed out at op entry: most traces), which proves there is no cycle (`_break_cycles`
+    tells the same from the dict; here from the lists at hand)."""
     op_ids, parents = list(map(_ID, ops)), list(map(_PARENT, ops))
     known = set(op_ids)
     is_root = list(map(_ROOT_NAMES.__contains__, names))
-    if not all(itertools.compress(map(known.__contains__, parents), map(operator.not_, is_root))):
-        return False
+    not_root = list(map(operator.not_, is_root))
+    if not all(itertools.compress(map(known.__contains__, parents), not_root)):
+        return None
     parent_of.update(zip(op_ids, parents, strict=True))
+    ascending = all(map(operator.lt, itertools.compress(parents, not_root), itertools.compress(op_ids, not_root)))
     process_root = next((op.id for op in ops if op.name in PROCESS_ROOT_NAMES), None)
     for op in itertools.compress(ops, is_root):  # the roots as `_recorded_parents` reads them
         if op.name in PROCESS_ROOT_NAMES:
             parent_of[op.id] = None
         elif op.parent != op.id and op.parent not in known:
             parent_of[op.id] = process_root
-    return True
+        parent = parent_of[op.id]
+        ascending = ascending and (parent is None or parent < op.id)
+    return ascending
 
 
 def _recorded_parents(ops: Sequence[HostOp], parent_of: dict[int, int | None]) -> tuple[
