@@ -75,27 +75,50 @@ def assemble(c: Conversion) -> Graph:
 def _host_items(ops: list[HostOp], kineto: KinetoTrace | None, link: HostLink, rep: Repair) -> dict[str, list[Item]]:
     """The items of the host ops, per kind (each in op order)."""
     by_kind: dict[str, list[Item]] = {PROCESS_ROOT: [], THREAD_ROOT: [], HOST_OP: []}
-    parent_of, orphan_parent, kthread_of = rep.parent_of.get, rep.orphan_parent.get, link.kthread_of.get
+    parent_of, kthread_of = rep.parent_of.get, link.kthread_of.get
+    orphan_parent = rep.orphan_parent.get if rep.orphan_parent else None  # (most traces have no orphan)
     # each op's event position (None: not linked), and the linked ones' events in turn, picked in C
     positions = list(map(link.event_of.get, map(_ID, ops)))
     linked = iter(kineto.events.at([i for i in positions if i is not None]) if kineto is not None else ())
+    by_name: dict[str, tuple[str, list[Item], bool, bool]] = {}  # what an op's name decides, once per name
     for op, i in zip(ops, positions, strict=True):
         name = op.name
-        kind = PROCESS_ROOT if name in PROCESS_ROOT_NAMES else THREAD_ROOT if name in THREAD_ROOT_NAMES else HOST_OP
-        if i is not None:  # (each item made whole in one call)
+        of_name = by_name.get(name)
+        if of_name is None:
+            of_name = by_name[name] = _of_name(op, by_kind)
+        kind, items, collective_call, comm = of_name
+        inputs, outputs = op.inputs, op.outputs
+        # op_record inline where there is nothing to decode (most ops: every one of a Kineto-only conversion)
+        host = op_record(op) if comm or inputs.values or outputs.values else \
+            OpRecord(op.et_tid, op.parent, op.rf_id, op.seq_id, op.op_schema, inputs, outputs, (), (), collective_call,
+                     None, op.fw_tid)
+        op_id = op.id
+        # (positional: one call per item; the fields in `Item`'s order)
+        if i is not None:
             ev = next(linked)
-            it = Item(id=op.id, kind=kind, name=name, start=ev.ts, dur=ev.dur, excl=ev.dur, measured=True,
-                      tid=ev.tid, host=op_record(op), kineto=kineto_args(ev.args), parent=parent_of(op.id),
-                      orphan_parent=orphan_parent(op.id))
+            dur = ev.dur
+            items.append(Item(op_id, kind, name, ev.ts, dur, dur, 0.0, True, ev.tid, None, None, host, None,
+                              kineto_args(ev.args), parent_of(op_id),
+                              orphan_parent(op_id) if orphan_parent is not None else None))
         else:
-            it = Item(id=op.id, kind=kind, name=name, tid=kthread_of(op.et_tid, op.et_tid) if kind != PROCESS_ROOT
-                      else None, host=op_record(op), parent=parent_of(op.id), orphan_parent=orphan_parent(op.id))
-        by_kind[kind].append(it)
+            items.append(Item(op_id, kind, name, 0.0, 0.0, 0.0, 0.0, False,
+                              kthread_of(op.et_tid, op.et_tid) if kind != PROCESS_ROOT else None, None, None, host,
+                              None, None, parent_of(op_id),
+                              orphan_parent(op_id) if orphan_parent is not None else None))
     process_root = _process_root_id(ops) if rep.synthesized_roots else None
     for et_tid, root_id in sorted(rep.synthesized_roots.items()):
         by_kind[THREAD_ROOT].append(Item(id=root_id, kind=THREAD_ROOT, name=f"[etweave|synthesized|thread {et_tid}]",
                                          tid=link.kthread_of.get(et_tid, et_tid), parent=process_root))
     return by_kind
+
+
+def _of_name(op: HostOp, by_kind: dict[str, list[Item]]) -> tuple[str, list[Item], bool, bool]:
+    """What an op's name decides: its item's kind (and that kind's list), whether it is a collective call, and
+    whether its record holds the collective's arguments (`op_record`)."""
+    name = op.name
+    kind = PROCESS_ROOT if name in PROCESS_ROOT_NAMES else THREAD_ROOT if name in THREAD_ROOT_NAMES else HOST_OP
+    collective_call = is_collective_call(op)
+    return kind, by_kind[kind], collective_call, collective_call or name == PARAM_COMMS
 
 
 def _process_root_id(ops: list[HostOp]) -> int | None:
@@ -111,28 +134,33 @@ def _device_items(kineto: KinetoTrace, device: DeviceSelection, ids: Ids) -> dic
     ts, dur, gpu = events.ts, events.dur, set(device.gpu)
     chosen = device.runtime + device.gpu
     # (the keys made in C passes over the columns, not by a call per event)
-    keys = list(zip(map(ts.__getitem__, chosen), map(operator.neg, map(dur.__getitem__, chosen)),
-                    map(gpu.__contains__, chosen), chosen, strict=True))
-    chosen = [key[3] for key in sorted(keys)]
-    id_of = dict(zip(chosen, ids.take(len(chosen)), strict=True))
+    keys = sorted(zip(map(ts.__getitem__, chosen), map(operator.neg, map(dur.__getitem__, chosen)),
+                      map(gpu.__contains__, chosen), chosen, strict=True))
+    chosen = [key[3] for key in keys]
+    is_gpu = [key[2] for key in keys]
+    del keys
+    new_ids = list(ids.take(len(chosen)))  # (one int object per id: the items and `id_of` share it)
+    id_of = dict(zip(chosen, new_ids, strict=True))
     by_kind: dict[str, list[Item]] = {RUNTIME: [], KERNEL: [], MEMCPY: [], MEMSET: []}
+    runtime, gpu_kind = by_kind[RUNTIME].append, {cat: by_kind[kind].append for cat, kind in _GPU_KIND.items()}
     launcher_of = device.launcher_of.get
-    for i, ev in zip(chosen, events.at(chosen), strict=True):  # (the events picked in C)
+    # (the events picked in C; each item made whole in one positional call, the fields in `Item`'s order)
+    for i, new_id, on_gpu, ev in zip(chosen, new_ids, is_gpu, events.at(chosen), strict=True):
         args = ev.args
-        if ev.cat in _GPU_KIND:
+        start, length = ev.ts, ev.dur
+        if on_gpu:  # (a category of _GPU_KIND)
+            cat = ev.cat
             r = launcher_of(i)
             dev, stream = args.device, args.stream  # (as_int(x, 0), read inline where x is a plain int: most)
-            it = Item(id=id_of[i], kind=_GPU_KIND[ev.cat], name=ev.name, start=ev.ts, dur=ev.dur, excl=ev.dur,
-                      seg_end=ev.ts + ev.dur, measured=True, kineto=kineto_args(args),
-                      device=dev if type(dev) is int and INT64_MIN <= dev <= INT64_MAX else as_int(dev, 0),
-                      stream=stream if type(stream) is int and INT64_MIN <= stream <= INT64_MAX else as_int(stream, 0),
-                      launcher=id_of[r] if r is not None else None)
+            gpu_kind[cat](Item(
+                new_id, _GPU_KIND[cat], ev.name, start, length, length, start + length, True, None,
+                dev if type(dev) is int and INT64_MIN <= dev <= INT64_MAX else as_int(dev, 0),
+                stream if type(stream) is int and INT64_MIN <= stream <= INT64_MAX else as_int(stream, 0),
+                None, None, kineto_args(args), None, None, None, id_of[r] if r is not None else None))
         else:
             corr = args.correlation
-            it = Item(id=id_of[i], kind=RUNTIME, name=ev.name, start=ev.ts, dur=ev.dur, excl=ev.dur, measured=True,
-                      correlation=corr if type(corr) is int and INT64_MIN <= corr <= INT64_MAX else as_int(corr),
-                      tid=ev.tid)
-        by_kind[it.kind].append(it)
+            runtime(Item(new_id, RUNTIME, ev.name, start, length, length, 0.0, True, ev.tid, None, None, None,
+                         corr if type(corr) is int and INT64_MIN <= corr <= INT64_MAX else as_int(corr)))
     return by_kind
 
 
@@ -209,32 +237,14 @@ def _thread_order(g: Graph) -> None:
     is a SELF_PART node; time with no op open is a DELAY node (idle: Python work, data loading). Periods tile the
     thread's busy and idle time, so the chain adds up to the measured span of the thread.
     """
-    # Each thread's items with their keys, kind by kind (each in id order). The keys are unique (an id in each), so
-    # the order found does not depend on the order they are listed in.
-    keyed: dict[int | str, list[tuple[tuple[float, int, float, float], Item]]] = defaultdict(list)
-    for it in g.of_kinds(THREAD_ROOT_KIND):  # first on its thread, whatever its id
-        if it.tid is not None:
-            keyed[it.tid].append(((-math.inf, -1, it.id, 0.0), it))
-    last_ts: dict[int | str, float] = {}
-    for it in g.of_kinds(HOST_OP_KIND):
-        tid = it.tid
-        if tid is None:
-            continue
-        if it.measured:
-            ts = last_ts[tid] = it.start
-        else:
-            ts = last_ts.get(tid, -math.inf)
-        keyed[tid].append(((ts, 0, it.id, 0.0), it))  # host ids are entry order
-    for it in g.of_kinds(RUNTIME_KIND):
-        if it.tid is not None:
-            keyed[it.tid].append(((it.start, 1, -it.dur, it.id), it))
+    roots, host, runtime = (_by_thread(g.of_kinds(kinds)) for kinds in (THREAD_ROOT_KIND, HOST_OP_KIND, RUNTIME_KIND))
     # Every thread's chain starts at the run's first measured instant, so a thread that starts late begins with
     # an idle period (explained later by a handoff where the evidence allows).
     t0 = first_measured_start(g)
     assembled = len(g.items)  # (the periods made below come after)
-    for tid in _in_thread_order(keyed):
-        seq = sorted(keyed[tid], key=_KEY)
-        g.threads[tid] = _Sweep(g, tid, seq, t0).run()
+    for tid in _in_thread_order(roots, host, runtime):
+        seq, times = _entry_order(roots.get(tid, []), host.get(tid, []), runtime.get(tid, []))
+        g.threads[tid] = _Sweep(g, tid, seq, times, t0).run()
     # max(0.0, excl) is excl itself where excl > 0: most items, left out in C; the periods made are all longer than 0
     items = list(itertools.islice(g.items, assembled))
     positive = map(operator.gt, map(_EXCL, items), itertools.repeat(0.0))
@@ -242,25 +252,64 @@ def _thread_order(g: Graph) -> None:
         it.excl = max(0.0, it.excl)
 
 
-def _in_thread_order(keyed: dict[int | str, list[tuple[tuple[float, int, float, float], Item]]]) -> list[int | str]:
-    """The threads by name; two of one name (a thread id as an int and as a string) by their first item's id."""
-    if len(set(map(str, keyed))) == len(keyed):  # (every trace seen: no two alike)
-        return sorted(keyed, key=str)
-    first = {tid: min(it.id for _, it in seq) for tid, seq in keyed.items()}
-    return sorted(keyed, key=lambda tid: (str(tid), first[tid]))
+def _by_thread(items: list[Item]) -> dict[int | str, list[Item]]:
+    """These items (in id order) per thread, each thread's in id order; those on no thread left out. A pass in C
+    per thread where there are few threads (every trace seen), else one in Python."""
+    tids = list(map(_TID, items))
+    threads = set(tids)
+    threads.discard(None)
+    if len(threads) > _FEW_THREADS:
+        out: dict[int | str, list[Item]] = {}
+        for tid, it in zip(tids, items, strict=True):
+            if tid is not None:
+                out.setdefault(tid, []).append(it)
+        return out
+    # (operator.eq: a thread id as an int and as a string are two threads)
+    return {tid: list(itertools.compress(items, map(operator.eq, tids, itertools.repeat(tid)))) for tid in threads}
 
 
-_KEY = operator.itemgetter(0)
+_FEW_THREADS = 16
+
+
+def _entry_order(roots: list[Item], host: list[Item], runtime: list[Item]) -> tuple[list[Item], list[float]]:
+    """One thread's items in entry order, and the time each one enters at: the thread's roots first (at -inf),
+    then by time, at equal times host ops (by id) before runtime calls (by id: ids of runtime calls follow
+    (start, longer first), see _device_items). An unmeasured host op enters at the start of the measured host op
+    before it (-inf: none). A stable sort by time alone of the items so listed (floats: no key tuple per item)."""
+    if all(map(_MEASURED, host)):  # (every host op of a Kineto-only conversion)
+        host_times = list(map(_START, host))
+    else:
+        host_times, last = [], -math.inf
+        for it in host:
+            if it.measured:
+                last = it.start
+            host_times.append(last)
+    body, times = host + runtime, host_times + list(map(_START, runtime))
+    order = sorted(range(len(body)), key=times.__getitem__)
+    return roots + list(map(body.__getitem__, order)), [-math.inf] * len(roots) + list(map(times.__getitem__, order))
+
+
+def _in_thread_order(*kinds: dict[int | str, list[Item]]) -> list[int | str]:
+    """The threads of these items (per kind, per thread, each thread's in id order) by name; two of one name (a
+    thread id as an int and as a string) by their first item's id."""
+    first: dict[int | str, int] = {}
+    for by_tid in kinds:
+        for tid, items in by_tid.items():
+            first[tid] = min(first.get(tid, items[0].id), items[0].id)
+    if len(set(map(str, first))) == len(first):  # (every trace seen: no two alike)
+        return sorted(first, key=str)
+    return sorted(first, key=lambda tid: (str(tid), first[tid]))
+
+
 _ID, _EXCL, _START_ID = operator.attrgetter("id"), operator.attrgetter("excl"), operator.attrgetter("start", "id")
-_START = operator.attrgetter("start")
+_START, _TID, _MEASURED = operator.attrgetter("start"), operator.attrgetter("tid"), operator.attrgetter("measured")
 
 
 class _Sweep:
     """Cuts one thread's timeline into periods (see _thread_order)."""
 
-    def __init__(self, g: Graph, tid: int | str, seq: list[tuple[tuple[float, int, float, float], Item]],
-                 t0: float) -> None:
-        self.g, self.tid, self.seq = g, tid, seq
+    def __init__(self, g: Graph, tid: int | str, seq: list[Item], times: list[float], t0: float) -> None:
+        self.g, self.tid, self.seq, self.times = g, tid, seq, times  # the items in entry order, and their entry times
         self.chain: list[int] = []
         self.stack: list[Item] = []  # the open ops, innermost last: the current period belongs to the innermost
         self.ends: list[float] = []  # their ends, in step with `stack` (an open op's start and duration stay)
@@ -275,19 +324,23 @@ class _Sweep:
         stack, ends, chain, close, part = self.stack, self.ends, self.chain, self._close, self._part
         pending: Item | None = None
         cursor, top_end = self.cursor, math.inf
-        for key, it in itertools.islice(self.seq, self._place_roots(), None):
-            measured = it.measured
-            # an unmeasured op is placed at its key's time, not before the cursor (max(key[0], cursor))
-            t = it.start if measured else cursor if cursor > key[0] else key[0]
+        for it, entry in itertools.islice(zip(self.seq, self.times, strict=True), self._place_roots(), None):
+            if it.measured:  # (its start and duration read once)
+                t = it.start
+                dur = it.dur
+            else:  # an unmeasured op is placed at its entry time, not before the cursor (max(entry, cursor))
+                t = cursor if cursor > entry else entry
+                dur = 0.0  # (never opened below, and overlaps nothing: every open op ends after t)
+            end = t + dur
             if top_end <= t + NESTING_EPS:  # ops that ended by t close
                 cursor, pending = close(t + NESTING_EPS, cursor, pending)
                 top_end = ends[-1] if ends else math.inf
             # the period up to t ends: the pending op's own node, a later part of the innermost open op, or idle
             if pending is not None:  # (its own node period ends at t, not before its start: _own_end inline)
                 start = pending.start
-                pending.seg_end = end = start if start > t else t
-                if end > cursor:
-                    cursor = end
+                pending.seg_end = own_end = start if start > t else t
+                if own_end > cursor:
+                    cursor = own_end
                 pending = None
             # round(t) - round(cursor) >= 1, else shorter than the output's resolution: joins the next period (told
             # by the length alone unless it is under 2: round moves each end by at most 0.5)
@@ -296,15 +349,13 @@ class _Sweep:
             if stack:  # it began inside the innermost open op: its time is not that op's own (_enclose inline)
                 parent = stack[-1]
                 it.enclosing = parent.id
-                if measured:
-                    end = it.start + it.dur
-                    overlap = (top_end if top_end < end else end) - it.start
-                    if overlap > 0.0:  # (parent.excl -= max(0.0, overlap))
-                        parent.excl -= overlap
+                overlap = (top_end if top_end < end else end) - t
+                if overlap > 0.0:  # (parent.excl -= max(0.0, overlap))
+                    parent.excl -= overlap
             chain.append(it.id)
-            if measured and it.dur > 0:
+            if dur > 0:
                 stack.append(it)
-                ends.append(top_end := it.start + it.dur)
+                ends.append(top_end := end)
                 pending = it
             else:
                 it.start = it.seg_end = t
@@ -316,7 +367,7 @@ class _Sweep:
         """The thread's roots, first in its order (their keys start at -inf, before any op's), begin its chain at the
         cursor; how many there are."""
         n = 0
-        for _, it in self.seq:
+        for it in self.seq:
             if it.kind != THREAD_ROOT:
                 break
             it.start = it.seg_end = self.cursor
@@ -346,7 +397,9 @@ class _Sweep:
             name = self.self_names.get(owner.name)
             if name is None:
                 name = self.self_names[owner.name] = f"{owner.name} [self]"
-            parts.append(Item(part_id, SELF_PART, name, start, length, length, t, True, self.tid, part_of=owner.id))
+            # (positional, in `Item`'s order: fewer steps than by keyword)
+            parts.append(Item(part_id, SELF_PART, name, start, length, length, t, True, self.tid, None, None, None,
+                              None, None, None, None, None, None, None, 0, owner.id))
         else:
             parts.append(Item(part_id, DELAY, "[idle]", start, length, length, t, True, self.tid))
         self.chain.append(part_id)

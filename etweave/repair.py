@@ -45,12 +45,18 @@ def is_collective_call(op: HostOp) -> bool:
 
 def repair(ops: Sequence[HostOp], ids: Ids) -> Repair:
     """Every op's effective parent; synthesized thread roots take their ids from `ids`."""
+    names = list(map(_NAME, ops))
     thread_root_of: dict[int, int] = {}
-    for op in ops:
-        if op.is_thread_root:
-            thread_root_of.setdefault(op.et_tid, op.id)
+    for op in itertools.compress(ops, map(_THREAD_ROOT_NAMES.__contains__, names)):  # (is_thread_root, in C)
+        thread_root_of.setdefault(op.et_tid, op.id)
     rep = Repair({}, thread_root_of)
-    children, missing = _recorded_parents(ops, rep.parent_of)
+    # the children: only for the orphans' subtrees and the cycles broken (None: nothing missing, asked only if a
+    # cycle is broken, and then of no use)
+    children: dict[int, list[int]] | None = None
+    missing: dict[int, list[HostOp]] = {}
+    recorded = _all_recorded(ops, names, rep.parent_of)  # None: some op's parent is not in the file
+    if recorded is None:
+        children, missing = _recorded_parents(ops, rep.parent_of)
     for missing_id in sorted(missing):
         for op in missing[missing_id]:
             root = thread_root_of.get(op.et_tid)
@@ -58,12 +64,41 @@ def repair(ops: Sequence[HostOp], ids: Ids) -> Repair:
                 root = thread_root_of[op.et_tid] = rep.synthesized_roots[op.et_tid] = ids.next()
             rep.parent_of[op.id] = root
             rep.orphan_parent[op.id] = missing_id
-    rep.cycles = _break_cycles(ops, rep.parent_of, children, thread_root_of)
+    rep.cycles = 0 if recorded else _break_cycles(ops, rep.parent_of, children, thread_root_of)
     if missing:
         by_id = {op.id: op for op in ops}
+        assert children is not None  # (found with the missing parents)
         rep.missing = [_missing_parent(missing_id, missing[missing_id], children, by_id)
                        for missing_id in sorted(missing)]
     return rep
+
+
+_NAME, _ID, _PARENT = operator.attrgetter("name"), operator.attrgetter("id"), operator.attrgetter("parent")
+_THREAD_ROOT_NAMES, _ROOT_NAMES = frozenset(THREAD_ROOT_NAMES), frozenset(PROCESS_ROOT_NAMES + THREAD_ROOT_NAMES)
+
+
+def _all_recorded(ops: Sequence[HostOp], names: list[str], parent_of: dict[int, int | None]) -> bool | None:
+    """`_recorded_parents`' parents in C passes where every op but the roots has its parent in the file (most
+    traces, every Kineto-only conversion): None, nothing set, where one has not. Else whether every parent's id is
+    below its child's (ids handed out at op entry: most traces), which proves there is no cycle (`_break_cycles`
+    tells the same from the dict; here from the lists at hand)."""
+    op_ids, parents = list(map(_ID, ops)), list(map(_PARENT, ops))
+    known = set(op_ids)
+    is_root = list(map(_ROOT_NAMES.__contains__, names))
+    not_root = list(map(operator.not_, is_root))
+    if not all(itertools.compress(map(known.__contains__, parents), not_root)):
+        return None
+    parent_of.update(zip(op_ids, parents, strict=True))
+    ascending = all(map(operator.lt, itertools.compress(parents, not_root), itertools.compress(op_ids, not_root)))
+    process_root = next((op.id for op in ops if op.name in PROCESS_ROOT_NAMES), None)
+    for op in itertools.compress(ops, is_root):  # the roots as `_recorded_parents` reads them
+        if op.name in PROCESS_ROOT_NAMES:
+            parent_of[op.id] = None
+        elif op.parent != op.id and op.parent not in known:
+            parent_of[op.id] = process_root
+        parent = parent_of[op.id]
+        ascending = ascending and (parent is None or parent < op.id)
+    return ascending
 
 
 def _recorded_parents(ops: Sequence[HostOp], parent_of: dict[int, int | None]) -> tuple[
@@ -107,7 +142,7 @@ def _missing_parent(missing_id: int, orphans: list[HostOp], children: dict[int, 
     )
 
 
-def _break_cycles(ops: Sequence[HostOp], parent_of: dict[int, int | None], children: dict[int, list[int]],
+def _break_cycles(ops: Sequence[HostOp], parent_of: dict[int, int | None], children: dict[int, list[int]] | None,
                   thread_root_of: dict[int, int]) -> int:
     """Each op has at most one parent, so a cycle is found by walking up with three colours, O(N)."""
     # Where every parent's id is below its child's (ids handed out at op entry: most traces), every walk up ends:
@@ -134,7 +169,7 @@ def _break_cycles(ops: Sequence[HostOp], parent_of: dict[int, int | None], child
             old = parent_of[cut]
             root = thread_root_of.get(by_id[cut].et_tid)
             parent_of[cut] = root if root != cut else None
-            if old is not None and cut in children.get(old, []):
+            if children is not None and old is not None and cut in children.get(old, []):
                 children[old].remove(cut)
             cycles += 1
         for n in path:

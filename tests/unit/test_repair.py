@@ -54,6 +54,12 @@ def test_parent_cycles_are_broken_at_their_smallest_id() -> None:
     assert rep.parent_of[5] == 2
 
 
+def test_a_parent_with_a_higher_id_is_kept_when_it_makes_no_cycle() -> None:
+    # every parent in the file, one above its child's id: the ids prove no order, the walk up finds no cycle
+    rep = repair([PROCESS, THREAD, op(3, "a", 5), op(4, "b", 2), op(5, "c", 4)], Ids(6))
+    assert rep.parent_of == {1: None, 2: 1, 3: 5, 4: 2, 5: 4} and rep.cycles == 0
+
+
 def test_collective_calls_are_c10d_calls_but_not_waits() -> None:
     assert is_collective_call(op(1, "c10d::allreduce_", 0))
     assert not is_collective_call(op(1, "c10d::wait", 0))
