@@ -223,26 +223,27 @@ def _stands_for_no_op(it: Item) -> bool:
 
 
 def _successors(ids: list[int], preds: dict[int, tuple[Edge, ...]], pos: list[int] | dict[int, int]) -> Successors:
-    """Each node's successors (`fidelity.Successors`), filled in one pass over the items' edges: node k's edges from
-    each source are met in item order, so each source's targets come out as in `Successors.of`."""
+    """Each node's successors (`fidelity.Successors`), filled in one pass over the targets' edges (in the edges'
+    order, not a lookup per item); a node's several successors sorted after: in item order, as `Successors.of` gives
+    them for edges met in item order (a (src, dst) pair is kept once: the lists hold no ties)."""
     n = len(ids)
     first, several, indeg = [-1] * n, {}, [0] * n
-    get_preds, many = preds.get, SEVERAL
-    for i in ids:
-        incoming = get_preds(i)
-        if incoming:
-            k = pos[i]  # (the int `pos` holds, not one more of each: 6 MB on a trace of 224k items)
-            indeg[k] = len(incoming)
-            for e in incoming:
-                p = pos[e.src]
-                f = first[p]
-                if f == -1:
-                    first[p] = k
-                elif f >= 0:
-                    several[p] = [f, k]
-                    first[p] = many
-                else:
-                    several[p].append(k)
+    many = SEVERAL
+    for i, incoming in preds.items():
+        k = pos[i]  # (the int `pos` holds, not one more of each: 6 MB on a trace of 224k items)
+        indeg[k] = len(incoming)
+        for e in incoming:
+            p = pos[e.src]
+            f = first[p]
+            if f == -1:
+                first[p] = k
+            elif f >= 0:
+                several[p] = [f, k]
+                first[p] = many
+            else:
+                several[p].append(k)
+    for later in several.values():
+        later.sort()
     return Successors(first, several, indeg)
 
 
@@ -297,7 +298,8 @@ def collectives_without_dependents(g: Graph, deps: Dependencies) -> list[Collect
         if e.source is stream_order:
             next_on_stream[e.src] = e.dst
         dst, src = by_id[e.dst], by_id[e.src]
-        if (src.tid, src.device, src.stream) != (dst.tid, dst.device, dst.stream):
+        # another thread or stream (compared field by field: most edges, launches, differ in their first)
+        if src.tid != dst.tid or src.stream != dst.stream or src.device != dst.device:
             gates.add(src.part_of if src.part_of is not None and src.comm is None else src.id)
     out = []
     memo: dict[int, int | None] = {}
