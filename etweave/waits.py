@@ -76,7 +76,7 @@ def _blocking_calls(g: Graph, chains: Chains, records: SyncRecords) -> None:
     from the awaited end."""
     for call, op in find_blocking_calls(g, records):
         resume = chains.split(call, call.start, RESUME)  # the call's own node keeps its entry; the rest waited
-        resume.start = min(max(resume.start, op.start + op.dur), resume.seg_end)
+        chains.set_start(resume, min(max(resume.start, op.start + op.dur), resume.seg_end))
         resume.wait_for(Await(op.id, Evidence.SYNC, False))
 
 
@@ -91,20 +91,18 @@ def _cross_thread_waits(g: Graph, chains: Chains, served: Handed, moments: dict[
     for w in found:
         it, x_end = w.period, w.op.start + w.op.dur
         wake = chains.split(it, w.wait_from, WAKEUP)
-        wake.start = min(x_end, wake.seg_end)
+        chains.set_start(wake, min(x_end, wake.seg_end))
         wake.dur = wake.excl = wake.seg_end - wake.start
         wake.wait_for(Await(w.op.id, Evidence.THREAD_WAIT, True))
         wake.wait_for(*(Await(o.id, Evidence.THREAD_WAIT, True) for o in w.also))
         if it.kind == DELAY and w.wait_from == it.start:  # the idle period was all waiting: only its wake-up is left
             chains.removed.add(it.id)
-    chains.reset_starts()
     return {w.period.id for w in found} | (again or set())
 
 
 def _await_last_periods(g: Graph, chains: Chains) -> None:
     """A thread waited for an op of another thread to end: the edge comes from the op's last period on its thread
     (the op may have been cut into periods after the wait was found)."""
-    chains.reset_starts()
     for it in waiting(g):
         awaits = it.awaits
         assert isinstance(awaits, list)  # (waiting: it recorded some)
