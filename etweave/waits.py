@@ -58,13 +58,14 @@ def resolve_waits(g: Graph) -> None:
     evidence = HandOverEvidence(g)
     givers: dict[int, int | str] = {}  # idle gap -> the thread credited with the hand-over after it
     handed, moments = _handoffs(g, chains, evidence, givers, apply=False)  # who handed which work, when: the waits
-    waited = _cross_thread_waits(g, chains, handed, moments)
+    woken: list[Item] = []  # the wake-ups of the waits between threads (found in either pass)
+    waited = _cross_thread_waits(g, chains, handed, moments, woken)
     # after the waits: a thread's waiting time is not taken for handing, so a hand-over may now be found from
     # another thread than the one credited; every hand-over drawn is credited, and waits for that work found too
     late, late_moments = _handoffs(g, chains, evidence, givers, apply=True)
     if late.stretches:
-        _cross_thread_waits(g, chains, late, late_moments, waited)
-    _await_last_periods(g, chains)
+        _cross_thread_waits(g, chains, late, late_moments, woken, waited)
+    _await_last_periods(g, chains, woken)
     _name_untraced(g, chains)
     chains.store()
     _stream_waits(g)
@@ -81,12 +82,12 @@ def _blocking_calls(g: Graph, chains: Chains, records: SyncRecords) -> None:
 
 
 def _cross_thread_waits(g: Graph, chains: Chains, served: Handed, moments: dict[int | str, list[float]],
-                        again: set[int] | None = None) -> set[int]:
+                        woken: list[Item], again: set[int] | None = None) -> set[int]:
     """A period that waited for another thread's op (deps.thread_wait) is cut where the wait began: the time from
     the awaited end to the period's end is a WAKEUP node on the waiting thread, as long as the measured latency,
     after the edge from that op (and from the other collectives it handed over that ended while it waited). With
-    `again` (the periods found waiting before), only waits for work `served` holds, in periods not cut yet. Returns
-    the periods found waiting."""
+    `again` (the periods found waiting before), only waits for work `served` holds, in periods not cut yet. The
+    WAKEUP nodes are added to `woken`; returns the periods found waiting."""
     found = find_thread_waits(g, chains.removed | (again or set()), served, moments, any_thread=again is None)
     for w in found:
         it, x_end = w.period, w.op.start + w.op.dur
@@ -95,15 +96,17 @@ def _cross_thread_waits(g: Graph, chains: Chains, served: Handed, moments: dict[
         wake.dur = wake.excl = wake.seg_end - wake.start
         wake.wait_for(Await(w.op.id, Evidence.THREAD_WAIT, True))
         wake.wait_for(*(Await(o.id, Evidence.THREAD_WAIT, True) for o in w.also))
+        woken.append(wake)
         if it.kind == DELAY and w.wait_from == it.start:  # the idle period was all waiting: only its wake-up is left
             chains.removed.add(it.id)
     return {w.period.id for w in found} | (again or set())
 
 
-def _await_last_periods(g: Graph, chains: Chains) -> None:
+def _await_last_periods(g: Graph, chains: Chains, woken: list[Item]) -> None:
     """A thread waited for an op of another thread to end: the edge comes from the op's last period on its thread
-    (the op may have been cut into periods after the wait was found)."""
-    for it in waiting(g):
+    (the op may have been cut into periods after the wait was found). Only the wake-ups `woken` record such waits
+    (`_cross_thread_waits`): they are read, not every item."""
+    for it in woken:
         awaits = it.awaits
         assert isinstance(awaits, list)  # (waiting: it recorded some)
         for n, a in enumerate(awaits):
