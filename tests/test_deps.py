@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,11 @@ def test_edges_forward_in_time_and_linear_in_count(traces: Path, rel: str) -> No
             if e.source.waits:
                 late += src.start + src.dur > dst.start + 5.0
     assert late == sum(result.deps.late.values()) == (1 if rel == "gpu/resnet" else 0)
+    # the counts (made from the edges given, less those not kept) are those of the kept edges, none of them 0
+    kept = [e for edges in result.deps.preds.values() for e in edges]
+    assert result.deps.per_source == Counter(e.source for e in kept) and all(result.deps.per_source.values())
+    assert result.deps.inferred == Counter(e.source for e in kept if e.inferred)
+    assert all(result.deps.inferred.values())
     assert result.report["edges"]["total"] <= 2 * len(result.nodes)
     comm = [n for n in result.nodes if n.type in (pb.COMM_COLL_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE)]
     assert all(n.data_deps for n in comm), "every comm node has a predecessor"
