@@ -8,7 +8,7 @@ import operator
 
 from etweave.collectives import COMM_MADE_OF, CollectiveStats
 from etweave.conversion import Conversion, need
-from etweave.deps import Dependencies, by_name
+from etweave.deps import Dependencies, beyond_program_order, by_name
 from etweave.deps.evidence import Evidence
 from etweave.fidelity import (
     NO_OP_KINDS,
@@ -275,13 +275,11 @@ def _durations(g: Graph, rounded: Rounded, pos: list[int] | dict[int, int]) -> l
 
 
 _ID, _SRC = operator.attrgetter("id"), operator.attrgetter("src")
-_KIND, _COMM, _SOURCE = operator.attrgetter("kind"), operator.attrgetter("comm"), operator.attrgetter("source")
+_KIND, _COMM = operator.attrgetter("kind"), operator.attrgetter("comm")
 _LAUNCHER, _NAME, _HOST = operator.attrgetter("launcher"), operator.attrgetter("name"), operator.attrgetter("host")
 # (one kind a set, as the stages before index them: `Graph.of_kinds` finds each in its index)
 _HOST_OP, _RUNTIME = frozenset({HOST_OP}), frozenset({RUNTIME})
 _PROCESS_ROOT, _THREAD_ROOT = frozenset({PROCESS_ROOT}), frozenset({THREAD_ROOT})
-_PROGRAM_ORDER = frozenset({Evidence.THREAD_ORDER, Evidence.COLLECTIVE_ORDER})
-_NOT_PROGRAM_ORDER = frozenset(Evidence) - _PROGRAM_ORDER
 
 
 def collectives_without_dependents(g: Graph, deps: Dependencies) -> list[CollectiveWithoutDependents]:
@@ -291,10 +289,8 @@ def collectives_without_dependents(g: Graph, deps: Dependencies) -> list[Collect
     gates: set[int] = set()
     next_on_stream: dict[int, int] = {}
     by_id = g.by_id
-    # every edge but program order's (most edges: left out in C), in the order of the targets' edges
-    edges = list(itertools.chain.from_iterable(deps.preds.values()))
     stream_order = Evidence.STREAM_ORDER
-    for e in itertools.compress(edges, map(_NOT_PROGRAM_ORDER.__contains__, map(_SOURCE, edges))):
+    for e in beyond_program_order(deps):  # (in any order: a stream op has one next, the gates are a set)
         if e.source is stream_order:
             next_on_stream[e.src] = e.dst
         dst, src = by_id[e.dst], by_id[e.src]

@@ -13,6 +13,7 @@ from etweave.chakra.io import node_attrs
 from etweave.convert import Result, run_pipeline
 from etweave.deps.evidence import Evidence
 from etweave.fidelity import asap, measure
+from etweave.model import Edge
 from etweave.read.host_et import read_host_et
 from etweave.read.kineto import read_kineto
 
@@ -23,6 +24,10 @@ def _orphan_dlrm(traces: Path, tmp_path: Path) -> Result:
     doc["nodes"] = [n for n in doc["nodes"] if n["name"] not in ("## forward ##", "## sparse_data_dist ##")]
     host = write_gz(tmp_path / "host.json.gz", doc)
     return run_pipeline(read_host_et(host), read_kineto(src / "kineto.json.gz"))
+
+
+def _pair(e: Edge) -> tuple[int, int]:
+    return e.src, e.dst
 
 
 def _assert_faithful(result: Result) -> None:
@@ -60,6 +65,10 @@ def test_edges_forward_in_time_and_linear_in_count(traces: Path, rel: str) -> No
     assert result.deps.per_source == Counter(e.source for e in kept) and all(result.deps.per_source.values())
     assert result.deps.inferred == Counter(e.source for e in kept if e.inferred)
     assert all(result.deps.inferred.values())
+    # the edges beyond program order, as collected, are those the targets' edges give
+    assert result.deps.beyond is not None
+    picked = [e for e in kept if e.source not in (Evidence.THREAD_ORDER, Evidence.COLLECTIVE_ORDER)]
+    assert sorted(result.deps.beyond, key=_pair) == sorted(picked, key=_pair)
     assert result.report["edges"]["total"] <= 2 * len(result.nodes)
     comm = [n for n in result.nodes if n.type in (pb.COMM_COLL_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE)]
     assert all(n.data_deps for n in comm), "every comm node has a predecessor"

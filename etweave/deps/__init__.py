@@ -45,6 +45,22 @@ class Dependencies(msgspec.Struct):
     inferred: Counter[Evidence] = field(default_factory=Counter)
     rejected: Counter[Evidence] = field(default_factory=Counter)  # evidence that contradicts the timeline
     late: Counter[Evidence] = field(default_factory=Counter)  # wait edges whose source ended after its target began
+    # the kept edges but program order's (PROGRAM_ORDER), in the order kept: collected by `infer` (most edges are a
+    # thread's order: not read again to leave them out); None where not collected (`beyond_program_order`)
+    beyond: list[Edge] | None = None
+
+
+# The evidence of program order: a thread's, and a process group's collectives in issue order. Its edges say nothing
+# about one thread or stream waiting on another.
+PROGRAM_ORDER = frozenset({Evidence.THREAD_ORDER, Evidence.COLLECTIVE_ORDER})
+
+
+def beyond_program_order(deps: Dependencies) -> Iterable[Edge]:
+    """Every kept edge but program order's (as collected by `infer`, else picked from the targets' edges)."""
+    if deps.beyond is not None:
+        return deps.beyond
+    edges = list(itertools.chain.from_iterable(deps.preds.values()))
+    return itertools.compress(edges, map(_NOT_PROGRAM_ORDER.__contains__, map(_SOURCE, edges)))
 
 
 def by_name(counts: Counter[Evidence]) -> dict[str, int]:
@@ -57,13 +73,14 @@ def infer(g: Graph, applied: Iterable[Source] | None = None) -> Dependencies:
     for chain in (*g.threads.values(), *g.streams.values()):
         for pos, i in enumerate(chain):
             by_id[i].pos = pos
-    deps = Dependencies(preds={})
-    preds, rejected, late = deps.preds, deps.rejected, deps.late
+    kept_beyond: list[Edge] = []
+    deps = Dependencies(preds={}, beyond=kept_beyond)
+    preds, rejected, late, beyond = deps.preds, deps.rejected, deps.late, kept_beyond.append
     # Counted as given, less the edges not kept (few), not by a pass over every kept edge: a registered source's
     # edges are all of its evidence, and inferred only where its basis allows (tests/test_deps.py recounts them).
     given, given_inferred = Counter[Evidence](), Counter[Evidence]()
     dropped: list[Edge] = []  # given and not kept: self-edges, pairs kept already, rejected edges
-    get_preds, waits, drop = preds.get, _WAITS, dropped.append
+    get_preds, roles, drop = preds.get, _ROLES, dropped.append
     registered = SOURCES.items() if applied is None else zip(itertools.repeat(None), applied)
     for evidence, source in registered:
         edges_given = source(g)
@@ -86,9 +103,12 @@ def infer(g: Graph, applied: Iterable[Source] | None = None) -> Dependencies:
                 rejected[e.source] += 1
                 drop(e)
                 continue
-            if waits[e.source] and a_start + a.dur > b_start + WAIT_TOLERANCE:  # it ended after its target began
+            role = roles[e.source]
+            if role & _WAITS and a_start + a.dur > b_start + WAIT_TOLERANCE:  # it ended after its target began
                 late[e.source] += 1
             preds[dst] = (e,) if edges is None else (*edges, e)
+            if role & _BEYOND:
+                beyond(e)
     given.subtract(map(_SOURCE, dropped))
     given_inferred.subtract(map(_SOURCE, itertools.compress(dropped, map(_INFERRED, dropped))))
     deps.per_source, deps.inferred = +given, +given_inferred  # (`+`: the evidence with no edge kept left out)
@@ -108,7 +128,12 @@ def _count_given(evidence: Evidence | None, edges: list[Edge], given: Counter[Ev
 
 
 _SRC, _SOURCE, _INFERRED = operator.attrgetter("src"), operator.attrgetter("source"), operator.attrgetter("inferred")
-_WAITS = {evidence: evidence.waits for evidence in Evidence}  # (a dict lookup: the property costs a call per edge)
+# Each evidence's role, read once per kept edge (a dict lookup: the property costs a call per edge): its edges are
+# waits, and they are beyond program order.
+_WAITS, _BEYOND = 1, 2
+_ROLES = {evidence: (_WAITS if evidence.waits else 0) | (_BEYOND if evidence not in PROGRAM_ORDER else 0)
+          for evidence in Evidence}
+_NOT_PROGRAM_ORDER = frozenset(Evidence) - PROGRAM_ORDER
 
 
 def order_key(it: Item) -> tuple[float, int, int, int]:
