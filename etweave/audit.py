@@ -189,9 +189,10 @@ def delays(g: Graph, deps: Dependencies, rounded: Rounded | None = None) -> Dela
             evidence = evidence or NoWaitEvidence(g)
             long.append(LongDelay(it.id, it.name, it.kind, it.stream, str(it.tid) if it.stream is None else None,
                                   round(it.start), d, evidence.of(it)))
-    items = g.items
-    wakeups = sorted(map(duration, itertools.compress(items, map(operator.eq, map(_KIND, items),
-                                                                 itertools.repeat(WAKEUP)))))
+    # a wake-up is made with the wait it ended (etweave.waits): read from the items that wait (a few), not all
+    waiting = g.waiting if g.waiting is not None else g.items
+    wakeups = sorted(map(duration, itertools.compress(waiting, map(operator.eq, map(_KIND, waiting),
+                                                                   itertools.repeat(WAKEUP)))))
     return Delays(
         critical_path_micros=round(ds.critical_path),
         share_percent=round(ds.share, 2),

@@ -13,7 +13,7 @@ from etweave.chakra.io import node_attrs
 from etweave.convert import Result, run_pipeline
 from etweave.deps.evidence import Evidence
 from etweave.fidelity import asap, measure
-from etweave.model import Edge
+from etweave.model import WAKEUP, Edge
 from etweave.read.host_et import read_host_et
 from etweave.read.kineto import read_kineto
 
@@ -65,6 +65,10 @@ def test_edges_forward_in_time_and_linear_in_count(traces: Path, rel: str) -> No
     assert result.deps.per_source == Counter(e.source for e in kept) and all(result.deps.per_source.values())
     assert result.deps.inferred == Counter(e.source for e in kept if e.inferred)
     assert all(result.deps.inferred.values())
+    # every wake-up waits for something: the report's wake-ups, read from the waiting items, are all of them
+    wakeups = [it for it in g.items if it.kind == WAKEUP]
+    assert all(it.awaits for it in wakeups)
+    assert result.report["delays"]["wakeup_micros"]["count"] == len(wakeups)
     # the edges beyond program order, as collected, are those the targets' edges give
     assert result.deps.beyond is not None
     picked = [e for e in kept if e.source not in (Evidence.THREAD_ORDER, Evidence.COLLECTIVE_ORDER)]
