@@ -24,7 +24,8 @@ class Chains:
     def starts(self, tid: int | str) -> list[float]:
         s = self._starts.get(tid)
         if s is None:
-            s = self._starts[tid] = list(map(_START, map(self.g.by_id.__getitem__, self.ids[tid])))
+            by_id = self.g.by_id
+            s = self._starts[tid] = [by_id[i].start for i in self.ids[tid]]  # (cheaper than attrgetters in C)
         return s
 
     def set_start(self, it: Item, start: float) -> None:
@@ -105,7 +106,7 @@ class Chains:
                 del by_id[i]
 
 
-_START, _ID = operator.attrgetter("start"), operator.attrgetter("id")
+_ID = operator.attrgetter("id")
 
 
 def _without(items: list[Item], removed: set[int]) -> list[Item]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from math import prod
-from operator import attrgetter
 from typing import Any
 
 import msgspec
@@ -240,13 +239,12 @@ def spread(total: int, weights: list[float]) -> list[int]:
 
 
 def _any_io(g: Graph) -> bool:
-    """Whether any op's host record has an input or an output (whole-list passes; the first found ends them)."""
-    records = list(filter(None, map(_HOST, g.of_kinds(OP_KINDS))))
-    return any(map(_TYPES, map(_INPUTS, records))) or any(map(_TYPES, map(_OUTPUTS, records)))
-
-
-_HOST, _INPUTS, _OUTPUTS = attrgetter("host"), attrgetter("inputs"), attrgetter("outputs")
-_TYPES = attrgetter("types")
+    """Whether any op's host record has an input or an output (the first found ends the search)."""
+    for it in g.of_kinds(OP_KINDS):
+        h = it.host
+        if h is not None and (h.inputs.types or h.outputs.types):
+            return True
+    return False
 
 
 class Roofline(msgspec.Struct):
