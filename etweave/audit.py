@@ -167,7 +167,7 @@ def _warnings(c: Conversion, g: Graph, deps: Dependencies, stats: CollectiveStat
 def _roofline(g: Graph, rf: Roofline | None) -> RooflineSummary:
     """COMP nodes with real num_ops/tensor_size (from their launching op's shapes) and with zeros."""
     made_of = g.of_kinds(COMM_MADE_OF)
-    comp = len(g.items) - (len(made_of) - operator.countOf(map(_COMM, made_of), None))
+    comp = len(g.items) - len([it for it in made_of if it.comm is not None])
     real = sum(1 for _ops, size in rf.values.values() if size > 0) if rf is not None else 0
     gpu, covered = (rf.gpu_time_us, rf.gpu_time_covered_us) if rf is not None else (0.0, 0.0)
     return RooflineSummary(comp, real, comp - real, round(100.0 * covered / gpu, 2) if gpu > 0 else None,
@@ -213,7 +213,7 @@ def _delay_share(g: Graph, deps: Dependencies, rounded: Rounded) -> tuple[DelayS
     durations = _durations(g, rounded, pos)
     cp, path = longest_path(ids, durations, _successors(ids, deps.preds, pos))
     del pos
-    no_op = list(itertools.compress(path, map(_stands_for_no_op, map(items.__getitem__, path))))
+    no_op = [k for k in path if _stands_for_no_op(items[k])]
     share = share_of_path(cp, [PathNode(items[k].id, items[k].name, items[k].kind, float(durations[k]), ())
                                for k in no_op])
     return share, [items[k] for k in no_op]
@@ -268,15 +268,15 @@ def _durations(g: Graph, rounded: Rounded, pos: list[int] | dict[int, int]) -> l
     for k in itertools.compress(range(len(lengths)), map(operator.gt, itertools.repeat(0), lengths)):
         lengths[k] = 0
     host_ops = g.of_kinds(_HOST_OP)
-    markers = itertools.chain(g.of_kinds(_PROCESS_ROOT), g.of_kinds(_THREAD_ROOT), itertools.compress(host_ops, map(
-        operator.eq, map(_NAME, host_ops), itertools.repeat(PG_INIT_NAME))))
+    markers = itertools.chain(g.of_kinds(_PROCESS_ROOT), g.of_kinds(_THREAD_ROOT),
+                              [it for it in host_ops if it.name == PG_INIT_NAME])
     for it in markers:
         lengths[pos[it.id]] = 0
     return lengths
 
 
-_KIND, _COMM = operator.attrgetter("kind"), operator.attrgetter("comm")
-_LAUNCHER, _NAME, _HOST = operator.attrgetter("launcher"), operator.attrgetter("name"), operator.attrgetter("host")
+_KIND = operator.attrgetter("kind")
+_LAUNCHER, _HOST = operator.attrgetter("launcher"), operator.attrgetter("host")
 # (one kind a set, as the stages before index them: `Graph.of_kinds` finds each in its index)
 _HOST_OP, _RUNTIME = frozenset({HOST_OP}), frozenset({RUNTIME})
 _PROCESS_ROOT, _THREAD_ROOT = frozenset({PROCESS_ROOT}), frozenset({THREAD_ROOT})
@@ -300,7 +300,7 @@ def collectives_without_dependents(g: Graph, deps: Dependencies) -> list[Collect
     out = []
     memo: dict[int, int | None] = {}
     made_of = g.of_kinds(COMM_MADE_OF)  # (the only items a comm node is made of: a tenth to a third of them)
-    for it in itertools.compress(made_of, map(operator.is_not, map(_COMM, made_of), itertools.repeat(None))):
+    for it in [it for it in made_of if it.comm is not None]:
         if it.id in gates:
             continue
         comm = it.comm
