@@ -151,7 +151,7 @@ def _warnings(c: Conversion, g: Graph, deps: Dependencies, stats: CollectiveStat
     if stats.coalesced_without_metadata:
         warnings["collective_coalesced_without_metadata"] = stats.coalesced_without_metadata
     if c.kineto is not None:
-        warnings["gpu_ops_without_launcher"] = operator.countOf(map(_LAUNCHER, g.of_kinds(GPU_KINDS)), None)
+        warnings["gpu_ops_without_launcher"] = len([it for it in g.of_kinds(GPU_KINDS) if it.launcher is None])
     else:
         warnings["gpu_ops_without_launcher"] = 0
     for source, n in sorted(deps.rejected.items()):
@@ -276,7 +276,7 @@ def _durations(g: Graph, rounded: Rounded, pos: list[int] | dict[int, int]) -> l
 
 
 _KIND = operator.attrgetter("kind")
-_LAUNCHER, _HOST = operator.attrgetter("launcher"), operator.attrgetter("host")
+_HOST = operator.attrgetter("host")
 # (one kind a set, as the stages before index them: `Graph.of_kinds` finds each in its index)
 _HOST_OP, _RUNTIME = frozenset({HOST_OP}), frozenset({RUNTIME})
 _PROCESS_ROOT, _THREAD_ROOT = frozenset({PROCESS_ROOT}), frozenset({THREAD_ROOT})
