@@ -213,14 +213,12 @@ def _delay_share(g: Graph, deps: Dependencies, rounded: Rounded) -> tuple[DelayS
     durations = _durations(g, rounded, pos)
     cp, path = longest_path(ids, durations, _successors(ids, deps.preds, pos))
     del pos
-    no_op = [k for k in path if _stands_for_no_op(items[k])]
+    # the path's items that stand for no op: of NO_OP_KINDS, or the rank start offset (inline: a call per item of
+    # the path cost more than the test)
+    no_op = [k for k in path if (it := items[k]).kind in NO_OP_KINDS or it.name == RANK_START_OFFSET]
     share = share_of_path(cp, [PathNode(items[k].id, items[k].name, items[k].kind, float(durations[k]), ())
                                for k in no_op])
     return share, [items[k] for k in no_op]
-
-
-def _stands_for_no_op(it: Item) -> bool:
-    return it.kind in NO_OP_KINDS or it.name == RANK_START_OFFSET
 
 
 def _successors(ids: list[int], preds: dict[int, tuple[Edge, ...]], pos: list[int] | dict[int, int]) -> Successors:
