@@ -8,7 +8,7 @@ import operator
 
 from etweave.collectives import COMM_MADE_OF, CollectiveStats
 from etweave.conversion import Conversion, need
-from etweave.deps import Dependencies, by_name
+from etweave.deps import Dependencies, beyond_program_order, by_name
 from etweave.deps.evidence import Evidence
 from etweave.fidelity import (
     NO_OP_KINDS,
@@ -151,7 +151,7 @@ def _warnings(c: Conversion, g: Graph, deps: Dependencies, stats: CollectiveStat
     if stats.coalesced_without_metadata:
         warnings["collective_coalesced_without_metadata"] = stats.coalesced_without_metadata
     if c.kineto is not None:
-        warnings["gpu_ops_without_launcher"] = operator.countOf(map(_LAUNCHER, g.of_kinds(GPU_KINDS)), None)
+        warnings["gpu_ops_without_launcher"] = len([it for it in g.of_kinds(GPU_KINDS) if it.launcher is None])
     else:
         warnings["gpu_ops_without_launcher"] = 0
     for source, n in sorted(deps.rejected.items()):
@@ -167,7 +167,7 @@ def _warnings(c: Conversion, g: Graph, deps: Dependencies, stats: CollectiveStat
 def _roofline(g: Graph, rf: Roofline | None) -> RooflineSummary:
     """COMP nodes with real num_ops/tensor_size (from their launching op's shapes) and with zeros."""
     made_of = g.of_kinds(COMM_MADE_OF)
-    comp = len(g.items) - (len(made_of) - operator.countOf(map(_COMM, made_of), None))
+    comp = len(g.items) - len([it for it in made_of if it.comm is not None])
     real = sum(1 for _ops, size in rf.values.values() if size > 0) if rf is not None else 0
     gpu, covered = (rf.gpu_time_us, rf.gpu_time_covered_us) if rf is not None else (0.0, 0.0)
     return RooflineSummary(comp, real, comp - real, round(100.0 * covered / gpu, 2) if gpu > 0 else None,
@@ -189,9 +189,10 @@ def delays(g: Graph, deps: Dependencies, rounded: Rounded | None = None) -> Dela
             evidence = evidence or NoWaitEvidence(g)
             long.append(LongDelay(it.id, it.name, it.kind, it.stream, str(it.tid) if it.stream is None else None,
                                   round(it.start), d, evidence.of(it)))
-    items = g.items
-    wakeups = sorted(map(duration, itertools.compress(items, map(operator.eq, map(_KIND, items),
-                                                                 itertools.repeat(WAKEUP)))))
+    # a wake-up is made with the wait it ended (etweave.waits): read from the items that wait (a few), not all
+    waiting = g.waiting if g.waiting is not None else g.items
+    wakeups = sorted(map(duration, itertools.compress(waiting, map(operator.eq, map(_KIND, waiting),
+                                                                   itertools.repeat(WAKEUP)))))
     return Delays(
         critical_path_micros=round(ds.critical_path),
         share_percent=round(ds.share, 2),
@@ -207,42 +208,41 @@ def _delay_share(g: Graph, deps: Dependencies, rounded: Rounded) -> tuple[DelayS
     the critical path's items that stand for no op, in path order: the only ones whose kind and duration the share
     adds up (`share_of_path`), so the only ones it is given (its `on_path` lists them alone)."""
     items = g.items
-    ids = list(map(_ID, items))
+    ids = [it.id for it in items]  # (a comprehension: an attrgetter in C costs twice its step per item)
     pos = _positions(ids)
     durations = _durations(g, rounded, pos)
     cp, path = longest_path(ids, durations, _successors(ids, deps.preds, pos))
     del pos
-    no_op = list(itertools.compress(path, map(_stands_for_no_op, map(items.__getitem__, path))))
+    # the path's items that stand for no op: of NO_OP_KINDS, or the rank start offset (inline: a call per item of
+    # the path cost more than the test)
+    no_op = [k for k in path if (it := items[k]).kind in NO_OP_KINDS or it.name == RANK_START_OFFSET]
     share = share_of_path(cp, [PathNode(items[k].id, items[k].name, items[k].kind, float(durations[k]), ())
                                for k in no_op])
     return share, [items[k] for k in no_op]
 
 
-def _stands_for_no_op(it: Item) -> bool:
-    return it.kind in NO_OP_KINDS or it.name == RANK_START_OFFSET
-
-
 def _successors(ids: list[int], preds: dict[int, tuple[Edge, ...]], pos: list[int] | dict[int, int]) -> Successors:
-    """Each node's successors (`fidelity.Successors`), filled in one pass over the items' edges: node k's edges from
-    each source are met in item order, so each source's targets come out as in `Successors.of`."""
+    """Each node's successors (`fidelity.Successors`), filled in one pass over the targets' edges (in the edges'
+    order, not a lookup per item); a node's several successors sorted after: in item order, as `Successors.of` gives
+    them for edges met in item order (a (src, dst) pair is kept once: the lists hold no ties)."""
     n = len(ids)
     first, several, indeg = [-1] * n, {}, [0] * n
-    get_preds, many = preds.get, SEVERAL
-    for i in ids:
-        incoming = get_preds(i)
-        if incoming:
-            k = pos[i]  # (the int `pos` holds, not one more of each: 6 MB on a trace of 224k items)
-            indeg[k] = len(incoming)
-            for e in incoming:
-                p = pos[e.src]
-                f = first[p]
-                if f == -1:
-                    first[p] = k
-                elif f >= 0:
-                    several[p] = [f, k]
-                    first[p] = many
-                else:
-                    several[p].append(k)
+    many = SEVERAL
+    for i, incoming in preds.items():
+        k = pos[i]  # (the int `pos` holds, not one more of each: 6 MB on a trace of 224k items)
+        indeg[k] = len(incoming)
+        for e in incoming:
+            p = pos[e.src]
+            f = first[p]
+            if f == -1:
+                first[p] = k
+            elif f >= 0:
+                several[p] = [f, k]
+                first[p] = many
+            else:
+                several[p].append(k)
+    for later in several.values():
+        later.sort()
     return Successors(first, several, indeg)
 
 
@@ -266,21 +266,18 @@ def _durations(g: Graph, rounded: Rounded, pos: list[int] | dict[int, int]) -> l
     for k in itertools.compress(range(len(lengths)), map(operator.gt, itertools.repeat(0), lengths)):
         lengths[k] = 0
     host_ops = g.of_kinds(_HOST_OP)
-    markers = itertools.chain(g.of_kinds(_PROCESS_ROOT), g.of_kinds(_THREAD_ROOT), itertools.compress(host_ops, map(
-        operator.eq, map(_NAME, host_ops), itertools.repeat(PG_INIT_NAME))))
+    markers = itertools.chain(g.of_kinds(_PROCESS_ROOT), g.of_kinds(_THREAD_ROOT),
+                              [it for it in host_ops if it.name == PG_INIT_NAME])
     for it in markers:
         lengths[pos[it.id]] = 0
     return lengths
 
 
-_ID, _SRC = operator.attrgetter("id"), operator.attrgetter("src")
-_KIND, _COMM, _SOURCE = operator.attrgetter("kind"), operator.attrgetter("comm"), operator.attrgetter("source")
-_LAUNCHER, _NAME, _HOST = operator.attrgetter("launcher"), operator.attrgetter("name"), operator.attrgetter("host")
+_KIND = operator.attrgetter("kind")
+_HOST = operator.attrgetter("host")
 # (one kind a set, as the stages before index them: `Graph.of_kinds` finds each in its index)
 _HOST_OP, _RUNTIME = frozenset({HOST_OP}), frozenset({RUNTIME})
 _PROCESS_ROOT, _THREAD_ROOT = frozenset({PROCESS_ROOT}), frozenset({THREAD_ROOT})
-_PROGRAM_ORDER = frozenset({Evidence.THREAD_ORDER, Evidence.COLLECTIVE_ORDER})
-_NOT_PROGRAM_ORDER = frozenset(Evidence) - _PROGRAM_ORDER
 
 
 def collectives_without_dependents(g: Graph, deps: Dependencies) -> list[CollectiveWithoutDependents]:
@@ -290,19 +287,18 @@ def collectives_without_dependents(g: Graph, deps: Dependencies) -> list[Collect
     gates: set[int] = set()
     next_on_stream: dict[int, int] = {}
     by_id = g.by_id
-    # every edge but program order's (most edges: left out in C), in the order of the targets' edges
-    edges = list(itertools.chain.from_iterable(deps.preds.values()))
     stream_order = Evidence.STREAM_ORDER
-    for e in itertools.compress(edges, map(_NOT_PROGRAM_ORDER.__contains__, map(_SOURCE, edges))):
+    for e in beyond_program_order(deps):  # (in any order: a stream op has one next, the gates are a set)
         if e.source is stream_order:
             next_on_stream[e.src] = e.dst
         dst, src = by_id[e.dst], by_id[e.src]
-        if (src.tid, src.device, src.stream) != (dst.tid, dst.device, dst.stream):
+        # another thread or stream (compared field by field: most edges, launches, differ in their first)
+        if src.tid != dst.tid or src.stream != dst.stream or src.device != dst.device:
             gates.add(src.part_of if src.part_of is not None and src.comm is None else src.id)
     out = []
     memo: dict[int, int | None] = {}
     made_of = g.of_kinds(COMM_MADE_OF)  # (the only items a comm node is made of: a tenth to a third of them)
-    for it in itertools.compress(made_of, map(operator.is_not, map(_COMM, made_of), itertools.repeat(None))):
+    for it in [it for it in made_of if it.comm is not None]:
         if it.id in gates:
             continue
         comm = it.comm

@@ -5,7 +5,6 @@ enclosing op, and the kernel name last (counted as a fallback)."""
 from __future__ import annotations
 
 import bisect
-import itertools
 import math
 import operator
 import re
@@ -86,7 +85,7 @@ class CollectiveStats(msgspec.Struct):
 
 COMM_MADE_OF = frozenset({HOST_OP, KERNEL})  # the items a comm node may be made of (gloo ops, kernels)
 _KERNEL = frozenset({KERNEL})
-_NAME, _ID = operator.attrgetter("name"), operator.attrgetter("id")
+_ID = operator.attrgetter("id")
 
 
 def find_collectives(g: Graph, groups: dict[str, str]) -> CollectiveStats:
@@ -94,19 +93,18 @@ def find_collectives(g: Graph, groups: dict[str, str]) -> CollectiveStats:
     stats = CollectiveStats()
     # host ops and kernels told by name, once per distinct name; those of other names left out in C (most)
     host_ops, kernels = g.of_kinds(HOST_OP_KIND), g.of_kinds(_KERNEL)
-    host_names = set(map(_NAME, host_ops))
+    host_names = {it.name for it in host_ops}
     c10d = {n for n in host_names if n.startswith(COLLECTIVE_CALL_PREFIX)}  # (no other name is a call)
-    calls = [it for it in itertools.compress(host_ops, map(c10d.__contains__, map(_NAME, host_ops)))
-             if it.host is not None and it.host.collective_call]
+    calls = [it for it in host_ops if it.name in c10d and it.host is not None and it.host.collective_call]
     paired: set[int] = set()
     calls_by_thread: dict[int, list[Item]] = {}
     for c in calls:
         calls_by_thread.setdefault(c.host.et_tid if c.host else 0, []).append(c)
     gloo = {n for n in host_names if n.startswith("gloo:")}
-    nccl_names = {n for n in set(map(_NAME, kernels)) if _is_nccl_name(n)}
+    nccl_names = {n for n in {it.name for it in kernels} if _is_nccl_name(n)}
     # the gloo ops and NCCL kernels, in item order (ids)
-    for it in sorted([*itertools.compress(host_ops, map(gloo.__contains__, map(_NAME, host_ops))),
-                      *itertools.compress(kernels, map(nccl_names.__contains__, map(_NAME, kernels)))], key=_ID):
+    for it in sorted([*(it for it in host_ops if it.name in gloo), *(it for it in kernels if it.name in nccl_names)],
+                     key=_ID):
         if it.kind == HOST_OP and it.name.startswith("gloo:"):
             assert it.host is not None
             # Without a host ET (Kineto only) a gloo op sits on its worker thread, not the issuing one: then

@@ -189,9 +189,11 @@ def longest_path(ids: Sequence[int], dur: Sequence[float], succ: Successors) -> 
     last = min((ids[k], k) for k in itertools.compress(range(len(dur)), map(
         operator.eq, map(operator.add, start, dur), itertools.repeat(latest))))[1]
     del start
-    path = [last]
-    while decided[path[-1]] >= 0:
-        path.append(decided[path[-1]])
+    path: list[int] = []
+    append, k = path.append, last
+    while k >= 0:
+        append(k)
+        k = decided[k]
     path.reverse()
     return latest, path
 

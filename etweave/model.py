@@ -185,12 +185,12 @@ class Ids:
 
 
 def first_measured_start(g: Graph) -> float:
-    """The run's first measured instant (0 with nothing measured): a pass over the columns, no Python step per item."""
-    items = g.items
-    return min(itertools.compress(map(_START, items), map(_MEASURED, items)), default=0.0)
+    """The run's first measured instant (0 with nothing measured). (A comprehension: attrgetters in C cost more than
+    twice its step per item.)"""
+    return min([it.start for it in g.items if it.measured], default=0.0)
 
 
-_START, _MEASURED, _KIND = operator.attrgetter("start"), operator.attrgetter("measured"), operator.attrgetter("kind")
+_KIND = operator.attrgetter("kind")
 _ID = operator.attrgetter("id")
 # kind sets asked of `Graph.of_kinds`, one object each
 RUNTIME_KIND, HOST_OP_KIND = frozenset({RUNTIME}), frozenset({HOST_OP})

@@ -29,7 +29,7 @@ from typing import Any
 
 import msgspec
 
-from etweave.model import GPU_KINDS, Graph, Item, OpRecord
+from etweave.model import GPU_KINDS, OP_KINDS, Graph, Item, OpRecord
 from etweave.read.host_et import IO
 from etweave.read.widths import INT64_MAX
 
@@ -238,6 +238,15 @@ def spread(total: int, weights: list[float]) -> list[int]:
     return shares
 
 
+def _any_io(g: Graph) -> bool:
+    """Whether any op's host record has an input or an output (the first found ends the search)."""
+    for it in g.of_kinds(OP_KINDS):
+        h = it.host
+        if h is not None and (h.inputs.types or h.outputs.types):
+            return True
+    return False
+
+
 class Roofline(msgspec.Struct):
     values: dict[int, tuple[int, int]]  # item id -> (num_ops, tensor_size); items absent get 0, 0
     gpu_time_us: float  # all GPU events
@@ -250,11 +259,14 @@ def assign(g: Graph) -> Roofline:
     cache: dict[int, int | None] = {}
     events_of: dict[int, list[Item]] = {}
     gpu_time = 0.0
+    # no op's work is known without a recorded input or output (`op_work` counts their bytes): the walks from each
+    # GPU event up to its op are skipped (a Kineto trace recorded without shapes)
+    shapes = _any_io(g)
     for it in g.of_kinds(GPU_KINDS):
         if it.comm is not None:
             continue
         gpu_time += it.dur
-        op_id = _family_op(g, it, cache)
+        op_id = _family_op(g, it, cache) if shapes else None
         if op_id is not None:
             events_of.setdefault(op_id, []).append(it)
     values: dict[int, tuple[int, int]] = {}

@@ -58,13 +58,14 @@ def resolve_waits(g: Graph) -> None:
     evidence = HandOverEvidence(g)
     givers: dict[int, int | str] = {}  # idle gap -> the thread credited with the hand-over after it
     handed, moments = _handoffs(g, chains, evidence, givers, apply=False)  # who handed which work, when: the waits
-    waited = _cross_thread_waits(g, chains, handed, moments)
+    woken: list[Item] = []  # the wake-ups of the waits between threads (found in either pass)
+    waited = _cross_thread_waits(g, chains, handed, moments, woken)
     # after the waits: a thread's waiting time is not taken for handing, so a hand-over may now be found from
     # another thread than the one credited; every hand-over drawn is credited, and waits for that work found too
     late, late_moments = _handoffs(g, chains, evidence, givers, apply=True)
     if late.stretches:
-        _cross_thread_waits(g, chains, late, late_moments, waited)
-    _await_last_periods(g, chains)
+        _cross_thread_waits(g, chains, late, late_moments, woken, waited)
+    _await_last_periods(g, chains, woken)
     _name_untraced(g, chains)
     chains.store()
     _stream_waits(g)
@@ -76,36 +77,36 @@ def _blocking_calls(g: Graph, chains: Chains, records: SyncRecords) -> None:
     from the awaited end."""
     for call, op in find_blocking_calls(g, records):
         resume = chains.split(call, call.start, RESUME)  # the call's own node keeps its entry; the rest waited
-        resume.start = min(max(resume.start, op.start + op.dur), resume.seg_end)
+        chains.set_start(resume, min(max(resume.start, op.start + op.dur), resume.seg_end))
         resume.wait_for(Await(op.id, Evidence.SYNC, False))
 
 
 def _cross_thread_waits(g: Graph, chains: Chains, served: Handed, moments: dict[int | str, list[float]],
-                        again: set[int] | None = None) -> set[int]:
+                        woken: list[Item], again: set[int] | None = None) -> set[int]:
     """A period that waited for another thread's op (deps.thread_wait) is cut where the wait began: the time from
     the awaited end to the period's end is a WAKEUP node on the waiting thread, as long as the measured latency,
     after the edge from that op (and from the other collectives it handed over that ended while it waited). With
-    `again` (the periods found waiting before), only waits for work `served` holds, in periods not cut yet. Returns
-    the periods found waiting."""
+    `again` (the periods found waiting before), only waits for work `served` holds, in periods not cut yet. The
+    WAKEUP nodes are added to `woken`; returns the periods found waiting."""
     found = find_thread_waits(g, chains.removed | (again or set()), served, moments, any_thread=again is None)
     for w in found:
         it, x_end = w.period, w.op.start + w.op.dur
         wake = chains.split(it, w.wait_from, WAKEUP)
-        wake.start = min(x_end, wake.seg_end)
+        chains.set_start(wake, min(x_end, wake.seg_end))
         wake.dur = wake.excl = wake.seg_end - wake.start
         wake.wait_for(Await(w.op.id, Evidence.THREAD_WAIT, True))
         wake.wait_for(*(Await(o.id, Evidence.THREAD_WAIT, True) for o in w.also))
+        woken.append(wake)
         if it.kind == DELAY and w.wait_from == it.start:  # the idle period was all waiting: only its wake-up is left
             chains.removed.add(it.id)
-    chains.reset_starts()
     return {w.period.id for w in found} | (again or set())
 
 
-def _await_last_periods(g: Graph, chains: Chains) -> None:
+def _await_last_periods(g: Graph, chains: Chains, woken: list[Item]) -> None:
     """A thread waited for an op of another thread to end: the edge comes from the op's last period on its thread
-    (the op may have been cut into periods after the wait was found)."""
-    chains.reset_starts()
-    for it in waiting(g):
+    (the op may have been cut into periods after the wait was found). Only the wake-ups `woken` record such waits
+    (`_cross_thread_waits`): they are read, not every item."""
+    for it in woken:
         awaits = it.awaits
         assert isinstance(awaits, list)  # (waiting: it recorded some)
         for n, a in enumerate(awaits):
@@ -123,7 +124,8 @@ def _name_untraced(g: Graph, chains: Chains) -> None:
     thread's first op that no hand-over explains stays an `[idle]` delay: the thread had not started working."""
     removed = chains.removed
     for order in chains.ids.values():
-        kinds = list(map(_KIND, map(g.by_id.__getitem__, order)))
+        by_id = g.by_id
+        kinds = [by_id[i].kind for i in order]  # (a comprehension: an attrgetter in C costs twice its step per item)
         # the thread started at its first period (its root and removed ones aside); each idle one after is untraced
         first = next((k for k, (i, kind) in enumerate(zip(order, kinds, strict=True))
                       if kind != THREAD_ROOT and i not in removed), len(order))
@@ -167,9 +169,6 @@ def _handoffs(g: Graph, chains: Chains, evidence: HandOverEvidence, givers: dict
     return handed, moments
 
 
-_KIND = operator.attrgetter("kind")
-
-
 class _Worker(msgspec.Struct):
     """A thread whose idle gaps may end in a hand-over, the threads that may have handed it work (in the order
     asked, the main thread first), the moments each thread handed work over (filled in) and the thread credited
@@ -197,7 +196,7 @@ def _worker_handoffs(g: Graph, chains: Chains, evidence: HandOverEvidence, worke
     `apply`."""
     order = chains.ids[worker.tid]  # (nothing here changes this thread's order: other threads' periods are cut)
     by_id = g.by_id
-    kinds = list(map(_KIND, map(by_id.__getitem__, order)))  # (the periods themselves looked up where needed)
+    kinds = [by_id[i].kind for i in order]  # (a comprehension: an attrgetter in C costs twice its step per item)
     # the worker has started once a period of its own work came before (not its root, idle or waking up)
     first_work = next((k for k, kind in enumerate(kinds) if kind not in (THREAD_ROOT, DELAY, WAKEUP)), len(kinds))
     given: list[_Given] = []

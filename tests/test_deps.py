@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from etweave.chakra.io import node_attrs
 from etweave.convert import Result, run_pipeline
 from etweave.deps.evidence import Evidence
 from etweave.fidelity import asap, measure
+from etweave.model import WAKEUP, Edge
 from etweave.read.host_et import read_host_et
 from etweave.read.kineto import read_kineto
 
@@ -22,6 +24,10 @@ def _orphan_dlrm(traces: Path, tmp_path: Path) -> Result:
     doc["nodes"] = [n for n in doc["nodes"] if n["name"] not in ("## forward ##", "## sparse_data_dist ##")]
     host = write_gz(tmp_path / "host.json.gz", doc)
     return run_pipeline(read_host_et(host), read_kineto(src / "kineto.json.gz"))
+
+
+def _pair(e: Edge) -> tuple[int, int]:
+    return e.src, e.dst
 
 
 def _assert_faithful(result: Result) -> None:
@@ -54,6 +60,19 @@ def test_edges_forward_in_time_and_linear_in_count(traces: Path, rel: str) -> No
             if e.source.waits:
                 late += src.start + src.dur > dst.start + 5.0
     assert late == sum(result.deps.late.values()) == (1 if rel == "gpu/resnet" else 0)
+    # the counts (made from the edges given, less those not kept) are those of the kept edges, none of them 0
+    kept = [e for edges in result.deps.preds.values() for e in edges]
+    assert result.deps.per_source == Counter(e.source for e in kept) and all(result.deps.per_source.values())
+    assert result.deps.inferred == Counter(e.source for e in kept if e.inferred)
+    assert all(result.deps.inferred.values())
+    # every wake-up waits for something: the report's wake-ups, read from the waiting items, are all of them
+    wakeups = [it for it in g.items if it.kind == WAKEUP]
+    assert all(it.awaits for it in wakeups)
+    assert result.report["delays"]["wakeup_micros"]["count"] == len(wakeups)
+    # the edges beyond program order, as collected, are those the targets' edges give
+    assert result.deps.beyond is not None
+    picked = [e for e in kept if e.source not in (Evidence.THREAD_ORDER, Evidence.COLLECTIVE_ORDER)]
+    assert sorted(result.deps.beyond, key=_pair) == sorted(picked, key=_pair)
     assert result.report["edges"]["total"] <= 2 * len(result.nodes)
     comm = [n for n in result.nodes if n.type in (pb.COMM_COLL_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE)]
     assert all(n.data_deps for n in comm), "every comm node has a predecessor"

@@ -16,7 +16,7 @@ import msgspec
 from msgspec import field
 
 from etweave.deps import event_wait, handoff, sources, stream_wait, sync, thread_wait
-from etweave.deps.evidence import WAIT_TOLERANCE, Evidence
+from etweave.deps.evidence import WAIT_TOLERANCE, Basis, Evidence
 from etweave.model import PROCESS_ROOT, THREAD_ROOT, Edge, Graph, Item
 
 Source = Callable[[Graph], list[Edge]]
@@ -45,6 +45,22 @@ class Dependencies(msgspec.Struct):
     inferred: Counter[Evidence] = field(default_factory=Counter)
     rejected: Counter[Evidence] = field(default_factory=Counter)  # evidence that contradicts the timeline
     late: Counter[Evidence] = field(default_factory=Counter)  # wait edges whose source ended after its target began
+    # the kept edges but program order's (PROGRAM_ORDER), in the order kept: collected by `infer` (most edges are a
+    # thread's order: not read again to leave them out); None where not collected (`beyond_program_order`)
+    beyond: list[Edge] | None = None
+
+
+# The evidence of program order: a thread's, and a process group's collectives in issue order. Its edges say nothing
+# about one thread or stream waiting on another.
+PROGRAM_ORDER = frozenset({Evidence.THREAD_ORDER, Evidence.COLLECTIVE_ORDER})
+
+
+def beyond_program_order(deps: Dependencies) -> Iterable[Edge]:
+    """Every kept edge but program order's (as collected by `infer`, else picked from the targets' edges)."""
+    if deps.beyond is not None:
+        return deps.beyond
+    edges = list(itertools.chain.from_iterable(deps.preds.values()))
+    return itertools.compress(edges, map(_NOT_PROGRAM_ORDER.__contains__, map(_SOURCE, edges)))
 
 
 def by_name(counts: Counter[Evidence]) -> dict[str, int]:
@@ -57,17 +73,27 @@ def infer(g: Graph, applied: Iterable[Source] | None = None) -> Dependencies:
     for chain in (*g.threads.values(), *g.streams.values()):
         for pos, i in enumerate(chain):
             by_id[i].pos = pos
-    deps = Dependencies(preds={})
-    preds, rejected, late = deps.preds, deps.rejected, deps.late
-    get_preds, waits = preds.get, _WAITS
-    for source in SOURCES.values() if applied is None else applied:
-        for e in source(g):
+    kept_beyond: list[Edge] = []
+    deps = Dependencies(preds={}, beyond=kept_beyond)
+    preds, rejected, late, beyond = deps.preds, deps.rejected, deps.late, kept_beyond.append
+    # Counted as given, less the edges not kept (few), not by a pass over every kept edge: a registered source's
+    # edges are all of its evidence, and inferred only where its basis allows (tests/test_deps.py recounts them).
+    given, given_inferred = Counter[Evidence](), Counter[Evidence]()
+    dropped: list[Edge] = []  # given and not kept: self-edges, pairs kept already, rejected edges
+    get_preds, roles, drop = preds.get, _ROLES, dropped.append
+    registered = SOURCES.items() if applied is None else zip(itertools.repeat(None), applied)
+    for evidence, source in registered:
+        edges_given = source(g)
+        _count_given(evidence, edges_given, given, given_inferred)
+        for e in edges_given:
             src, dst = e.src, e.dst
             if src == dst:
+                drop(e)
                 continue
             edges = get_preds(dst)
             # (src, dst) kept already: the first source wins (a target has a few edges: a scan, not a set of pairs)
             if edges is not None and src in map(_SRC, edges):
+                drop(e)
                 continue
             # an edge's source must start no later than its target (the order keys make the union acyclic); the
             # whole key is built only on equal starts
@@ -75,19 +101,39 @@ def infer(g: Graph, applied: Iterable[Source] | None = None) -> Dependencies:
             a_start, b_start = a.start, b.start
             if not (a_start < b_start or (a_start == b_start and order_key(a) < order_key(b))):
                 rejected[e.source] += 1
+                drop(e)
                 continue
-            if waits[e.source] and a_start + a.dur > b_start + WAIT_TOLERANCE:  # it ended after its target began
+            role = roles[e.source]
+            if role & _WAITS and a_start + a.dur > b_start + WAIT_TOLERANCE:  # it ended after its target began
                 late[e.source] += 1
             preds[dst] = (e,) if edges is None else (*edges, e)
-    # counted once every edge is kept (one pass in C, not a count per edge)
-    kept = list(itertools.chain.from_iterable(preds.values()))
-    deps.per_source.update(map(_SOURCE, kept))
-    deps.inferred.update(map(_SOURCE, itertools.compress(kept, map(_INFERRED, kept))))
+            if role & _BEYOND:
+                beyond(e)
+    given.subtract(map(_SOURCE, dropped))
+    given_inferred.subtract(map(_SOURCE, itertools.compress(dropped, map(_INFERRED, dropped))))
+    deps.per_source, deps.inferred = +given, +given_inferred  # (`+`: the evidence with no edge kept left out)
     return deps
 
 
+def _count_given(evidence: Evidence | None, edges: list[Edge], given: Counter[Evidence],
+                 given_inferred: Counter[Evidence]) -> None:
+    """Count a source's edges (`evidence`: the source's own where registered, None for a source of the caller's,
+    whose edges are counted one by one)."""
+    if evidence is None:
+        given.update(map(_SOURCE, edges))
+    else:
+        given[evidence] += len(edges)
+    if evidence is None or evidence.basis is not Basis.RECORDED:
+        given_inferred.update(map(_SOURCE, itertools.compress(edges, map(_INFERRED, edges))))
+
+
 _SRC, _SOURCE, _INFERRED = operator.attrgetter("src"), operator.attrgetter("source"), operator.attrgetter("inferred")
-_WAITS = {evidence: evidence.waits for evidence in Evidence}  # (a dict lookup: the property costs a call per edge)
+# Each evidence's role, read once per kept edge (a dict lookup: the property costs a call per edge): its edges are
+# waits, and they are beyond program order.
+_WAITS, _BEYOND = 1, 2
+_ROLES = {evidence: (_WAITS if evidence.waits else 0) | (_BEYOND if evidence not in PROGRAM_ORDER else 0)
+          for evidence in Evidence}
+_NOT_PROGRAM_ORDER = frozenset(Evidence) - PROGRAM_ORDER
 
 
 def order_key(it: Item) -> tuple[float, int, int, int]:

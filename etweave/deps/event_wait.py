@@ -4,7 +4,6 @@ event was recorded after (run by the waits stage, whose stream waits build on th
 from __future__ import annotations
 
 import bisect
-import itertools
 import operator
 from collections import defaultdict
 
@@ -45,9 +44,8 @@ def unrecorded_event_waits(g: Graph, records: SyncRecords) -> None:
     op ended before the waiting op started)."""
     runtime = g.of_kinds(RUNTIME_KIND)
     # (told per distinct name; the calls of other names left out in C: most calls)
-    waits = {n for n in set(map(_NAME, runtime)) if n.endswith("StreamWaitEvent")}
-    calls = sorted([it for it in itertools.compress(runtime, map(waits.__contains__, map(_NAME, runtime)))
-                    if records.of(it) is None], key=_START_ID)
+    waits = {n for n in {it.name for it in runtime} if n.endswith("StreamWaitEvent")}
+    calls = sorted([it for it in runtime if it.name in waits and records.of(it) is None], key=_START_ID)
     if not calls:
         return
     launches = _launches_by_thread(g)
@@ -69,7 +67,7 @@ def unrecorded_event_waits(g: Graph, records: SyncRecords) -> None:
             done.add((awaited.id, waiter.id))
 
 
-_START_ID, _NAME = operator.attrgetter("start", "id"), operator.attrgetter("name")
+_START_ID = operator.attrgetter("start", "id")
 
 
 def _launches_by_thread(g: Graph) -> dict[int | str, list[tuple[float, Item]]]:

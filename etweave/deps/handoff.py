@@ -79,8 +79,7 @@ class HandOverEvidence:
         # from 0, and a backward op names its forward op's ET thread (`fw_tid`). Without fw_tid in the trace
         # (Kineto alone) the key's thread is 0 and the first op of a sequence id is taken as its forward op.
         self.forward_tid: dict[tuple[int, int], int | str] = {}
-        # (any item's host record with a fw_tid: whole-list passes, no Python step per item)
-        self.names_forward_thread = any(map(_FW_TID, filter(None, map(_HOST, g.of_kinds(OP_KINDS)))))
+        self.names_forward_thread = _names_forward_thread(g.of_kinds(OP_KINDS))
         # (tensor, storage, thread) -> the starts of that thread's ops that wrote the tensor, and the ops, in
         # (start, id) order: the latest writer by a time is one bisection, not a scan of every writer
         self.writers: dict[tuple[int, int, int | str], tuple[list[float], list[Item]]] = {}
@@ -90,10 +89,10 @@ class HandOverEvidence:
                 per[it.tid].append(it)
         first: dict[tuple[int, int], Item] = {}  # forward key -> the first op of it, by (start, id)
         for tid, ops in per.items():
-            starts = list(map(_START, ops))
+            starts = [it.start for it in ops]  # (a comprehension: an attrgetter in C costs twice its step per item)
             if not all(map(operator.le, starts, starts[1:])):  # (in id order: by (start, id) unless a start goes back)
                 ops.sort(key=_START_ID)
-                starts = list(map(_START, ops))
+                starts = [it.start for it in ops]
             self.ops[tid] = (starts, ops)
             issuing = [it for it in ops if it.name.startswith(ISSUE_PREFIXES)]
             if issuing:
@@ -155,7 +154,13 @@ class HandOverEvidence:
         return self.forward_tid.get(self._forward_key(h.fw_tid, h.seq_id))
 
 
-_HOST, _FW_TID = operator.attrgetter("host"), operator.attrgetter("fw_tid")
+def _names_forward_thread(ops: list[Item]) -> bool:
+    """Whether any op's host record names its forward op's thread (`fw_tid`): the first found ends the search."""
+    for it in ops:
+        h = it.host
+        if h is not None and h.fw_tid:
+            return True
+    return False
 _START_ID, _START = operator.attrgetter("start", "id"), operator.attrgetter("start")
 
 

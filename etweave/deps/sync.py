@@ -4,8 +4,6 @@ waiting time out of the call); the source gives the edges."""
 
 from __future__ import annotations
 
-import itertools
-import operator
 from collections import defaultdict
 
 from etweave.deps.awaited import awaited
@@ -16,7 +14,6 @@ from etweave.deps.timeline import gpu_ends, latest_before, on_stream
 from etweave.model import MEMCPY, RUNTIME_KIND, Edge, Graph, Item
 
 _SYNC_WORDS = ("Synchronize",)
-_NAME = operator.attrgetter("name")
 _COPY_PREFIXES = ("cudaMemcpy", "hipMemcpy", "cuMemcpy")
 _MEMCPY = frozenset({MEMCPY})
 
@@ -32,7 +29,7 @@ def find_blocking_calls(g: Graph, records: SyncRecords) -> list[tuple[Item, Item
     without one, the GPU op that ended last during the call is what it waited for."""
     calls = g.of_kinds(RUNTIME_KIND)
     # (classified per distinct name; the calls of neither kind left out in C: most calls)
-    names = set(map(_NAME, calls))
+    names = {it.name for it in calls}
     sync_names = {n for n in names if any(w in n for w in _SYNC_WORDS)}
     copy_names = {n for n in names if n.startswith(_COPY_PREFIXES)}
     blocking = sync_names | copy_names
@@ -45,7 +42,7 @@ def find_blocking_calls(g: Graph, records: SyncRecords) -> list[tuple[Item, Item
         if it.launcher is not None:
             launched[it.launcher].append(it)
     found: list[tuple[Item, Item]] = []
-    for it in itertools.compress(calls, map(blocking.__contains__, map(_NAME, calls))):
+    for it in [it for it in calls if it.name in blocking]:
         end = it.start + it.dur
         awaited_op: Item | None = None
         if it.name in sync_names:

@@ -60,3 +60,20 @@ def test_assign_spreads_over_the_launched_events() -> None:
     flops, nbytes = 2 * 8 * 16 * 4, 4 * (8 * 16 + 16 * 4 + 8 * 4)
     assert rf.values == {4: (flops * 3 // 4, nbytes * 3 // 4), 5: (flops // 4, nbytes // 4)}
     assert (rf.gpu_time_us, rf.gpu_time_covered_us, rf.ops) == (45, 40, {"matmul": 1})
+
+
+def test_ops_without_shapes_give_no_work_and_their_gpu_time_still_counts() -> None:
+    # a Kineto trace recorded without shapes: no op's record has an input or output, nothing is walked up to
+    empty = _record(IO([], [], []), IO([], [], []))
+    items = [
+        Item(id=1, kind=HOST_OP, name="aten::mm", start=0, dur=100, measured=True, tid=1, host=empty),
+        Item(id=2, kind=RUNTIME, name="cudaLaunchKernel", start=10, dur=5, measured=True, tid=1, enclosing=1),
+        Item(id=3, kind=KERNEL, name="gemm", start=30, dur=30, measured=True, launcher=2),
+    ]
+    rf = assign(Graph(items=items, by_id={it.id: it for it in items}, ids=Ids(100)))
+    assert (rf.values, rf.gpu_time_us, rf.gpu_time_covered_us, rf.ops) == ({}, 30, 0, {})
+    # one op with shapes anywhere in the trace: the walks are made (the matmul's work is found)
+    items.append(Item(id=4, kind=HOST_OP, name="aten::add", start=200, dur=1, measured=True, tid=1, host=MM))
+    items[0].host = MM
+    rf = assign(Graph(items=items, by_id={it.id: it for it in items}, ids=Ids(100)))
+    assert rf.values == {3: (2 * 8 * 16 * 4, 4 * (8 * 16 + 16 * 4 + 8 * 4))}

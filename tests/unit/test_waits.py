@@ -142,6 +142,26 @@ def test_period_chains_keep_their_starts_in_step_with_cuts_and_moves() -> None:
     assert chains.last_period(a) is tail
 
 
+def test_set_start_keeps_the_starts_in_step_and_last_period_needs_no_starts_kept() -> None:
+    # zero-length periods at one start: the moved one is found among them by its id
+    a, z = _period(2, HOST_OP, "a", 0.0, 100.0), _period(3, RUNTIME, "z", 100.0, 0.0)
+    b = _period(4, HOST_OP, "b", 100.0, 50.0)
+    g = graph(Item(1, THREAD_ROOT, "t1", tid=1), a, z, b, threads={1: [1, 2, 3, 4]})
+    fresh = Chains(g)
+    assert fresh.last_period(a) is a  # (no starts kept: found on the chain by each period's start)
+    assert not fresh._starts
+    chains = Chains(g)
+    assert chains.starts(1) == [0.0, 0.0, 100.0, 100.0]
+    tail = chains.split(a, 40.0, SELF_PART)
+    chains.set_start(b, 120.0)
+    chains.set_start(tail, 60.0)
+    assert (b.start, tail.start) == (120.0, 60.0)
+    assert chains.starts(1) == [g.by_id[i].start for i in chains.ids[1]] == [0.0, 0.0, 60.0, 100.0, 120.0]
+    assert chains.last_period(a) is tail
+    chains._starts.clear()
+    assert chains.last_period(a) is tail and chains.last_period(b) is b
+
+
 def _join(helper_more: Item | None = None) -> Graph:
     """The main thread starts a helper (which begins 5 µs later), works 1 ms, then joins it between ops (untraced
     `join()`, idle); the helper's 5 ms of work ends at 5005, the main thread resumes 1995 µs later (a loaded
