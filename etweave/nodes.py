@@ -10,7 +10,8 @@ length and bytes. `build_nodes` gives the same nodes as protobuf objects (the Py
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from operator import attrgetter, sub
+from itertools import chain, repeat
+from operator import add, attrgetter, sub
 from typing import TYPE_CHECKING, NamedTuple
 
 import orjson
@@ -97,7 +98,7 @@ class Rounded(NamedTuple):
         return cls(starts, list(map(sub, map(round, map(_SEG_END, items)), starts)))
 
 
-_START, _SEG_END = attrgetter("start"), attrgetter("seg_end")
+_ID, _START, _SEG_END = attrgetter("id"), attrgetter("start"), attrgetter("seg_end")
 
 
 # ---- the wire format (protobuf's encoding, proto3) ----
@@ -244,6 +245,7 @@ _COMP = schema.COMP_NODE
 
 _DATA_DEPS_3 = _N_DATA_DEPS + _BYTE[3]  # the data_deps field's tag and length, of one dep of three bytes
 _DURATIONS = [_N_DURATION + v for v in _BYTE]  # the duration field of 0..127 µs, most nodes'
+_BATCH = 1024  # nodes encoded at a time: one Python call each, not one per node
 _CACHE_CAP = 1 << 16  # a cache keyed by values that may all differ stops growing here: its memory stays bounded
 
 
@@ -267,6 +269,10 @@ class _Shape(NamedTuple):
 
 # part_of and correlation before a three-byte value (ids and correlations: EncodedNodes._attrs writes them inline)
 _PART_OF_3, _CORRELATION_3 = (_attr_prefix(_key(name, "int64_val"), 3) for name in ("part_of", "correlation"))
+# The bytes of a field up to the last byte of a value 0x4000 <= v < 2**28 (2**21 for the three-byte ones), by
+# v & 0x3FFF: one part where the tag and `_MORE14` would be two (each a 16384-entry table, 0.6 MB, built in C)
+_ID_MORE, _START_MORE, _DEP_MORE, _PART_OF_MORE, _CORRELATION_MORE = (
+    list(map(add, repeat(prefix), _MORE14)) for prefix in (_N_ID, _N_START, _DATA_DEPS_3, _PART_OF_3, _CORRELATION_3))
 
 
 class EncodedNodes:
@@ -287,8 +293,6 @@ class EncodedNodes:
                  ) -> None:
         self.items = g.items
         self.times = times
-        self.ids: list[int] = []
-        self.starts: list[float] = []  # (each item's start as measured, not rounded)
         self.data_deps: list[tuple[int, ...]] = []
         self.in_full: list[bytes] = []
         self.work = roofline.values if roofline is not None else {}
@@ -300,7 +304,17 @@ class EncodedNodes:
         self.et_tids: dict[int, bytes] = {}  # the et_tid attr, by value (one per thread)
         self.record_ids: dict[tuple[int, int, bool], bytes] = {}  # rf_id, seq_id and linked, by their values
         self.exclusive: dict[float, bytes] = {}  # exclusive_micros, by the measured float (round once per value)
-        self.node = self._node_function(deps)
+        self.deps = deps
+
+    @property
+    def ids(self) -> list[int]:
+        """Each node's id, in node order (a pass in C once all are taken: cheaper than a list append per node)."""
+        return list(map(_ID, self.items))
+
+    @property
+    def starts(self) -> list[float]:
+        """Each node's item's start as measured (not rounded), in node order."""
+        return list(map(_START, self.items))
 
     def __iter__(self) -> Iterator[bytes]:
         if self.data_deps:  # (what the self-check reads is kept as the nodes go: twice would be wrong)
@@ -308,94 +322,114 @@ class EncodedNodes:
         items, times = self.items, self.times or Rounded.of(self.items)
         if not len(items) == len(times.start) == len(times.length):
             raise ValueError(f"{len(times.start)} rounded times for {len(items)} items")
-        return map(self.node, items, times.start, times.length)  # (a map: no generator step per node)
+        encode = self._batch_function(items, times)
+        # (batches chained in C: no generator step per node, and one Python call per batch, not per node)
+        return chain.from_iterable(map(encode, range(0, len(items), _BATCH)))
 
-    def _node_function(self, deps: Dependencies) -> Callable[[Item, int, int], bytes]:
-        """The encoder of one node, its tables and caches in closure variables (no attribute lookup per node). The
-        common case is written inline, the rarer ones as expressions or helpers (few branches, no call for most)."""
-        preds_of, shape_of, new_shape = deps.preds.get, self.shapes.get, self._shape
+    def _batch_function(self, items: list[Item], times: Rounded) -> Callable[[int], list[bytes]]:  # noqa: C901
+        """The encoder of the `_BATCH` nodes from item k on: a loop over them with the tables and caches in locals (no
+        attribute lookup, no call per node). The common case is written inline, the rarer ones as expressions or
+        helpers (few branches, no call for most)."""
+        preds_of, shape_of, new_shape = self.deps.preds.get, self.shapes.get, self._shape
         comp_shape_of = self.comp_shapes.get
         evidence1, new_evidence, other_deps = self.evidence1, self._evidence, self._other_deps
         high_of, new_high, host_fields = self.high.get, self._high, self._host
         exclusive_of, new_exclusive = self.exclusive.get, self._exclusive
         work_of = self.work.get if self.work else None  # (no roofline values: every COMP node's work is unknown)
         add_deps, add_full = self.data_deps.append, self.in_full.append
-        add_id, add_start = self.ids.append, self.starts.append
+        starts, lengths = times.start, times.length
 
-        def node(it: Item, start: int, length: int) -> bytes:  # (start, length: `Rounded`'s)
-            iid = it.id
-            add_id(iid)
-            add_start(it.start)
-            comm = it.comm
-            shape = ((comp_shape_of((it.name, it.kind, it.tid, it.device, it.stream)) or new_shape(it, _COMP))
-                     if comm is None  # (most nodes: a key of five, the node type known)
-                     else _comm_shape(it, comm.node_type, shape_of, new_shape))
-            head, place, marker, _, host_op, in_full = shape  # (unpacked: a NamedTuple's fields are slow attributes)
-            out = ([_N_ID, _MORE14[iid & 0x3FFF], _V14[iid >> 14], head] if 0x4000 <= iid < 1 << 28
-                   else [_id_field(iid), head])
-            preds = preds_of(iid, ())
-            if len(preds) == 1:  # most nodes
-                edge = preds[0]
-                src = edge.src
-                out += ((_DATA_DEPS_3, _MORE14[src & 0x3FFF], _BYTE[src >> 14]) if 0x4000 <= src < 1 << 21
-                        else (_one_dep(src),))
-                add_deps((src,))
-                # (`_value_`: the member's plain attribute, not the `value` property; strings hash fast, members don't)
-                source = edge.source._value_
-                evidence = evidence1.get(source) or new_evidence((source,))
-            else:
-                evidence = other_deps(preds, out)
-            # duration(): both ends rounded; a marker's 0, its start 0 when it has none
-            rounded = (start if it.measured or it.start > 0 else 0) if marker else start
-            dur = 0 if marker else length
-            if 1 << 28 <= rounded < _U64:  # start_time_micros
-                out += (_N_START, _MORE14[rounded & 0x3FFF], high_of(rounded >> 14) or new_high(rounded))
-            else:
-                out.append(_N_START + _uint64(rounded) if rounded > 0 else b"")  # (0 left out)
-            out.append(b"" if dur <= 0 else _DURATIONS[dur] if dur < 0x80 else _N_DURATION + _uint64(dur))
-            host = it.host
-            if host is None:
-                out.append(place)
-            else:
-                host_fields(it, host, shape, out)
-            # the attrs after the place and host attrs, but `dep_evidence`, in the order the node has them
-            if host_op and it.measured:
-                excl = it.excl
-                out.append(exclusive_of(excl) or new_exclusive(excl))
-            value = it.part_of
-            if value is not None:
-                out += ((_PART_OF_3, _MORE14[value & 0x3FFF], _BYTE[value >> 14]) if 0x4000 <= value < 1 << 21
-                        else (_PART_OF(value),))
-            if it.orphan_parent is not None:
-                out.append(_ORPHAN_PARENT(it.orphan_parent))
-            value = it.correlation
-            if value is not None:  # runtime calls
-                out += ((_CORRELATION_3, _MORE14[value & 0x3FFF], _BYTE[value >> 14]) if 0x4000 <= value < 1 << 21
-                        else (_CORRELATION(value),))
-            # a COMP node's num_ops and tensor_size (ASTRA-sim's roofline mode throws on a COMP_NODE without both,
-            # docs/FACTS.md §A3; 0 = not known), or a comm node's attrs
-            out.append((_NO_WORK if work_of is None else _work(work_of(iid))) if comm is None
-                       else _comm_attrs(comm, it.dur) + (_work(self.work.get(iid)) if comm.node_type == _COMP else b""))
-            out.append(evidence)  # why each data_dep is there, in data_deps order (docs/OUTPUT.md); b"": none
-            data = b"".join(out)
-            if in_full:
-                add_full(data)
-            return data
+        def encode(k: int) -> list[bytes]:  # noqa: C901 (one loop, the fields inline: measured, see below)
+            end = k + _BATCH
+            out: list[bytes] = []
+            add = out.append
+            id_more, v14, byte, dep_more, start_more = _ID_MORE, _V14, _BYTE, _DEP_MORE, _START_MORE
+            durations, part_more, corr_more, no_work = _DURATIONS, _PART_OF_MORE, _CORRELATION_MORE, _NO_WORK
+            # (start, length: `Rounded`'s)
+            for it, start, length in zip(items[k:end], starts[k:end], lengths[k:end], strict=True):
+                # each field in locals, joined once (a tuple of as many parts whatever the node: b"" where none)
+                iid = it.id
+                comm = it.comm
+                shape = ((comp_shape_of((it.name, it.kind, it.tid, it.device, it.stream)) or new_shape(it, _COMP))
+                         if comm is None  # (most nodes: a key of five, the node type known)
+                         else _comm_shape(it, comm.node_type, shape_of, new_shape))
+                head, place, marker, _, host_op, in_full = shape  # (unpacked: a NamedTuple's fields are slow)
+                # (statements, not conditional expressions of tuples: a tuple made and unpacked per field cost 8%)
+                if 0x4000 <= iid < 1 << 28:
+                    id_a, id_b = id_more[iid & 0x3FFF], v14[iid >> 14]
+                else:
+                    id_a, id_b = _id_field(iid), b""
+                preds = preds_of(iid, ())
+                if len(preds) == 1:  # most nodes
+                    edge = preds[0]
+                    src = edge.src
+                    if 0x4000 <= src < 1 << 21:
+                        dep_a, dep_b = dep_more[src & 0x3FFF], byte[src >> 14]
+                    else:
+                        dep_a, dep_b = _one_dep(src), b""
+                    add_deps((src,))
+                    # (`_value_`: the member's plain attribute, not the `value` property; strings hash fast)
+                    source = edge.source._value_
+                    evidence = evidence1.get(source) or new_evidence((source,))
+                else:
+                    dep_a, dep_b, evidence = other_deps(preds)
+                if marker:  # duration(): 0; its start 0 when it has none
+                    rounded, dur = (start if it.measured or it.start > 0 else 0), 0
+                else:  # duration(): both ends rounded
+                    rounded, dur = start, length
+                if 1 << 28 <= rounded < _U64:  # start_time_micros
+                    start_a, start_b = start_more[rounded & 0x3FFF], high_of(rounded >> 14) or new_high(rounded)
+                else:
+                    start_a, start_b = (_N_START + _uint64(rounded) if rounded > 0 else b""), b""  # (0 left out)
+                host = it.host
+                # the attrs after the place and host attrs, but `dep_evidence`, in the order the node has them
+                value = it.part_of
+                if value is None:
+                    part_a = part_b = b""
+                elif 0x4000 <= value < 1 << 21:
+                    part_a, part_b = part_more[value & 0x3FFF], byte[value >> 14]
+                else:
+                    part_a, part_b = _PART_OF(value), b""
+                value = it.correlation
+                if value is None:
+                    corr_a = corr_b = b""
+                elif 0x4000 <= value < 1 << 21:  # runtime calls
+                    corr_a, corr_b = corr_more[value & 0x3FFF], byte[value >> 14]
+                else:
+                    corr_a, corr_b = _CORRELATION(value), b""
+                data = b"".join((
+                    id_a, id_b, head, dep_a, dep_b, start_a, start_b,
+                    durations[dur] if 0 < dur < 0x80 else b"" if dur <= 0 else _N_DURATION + _uint64(dur),
+                    place if host is None else host_fields(it, host, shape),
+                    (exclusive_of(it.excl) or new_exclusive(it.excl)) if host_op and it.measured else b"",
+                    part_a, part_b,
+                    b"" if it.orphan_parent is None else _ORPHAN_PARENT(it.orphan_parent),
+                    corr_a, corr_b,
+                    # a COMP node's num_ops and tensor_size (ASTRA-sim's roofline mode throws on a COMP_NODE without
+                    # both, docs/FACTS.md §A3; 0 = not known), or a comm node's attrs
+                    ((no_work if work_of is None else _work(work_of(iid))) if comm is None
+                     else _comm_attrs(comm, it.dur) + (_work(self.work.get(iid)) if comm.node_type == _COMP else b"")),
+                    evidence,  # why each data_dep is there, in data_deps order (docs/OUTPUT.md); b"": none
+                ))
+                if in_full:
+                    add_full(data)
+                add(data)
+            return out
 
-        return node
+        return encode
 
-    def _other_deps(self, preds: tuple[Edge, ...], out: list[bytes]) -> bytes:
-        """Appends the data_deps field of no dep (none) or more than one; returns their `dep_evidence` attr."""
+    def _other_deps(self, preds: tuple[Edge, ...]) -> tuple[bytes, bytes, bytes]:
+        """The data_deps field of no dep (none) or more than one, b"" (`node`'s second part of it), and their
+        `dep_evidence` attr."""
         if not preds:
             self.data_deps.append(())
-            return b""
+            return b"", b"", b""
         data_deps = tuple([e.src for e in preds])
         self.data_deps.append(data_deps)
         payload = b"".join([_MORE14[src & 0x3FFF] + _BYTE[src >> 14] if 0x4000 <= src < 1 << 21 else _uint64(src)
                             for src in data_deps])
-        out.append(_len_field(_N_DATA_DEPS, payload))
         sources = tuple([e.source._value_ for e in preds])
-        return self.evidence.get(sources) or self._evidence(sources)
+        return _len_field(_N_DATA_DEPS, payload), b"", self.evidence.get(sources) or self._evidence(sources)
 
     def _high(self, value: int) -> bytes:
         """The varint of value >> 14 (2**28 <= value < 2**64), cached."""
@@ -426,17 +460,18 @@ class EncodedNodes:
             self.shapes[(name, kind, ntype, it.tid, it.device, it.stream)] = shape
         return shape
 
-    def _host(self, it: Item, host: OpRecord, shape: _Shape, out: list[bytes]) -> None:
+    def _host(self, it: Item, host: OpRecord, shape: _Shape) -> bytes:
         """A host op's IOInfo fields and attrs (`place` between them, as the node has them)."""
         pg_init = shape.pg_init
         et_tid = self.et_tids.get(host.et_tid) or self._et_tid(host.et_tid)
         ids = (host.rf_id, host.seq_id, it.measured)  # (few combinations: rf_id 0, seq_id -1 on most)
-        out += (_host_io(host, pg_init), shape.place, et_tid, _ET_PARENT(host.et_parent),
-                self.record_ids.get(ids) or self._record_ids(ids))
+        out = [_host_io(host, pg_init), shape.place, et_tid, _ET_PARENT(host.et_parent),
+               self.record_ids.get(ids) or self._record_ids(ids)]
         if host.op_schema:
             out.append(_string_attr(_OP_SCHEMA, host.op_schema))
         if pg_init:
             out.append(_string_attr(_PG_CONFIG, _io(host.inputs)[0]))
+        return b"".join(out)
 
     def _record_ids(self, ids: tuple[int, int, bool]) -> bytes:
         """The rf_id, seq_id and linked attrs of a host op's node, cached by their values."""
