@@ -9,6 +9,7 @@ length and bytes. `build_nodes` gives the same nodes as protobuf objects (the Py
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from itertools import chain, repeat
 from operator import add, attrgetter, sub
@@ -98,7 +99,7 @@ class Rounded(NamedTuple):
         return cls(starts, list(map(sub, map(round, map(_SEG_END, items)), starts)))
 
 
-_ID, _START, _SEG_END = attrgetter("id"), attrgetter("start"), attrgetter("seg_end")
+_START, _SEG_END = attrgetter("start"), attrgetter("seg_end")
 
 
 # ---- the wire format (protobuf's encoding, proto3) ----
@@ -269,10 +270,16 @@ class _Shape(NamedTuple):
 
 # part_of and correlation before a three-byte value (ids and correlations: EncodedNodes._attrs writes them inline)
 _PART_OF_3, _CORRELATION_3 = (_attr_prefix(_key(name, "int64_val"), 3) for name in ("part_of", "correlation"))
-# The bytes of a field up to the last byte of a value 0x4000 <= v < 2**28 (2**21 for the three-byte ones), by
-# v & 0x3FFF: one part where the tag and `_MORE14` would be two (each a 16384-entry table, 0.6 MB, built in C)
-_ID_MORE, _START_MORE, _DEP_MORE, _PART_OF_MORE, _CORRELATION_MORE = (
-    list(map(add, repeat(prefix), _MORE14)) for prefix in (_N_ID, _N_START, _DATA_DEPS_3, _PART_OF_3, _CORRELATION_3))
+
+
+@functools.cache
+def _more_tables() -> tuple[list[bytes], ...]:
+    """The bytes of the id, start_time_micros, data_deps (one dep), part_of and correlation fields up to the last
+    byte of a value 0x4000 <= v < 2**28 (2**21 for the three-byte ones), by v & 0x3FFF: one part where the tag and
+    `_MORE14` would be two. Made on first use (16384 entries each, 0.6 MB; commands that encode nothing import
+    this module too)."""
+    return tuple(list(map(add, repeat(prefix), _MORE14))
+                 for prefix in (_N_ID, _N_START, _DATA_DEPS_3, _PART_OF_3, _CORRELATION_3))
 
 
 class EncodedNodes:
@@ -293,6 +300,8 @@ class EncodedNodes:
                  ) -> None:
         self.items = g.items
         self.times = times
+        self.ids: list[int] = []
+        self.starts: list[float] = []  # (each item's start as measured, not rounded)
         self.data_deps: list[tuple[int, ...]] = []
         self.in_full: list[bytes] = []
         self.work = roofline.values if roofline is not None else {}
@@ -305,16 +314,6 @@ class EncodedNodes:
         self.record_ids: dict[tuple[int, int, bool], bytes] = {}  # rf_id, seq_id and linked, by their values
         self.exclusive: dict[float, bytes] = {}  # exclusive_micros, by the measured float (round once per value)
         self.deps = deps
-
-    @property
-    def ids(self) -> list[int]:
-        """Each node's id, in node order (a pass in C once all are taken: cheaper than a list append per node)."""
-        return list(map(_ID, self.items))
-
-    @property
-    def starts(self) -> list[float]:
-        """Each node's item's start as measured (not rounded), in node order."""
-        return list(map(_START, self.items))
 
     def __iter__(self) -> Iterator[bytes]:
         if self.data_deps:  # (what the self-check reads is kept as the nodes go: twice would be wrong)
@@ -337,18 +336,22 @@ class EncodedNodes:
         exclusive_of, new_exclusive = self.exclusive.get, self._exclusive
         work_of = self.work.get if self.work else None  # (no roofline values: every COMP node's work is unknown)
         add_deps, add_full = self.data_deps.append, self.in_full.append
+        add_id, add_start = self.ids.append, self.starts.append
         starts, lengths = times.start, times.length
+        tables = _more_tables()
 
         def encode(k: int) -> list[bytes]:  # noqa: C901 (one loop, the fields inline: measured, see below)
             end = k + _BATCH
             out: list[bytes] = []
             add = out.append
-            id_more, v14, byte, dep_more, start_more = _ID_MORE, _V14, _BYTE, _DEP_MORE, _START_MORE
-            durations, part_more, corr_more, no_work = _DURATIONS, _PART_OF_MORE, _CORRELATION_MORE, _NO_WORK
+            id_more, start_more, dep_more, part_more, corr_more = tables  # (locals: the loop reads them per node)
+            v14, byte, durations, no_work = _V14, _BYTE, _DURATIONS, _NO_WORK
             # (start, length: `Rounded`'s)
             for it, start, length in zip(items[k:end], starts[k:end], lengths[k:end], strict=True):
                 # each field in locals, joined once (a tuple of as many parts whatever the node: b"" where none)
                 iid = it.id
+                add_id(iid)
+                add_start(it.start)
                 comm = it.comm
                 shape = ((comp_shape_of((it.name, it.kind, it.tid, it.device, it.stream)) or new_shape(it, _COMP))
                          if comm is None  # (most nodes: a key of five, the node type known)
