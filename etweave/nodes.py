@@ -186,7 +186,7 @@ def _int_attr(name: str, oneof: str = "int64_val") -> _IntAttr:
     two, three = prefixes[2], prefixes[3]
 
     def encode(value: int) -> bytes:
-        if 0x4000 <= value < 1 << 21:  # ids, correlations: three bytes, split as in EncodedNodes.node
+        if 0x4000 <= value < 1 << 21:  # ids, correlations: three bytes, split as in EncodedNodes._batch_function
             return three + _MORE14[value & 0x3FFF] + _BYTE[value >> 14]
         entry = common.get(value)
         if entry is not None:
@@ -291,7 +291,8 @@ class EncodedNodes:
     and `data_deps`, each node's in node order, and `in_full`, the bytes of the nodes that are not plain COMP nodes
     (comm nodes and `## process_group:init ##`).
 
-    One function per node (`node`) writes the fields in number order with the common cases inline; it caches the
+    One loop per batch of nodes (`_batch_function`) writes the fields in number order with the common cases inline,
+    each node after its length prefix (`framed`: the .et stream's framing); it caches the
     bytes that repeat across nodes (name, type and place per `_Shape`, evidence lists, the high bits of times, a host
     op's exclusive time and its rf_id/seq_id/linked attrs by their values). A
     varint of 0x4000 <= v < 2**64 is written as two parts, `_MORE14[v & 0x3FFF]` and the varint of v >> 14: a table

@@ -132,6 +132,11 @@ def serialize_encoded(metadata: bytes, nodes: Iterable[bytes]) -> bytes:
     return b"".join(stream_encoded(metadata, nodes))
 
 
+def serialize_framed(metadata: bytes, framed: Iterable[bytes]) -> bytes:
+    """`serialize` of the metadata encoded and the nodes already framed (`etweave.nodes.EncodedNodes.framed`)."""
+    return b"".join(framed_et_chunks(Path("-.et"), metadata, framed))  # (the name: not gzip)
+
+
 def is_gz_name(path: Path | str) -> bool:
     return str(path).endswith(".gz")
 
