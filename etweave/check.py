@@ -456,20 +456,22 @@ def _keys_rise_in_two(nodes: _Shapes, first_of: list[Any] | dict[int, Any], keys
     data_deps, first, n = nodes.data_deps, keys.first, len(nodes)
     counts = list(map(len, data_deps))
     one = list(map(eq, counts, repeat(1)))
-    many = list(map(lt, repeat(1), counts))
+    # the nodes of more deps by position (a tenth of a conversion's): their passes go over them alone
+    many = list(compress(range(n), map(lt, repeat(1), counts)))
     del counts
     key = first_of.__getitem__
     # a dep that names no node: a KeyError, or in a list an IndexError or None (a TypeError where it is compared);
     # deps are uint64 (the encoder refuses a negative one), so no negative index reaches into the list from its end
     try:  # the one dep's first part, or the latest dep's
         dep_one = list(map(key, map(itemgetter(0), compress(data_deps, one))))
-        dep_many = list(map(max, map(map, repeat(key), compress(data_deps, many))))
-        if not (all(map(le, dep_one, compress(first, one))) and all(map(le, dep_many, compress(first, many)))):
+        dep_many = list(map(max, map(map, repeat(key), map(data_deps.__getitem__, many))))
+        own_many = list(map(first.__getitem__, many))
+        if not (all(map(le, dep_one, compress(first, one))) and all(map(le, dep_many, own_many))):
             return False
     except (KeyError, IndexError, TypeError):
         return False
     tied = [*compress(compress(range(n), one), map(eq, dep_one, compress(first, one))),
-            *compress(compress(range(n), many), map(eq, dep_many, compress(first, many)))]
+            *compress(many, map(eq, dep_many, own_many))]
     whole, ids = keys.whole, nodes.ids
     return all(whole(d) < whole(ids[k]) for k in tied for d in data_deps[k])
 

@@ -15,7 +15,7 @@ import msgspec
 from etweave import progress, roofline
 from etweave.assemble import assemble
 from etweave.audit import build_report
-from etweave.chakra.io import SCHEMA_VERSION, encoded_et_chunks
+from etweave.chakra.io import SCHEMA_VERSION, framed_et_chunks
 from etweave.check import NodeChecker, RisingKeys
 from etweave.collectives import find_collectives
 from etweave.conversion import Conversion, need
@@ -36,7 +36,6 @@ from etweave.nodes import EncodedNodes, Rounded, encode_metadata, encode_nodes
 from etweave.nogc import no_gc
 from etweave.output import FileBytes, JsonFile, Writer, check_outputs, write_together
 from etweave.process_groups import local_group_ids
-from etweave.progress import counted
 from etweave.read.host_et import HostTrace, read_host_et
 from etweave.read.kineto import KinetoTrace, read_kineto
 from etweave.repair import repair
@@ -110,6 +109,12 @@ class Result(msgspec.Struct):
         ends."""
         nodes = encode_nodes(self.graph, self.deps, self.roofline, self.times)
         return itertools.chain(nodes, self._self_check(nodes))  # (a chain: no generator step per node)
+
+    def framed_nodes(self, done: Callable[[int], object] | None = None) -> Iterator[bytes]:
+        """`encoded_nodes` as the .et stream has them after its GlobalMetadata, in chunks (`EncodedNodes.framed`;
+        `done` told each chunk's count of nodes), checked after the last the same way."""
+        nodes = encode_nodes(self.graph, self.deps, self.roofline, self.times)
+        return itertools.chain(nodes.framed(done), self._self_check(nodes))
 
     def _self_check(self, nodes: EncodedNodes) -> Iterator[bytes]:
         """Checks the nodes once all are encoded; yields none."""
@@ -246,10 +251,11 @@ def convert(host: Path | None, device: Path | None, out: Path, report_path: Path
     check_outputs(outputs, [host, device])  # before any work: a bad output path costs nothing
     with no_gc():
         result = convert_files(host, device, rank, select, allow_mismatch)
-        nodes = counted(result.encoded_nodes(), f"writing {Path(out).name}", result.audit.nodes, "nodes")
-        # both written together: a failure anywhere leaves neither new nor changed
-        writers: list[Writer] = [FileBytes(Path(out), encoded_et_chunks(Path(out), result.metadata_bytes, nodes))]
-        if report_path is not None:
-            writers.append(JsonFile(Path(report_path), result.report))
-        write_together(writers)
+        with progress.stage(f"writing {Path(out).name}", result.audit.nodes, "nodes") as writing:
+            chunks = framed_et_chunks(Path(out), result.metadata_bytes, result.framed_nodes(writing.advance))
+            # both written together: a failure anywhere leaves neither new nor changed
+            writers: list[Writer] = [FileBytes(Path(out), chunks)]
+            if report_path is not None:
+                writers.append(JsonFile(Path(report_path), result.report))
+            write_together(writers)
     return result

@@ -9,8 +9,10 @@ length and bytes. `build_nodes` gives the same nodes as protobuf objects (the Py
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
-from operator import attrgetter, sub
+from itertools import chain, repeat
+from operator import add, attrgetter, itemgetter, sub
 from typing import TYPE_CHECKING, NamedTuple
 
 import orjson
@@ -184,7 +186,7 @@ def _int_attr(name: str, oneof: str = "int64_val") -> _IntAttr:
     two, three = prefixes[2], prefixes[3]
 
     def encode(value: int) -> bytes:
-        if 0x4000 <= value < 1 << 21:  # ids, correlations: three bytes, split as in EncodedNodes.node
+        if 0x4000 <= value < 1 << 21:  # ids, correlations: three bytes, split as in EncodedNodes._batch_function
             return three + _MORE14[value & 0x3FFF] + _BYTE[value >> 14]
         entry = common.get(value)
         if entry is not None:
@@ -244,6 +246,8 @@ _COMP = schema.COMP_NODE
 
 _DATA_DEPS_3 = _N_DATA_DEPS + _BYTE[3]  # the data_deps field's tag and length, of one dep of three bytes
 _DURATIONS = [_N_DURATION + v for v in _BYTE]  # the duration field of 0..127 µs, most nodes'
+_BATCH = 1024  # nodes encoded at a time: one Python call each, not one per node
+_NODE_BYTES = itemgetter(slice(1, None, 2))  # a batch's nodes, less their length prefixes
 _CACHE_CAP = 1 << 16  # a cache keyed by values that may all differ stops growing here: its memory stays bounded
 
 
@@ -269,6 +273,16 @@ class _Shape(NamedTuple):
 _PART_OF_3, _CORRELATION_3 = (_attr_prefix(_key(name, "int64_val"), 3) for name in ("part_of", "correlation"))
 
 
+@functools.cache
+def _more_tables() -> tuple[list[bytes], ...]:
+    """The bytes of the id, start_time_micros, data_deps (one dep), part_of and correlation fields up to the last
+    byte of a value 0x4000 <= v < 2**28 (2**21 for the three-byte ones), by v & 0x3FFF: one part where the tag and
+    `_MORE14` would be two. Made on first use (16384 entries each, 0.6 MB; commands that encode nothing import
+    this module too)."""
+    return tuple(list(map(add, repeat(prefix), _MORE14))
+                 for prefix in (_N_ID, _N_START, _DATA_DEPS_3, _PART_OF_3, _CORRELATION_3))
+
+
 class EncodedNodes:
     """One conversion's nodes, encoded lazily in item order as they are taken (iterate it once), so the writer can
     stream them; GPU COMP nodes take num_ops and tensor_size from `roofline` (zeros without). Once all are taken,
@@ -277,7 +291,8 @@ class EncodedNodes:
     and `data_deps`, each node's in node order, and `in_full`, the bytes of the nodes that are not plain COMP nodes
     (comm nodes and `## process_group:init ##`).
 
-    One function per node (`node`) writes the fields in number order with the common cases inline; it caches the
+    One loop per batch of nodes (`_batch_function`) writes the fields in number order with the common cases inline,
+    each node after its length prefix (`framed`: the .et stream's framing); it caches the
     bytes that repeat across nodes (name, type and place per `_Shape`, evidence lists, the high bits of times, a host
     op's exclusive time and its rf_id/seq_id/linked attrs by their values). A
     varint of 0x4000 <= v < 2**64 is written as two parts, `_MORE14[v & 0x3FFF]` and the varint of v >> 14: a table
@@ -300,20 +315,39 @@ class EncodedNodes:
         self.et_tids: dict[int, bytes] = {}  # the et_tid attr, by value (one per thread)
         self.record_ids: dict[tuple[int, int, bool], bytes] = {}  # rf_id, seq_id and linked, by their values
         self.exclusive: dict[float, bytes] = {}  # exclusive_micros, by the measured float (round once per value)
-        self.node = self._node_function(deps)
+        self.deps = deps
 
     def __iter__(self) -> Iterator[bytes]:
+        # (batches chained in C: no generator step per node, and one Python call per batch, not per node)
+        return chain.from_iterable(map(_NODE_BYTES, self._batches()))
+
+    def framed(self, done: Callable[[int], object] | None = None) -> Iterator[bytes]:
+        """The nodes as the .et stream has them after its GlobalMetadata (`chakra.io.framed_et_chunks`): each after
+        its length, a batch of them joined at a time, framed as they are encoded (a writer's Python step per node
+        cost 4% of the writing stage). `done`: called with each batch's count of nodes (progress)."""
+        if done is None:
+            return map(b"".join, self._batches())
+
+        def joined(parts: list[bytes]) -> bytes:
+            done(len(parts) >> 1)
+            return b"".join(parts)
+
+        return map(joined, self._batches())
+
+    def _batches(self) -> Iterator[list[bytes]]:
+        """Each batch of `_BATCH` nodes (the last: the rest), as each node's length prefix then its bytes."""
         if self.data_deps:  # (what the self-check reads is kept as the nodes go: twice would be wrong)
             raise RuntimeError("a conversion's nodes are encoded once")
         items, times = self.items, self.times or Rounded.of(self.items)
         if not len(items) == len(times.start) == len(times.length):
             raise ValueError(f"{len(times.start)} rounded times for {len(items)} items")
-        return map(self.node, items, times.start, times.length)  # (a map: no generator step per node)
+        return map(self._batch_function(items, times), range(0, len(items), _BATCH))
 
-    def _node_function(self, deps: Dependencies) -> Callable[[Item, int, int], bytes]:
-        """The encoder of one node, its tables and caches in closure variables (no attribute lookup per node). The
-        common case is written inline, the rarer ones as expressions or helpers (few branches, no call for most)."""
-        preds_of, shape_of, new_shape = deps.preds.get, self.shapes.get, self._shape
+    def _batch_function(self, items: list[Item], times: Rounded) -> Callable[[int], list[bytes]]:  # noqa: C901
+        """The encoder of the `_BATCH` nodes from item k on (`_batches`): a loop over them with the tables and caches
+        in locals (no attribute lookup, no call per node). The common case is written inline, the rarer ones as
+        expressions or helpers (few branches, no call for most)."""
+        preds_of, shape_of, new_shape = self.deps.preds.get, self.shapes.get, self._shape
         comp_shape_of = self.comp_shapes.get
         evidence1, new_evidence, other_deps = self.evidence1, self._evidence, self._other_deps
         high_of, new_high, host_fields = self.high.get, self._high, self._host
@@ -321,81 +355,104 @@ class EncodedNodes:
         work_of = self.work.get if self.work else None  # (no roofline values: every COMP node's work is unknown)
         add_deps, add_full = self.data_deps.append, self.in_full.append
         add_id, add_start = self.ids.append, self.starts.append
+        starts, lengths = times.start, times.length
+        tables = _more_tables()
 
-        def node(it: Item, start: int, length: int) -> bytes:  # (start, length: `Rounded`'s)
-            iid = it.id
-            add_id(iid)
-            add_start(it.start)
-            comm = it.comm
-            shape = ((comp_shape_of((it.name, it.kind, it.tid, it.device, it.stream)) or new_shape(it, _COMP))
-                     if comm is None  # (most nodes: a key of five, the node type known)
-                     else _comm_shape(it, comm.node_type, shape_of, new_shape))
-            head, place, marker, _, host_op, in_full = shape  # (unpacked: a NamedTuple's fields are slow attributes)
-            out = ([_N_ID, _MORE14[iid & 0x3FFF], _V14[iid >> 14], head] if 0x4000 <= iid < 1 << 28
-                   else [_id_field(iid), head])
-            preds = preds_of(iid, ())
-            if len(preds) == 1:  # most nodes
-                edge = preds[0]
-                src = edge.src
-                out += ((_DATA_DEPS_3, _MORE14[src & 0x3FFF], _BYTE[src >> 14]) if 0x4000 <= src < 1 << 21
-                        else (_one_dep(src),))
-                add_deps((src,))
-                # (`_value_`: the member's plain attribute, not the `value` property; strings hash fast, members don't)
-                source = edge.source._value_
-                evidence = evidence1.get(source) or new_evidence((source,))
-            else:
-                evidence = other_deps(preds, out)
-            # duration(): both ends rounded; a marker's 0, its start 0 when it has none
-            rounded = (start if it.measured or it.start > 0 else 0) if marker else start
-            dur = 0 if marker else length
-            if 1 << 28 <= rounded < _U64:  # start_time_micros
-                out += (_N_START, _MORE14[rounded & 0x3FFF], high_of(rounded >> 14) or new_high(rounded))
-            else:
-                out.append(_N_START + _uint64(rounded) if rounded > 0 else b"")  # (0 left out)
-            out.append(b"" if dur <= 0 else _DURATIONS[dur] if dur < 0x80 else _N_DURATION + _uint64(dur))
-            host = it.host
-            if host is None:
-                out.append(place)
-            else:
-                host_fields(it, host, shape, out)
-            # the attrs after the place and host attrs, but `dep_evidence`, in the order the node has them
-            if host_op and it.measured:
-                excl = it.excl
-                out.append(exclusive_of(excl) or new_exclusive(excl))
-            value = it.part_of
-            if value is not None:
-                out += ((_PART_OF_3, _MORE14[value & 0x3FFF], _BYTE[value >> 14]) if 0x4000 <= value < 1 << 21
-                        else (_PART_OF(value),))
-            if it.orphan_parent is not None:
-                out.append(_ORPHAN_PARENT(it.orphan_parent))
-            value = it.correlation
-            if value is not None:  # runtime calls
-                out += ((_CORRELATION_3, _MORE14[value & 0x3FFF], _BYTE[value >> 14]) if 0x4000 <= value < 1 << 21
-                        else (_CORRELATION(value),))
-            # a COMP node's num_ops and tensor_size (ASTRA-sim's roofline mode throws on a COMP_NODE without both,
-            # docs/FACTS.md §A3; 0 = not known), or a comm node's attrs
-            out.append((_NO_WORK if work_of is None else _work(work_of(iid))) if comm is None
-                       else _comm_attrs(comm, it.dur) + (_work(self.work.get(iid)) if comm.node_type == _COMP else b""))
-            out.append(evidence)  # why each data_dep is there, in data_deps order (docs/OUTPUT.md); b"": none
-            data = b"".join(out)
-            if in_full:
-                add_full(data)
-            return data
+        def encode(k: int) -> list[bytes]:  # noqa: C901 (one loop, the fields inline: measured, see below)
+            end = k + _BATCH
+            out: list[bytes] = []
+            add = out.append
+            id_more, start_more, dep_more, part_more, corr_more = tables  # (locals: the loop reads them per node)
+            v14, byte, durations, no_work = _V14, _BYTE, _DURATIONS, _NO_WORK
+            # (start, length: `Rounded`'s)
+            for it, start, length in zip(items[k:end], starts[k:end], lengths[k:end], strict=True):
+                # each field in locals, joined once (a tuple of as many parts whatever the node: b"" where none)
+                iid = it.id
+                add_id(iid)
+                add_start(it.start)
+                comm = it.comm
+                shape = ((comp_shape_of((it.name, it.kind, it.tid, it.device, it.stream)) or new_shape(it, _COMP))
+                         if comm is None  # (most nodes: a key of five, the node type known)
+                         else _comm_shape(it, comm.node_type, shape_of, new_shape))
+                head, place, marker, _, host_op, in_full = shape  # (unpacked: a NamedTuple's fields are slow)
+                # (statements, not conditional expressions of tuples: a tuple made and unpacked per field cost 8%)
+                if 0x4000 <= iid < 1 << 28:
+                    id_a, id_b = id_more[iid & 0x3FFF], v14[iid >> 14]
+                else:
+                    id_a, id_b = _id_field(iid), b""
+                preds = preds_of(iid, ())
+                if len(preds) == 1:  # most nodes
+                    edge = preds[0]
+                    src = edge.src
+                    if 0x4000 <= src < 1 << 21:
+                        dep_a, dep_b = dep_more[src & 0x3FFF], byte[src >> 14]
+                    else:
+                        dep_a, dep_b = _one_dep(src), b""
+                    add_deps((src,))
+                    # (`_value_`: the member's plain attribute, not the `value` property; strings hash fast)
+                    source = edge.source._value_
+                    evidence = evidence1.get(source) or new_evidence((source,))
+                else:
+                    dep_a, dep_b, evidence = other_deps(preds)
+                if marker:  # duration(): 0; its start 0 when it has none
+                    rounded, dur = (start if it.measured or it.start > 0 else 0), 0
+                else:  # duration(): both ends rounded
+                    rounded, dur = start, length
+                if 1 << 28 <= rounded < _U64:  # start_time_micros
+                    start_a, start_b = start_more[rounded & 0x3FFF], high_of(rounded >> 14) or new_high(rounded)
+                else:
+                    start_a, start_b = (_N_START + _uint64(rounded) if rounded > 0 else b""), b""  # (0 left out)
+                host = it.host
+                # the attrs after the place and host attrs, but `dep_evidence`, in the order the node has them
+                value = it.part_of
+                if value is None:
+                    part_a = part_b = b""
+                elif 0x4000 <= value < 1 << 21:
+                    part_a, part_b = part_more[value & 0x3FFF], byte[value >> 14]
+                else:
+                    part_a, part_b = _PART_OF(value), b""
+                value = it.correlation
+                if value is None:
+                    corr_a = corr_b = b""
+                elif 0x4000 <= value < 1 << 21:  # runtime calls
+                    corr_a, corr_b = corr_more[value & 0x3FFF], byte[value >> 14]
+                else:
+                    corr_a, corr_b = _CORRELATION(value), b""
+                data = b"".join((
+                    id_a, id_b, head, dep_a, dep_b, start_a, start_b,
+                    durations[dur] if 0 < dur < 0x80 else b"" if dur <= 0 else _N_DURATION + _uint64(dur),
+                    place if host is None else host_fields(it, host, shape),
+                    (exclusive_of(it.excl) or new_exclusive(it.excl)) if host_op and it.measured else b"",
+                    part_a, part_b,
+                    b"" if it.orphan_parent is None else _ORPHAN_PARENT(it.orphan_parent),
+                    corr_a, corr_b,
+                    # a COMP node's num_ops and tensor_size (ASTRA-sim's roofline mode throws on a COMP_NODE without
+                    # both, docs/FACTS.md §A3; 0 = not known), or a comm node's attrs
+                    ((no_work if work_of is None else _work(work_of(iid))) if comm is None
+                     else _comm_attrs(comm, it.dur) + (_work(self.work.get(iid)) if comm.node_type == _COMP else b"")),
+                    evidence,  # why each data_dep is there, in data_deps order (docs/OUTPUT.md); b"": none
+                ))
+                if in_full:
+                    add_full(data)
+                n = len(data)  # the .et stream's length prefix (io.stream_encoded's, inline)
+                add(byte[n] if n < 0x80 else v14[n] if n < 0x4000 else _varint(n))
+                add(data)
+            return out
 
-        return node
+        return encode
 
-    def _other_deps(self, preds: tuple[Edge, ...], out: list[bytes]) -> bytes:
-        """Appends the data_deps field of no dep (none) or more than one; returns their `dep_evidence` attr."""
+    def _other_deps(self, preds: tuple[Edge, ...]) -> tuple[bytes, bytes, bytes]:
+        """The data_deps field of no dep (none) or more than one, b"" (`node`'s second part of it), and their
+        `dep_evidence` attr."""
         if not preds:
             self.data_deps.append(())
-            return b""
+            return b"", b"", b""
         data_deps = tuple([e.src for e in preds])
         self.data_deps.append(data_deps)
         payload = b"".join([_MORE14[src & 0x3FFF] + _BYTE[src >> 14] if 0x4000 <= src < 1 << 21 else _uint64(src)
                             for src in data_deps])
-        out.append(_len_field(_N_DATA_DEPS, payload))
         sources = tuple([e.source._value_ for e in preds])
-        return self.evidence.get(sources) or self._evidence(sources)
+        return _len_field(_N_DATA_DEPS, payload), b"", self.evidence.get(sources) or self._evidence(sources)
 
     def _high(self, value: int) -> bytes:
         """The varint of value >> 14 (2**28 <= value < 2**64), cached."""
@@ -426,17 +483,18 @@ class EncodedNodes:
             self.shapes[(name, kind, ntype, it.tid, it.device, it.stream)] = shape
         return shape
 
-    def _host(self, it: Item, host: OpRecord, shape: _Shape, out: list[bytes]) -> None:
+    def _host(self, it: Item, host: OpRecord, shape: _Shape) -> bytes:
         """A host op's IOInfo fields and attrs (`place` between them, as the node has them)."""
         pg_init = shape.pg_init
         et_tid = self.et_tids.get(host.et_tid) or self._et_tid(host.et_tid)
         ids = (host.rf_id, host.seq_id, it.measured)  # (few combinations: rf_id 0, seq_id -1 on most)
-        out += (_host_io(host, pg_init), shape.place, et_tid, _ET_PARENT(host.et_parent),
-                self.record_ids.get(ids) or self._record_ids(ids))
+        out = [_host_io(host, pg_init), shape.place, et_tid, _ET_PARENT(host.et_parent),
+               self.record_ids.get(ids) or self._record_ids(ids)]
         if host.op_schema:
             out.append(_string_attr(_OP_SCHEMA, host.op_schema))
         if pg_init:
             out.append(_string_attr(_PG_CONFIG, _io(host.inputs)[0]))
+        return b"".join(out)
 
     def _record_ids(self, ids: tuple[int, int, bool]) -> bytes:
         """The rf_id, seq_id and linked attrs of a host op's node, cached by their values."""

@@ -8,10 +8,11 @@ its elapsed time."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -96,17 +97,17 @@ def stage(name: str, total: int | None = None, unit: str = "") -> Iterator[Stage
         s.close()
 
 
-def counted(items: Any, name: str, total: int | None = None, unit: str = "", chunk: int = 4096) -> Iterator[Any]:
-    """`items`, passed through, counted on a stage in chunks of `chunk` (no per-item cost but a counter)."""
+def counted(items: Iterable[Any], name: str, total: int | None = None, unit: str = "", chunk: int = 4096
+            ) -> Iterator[Any]:
+    """`items`, passed through, counted on a stage in chunks of `chunk` (no per-item cost but a generator step; none
+    at all when there is nothing to show: the items' own iterator is returned)."""
+    if not (shown() or (_verbose and _on)):  # (what `Stage` draws or prints: nothing)
+        return iter(items)
+    return _counted(iter(items), name, total, unit, chunk)
+
+
+def _counted(items: Iterator[Any], name: str, total: int | None, unit: str, chunk: int) -> Iterator[Any]:
     with stage(name, total, unit) as s:
-        if s._bar is None and not _verbose:
-            yield from items
-            return
-        n = 0
-        for item in items:
-            yield item
-            n += 1
-            if n == chunk:
-                s.advance(n)
-                n = 0
-        s.advance(n)
+        while batch := list(itertools.islice(items, chunk)):
+            yield from batch
+            s.advance(len(batch))

@@ -4,11 +4,14 @@ packed lists, present-but-empty IOInfo), so the written `.et` files are protobuf
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
 import pytest
 
+from etweave import nodes as nodes_module
 from etweave.chakra import et_def_pb2 as pb
+from etweave.chakra.io import framed_et_chunks, parse, serialize_encoded
 from etweave.convert import Result, run_pipeline
 from etweave.nodes import encode_nodes, node_type
 from etweave.read.host_et import PG_INIT_NAME
@@ -51,3 +54,31 @@ def test_nodes_encoded_again_are_the_same(traces: Path) -> None:
     first = list(result.encoded_nodes())
     assert result.times is None and first
     assert list(result.encoded_nodes()) == first
+
+
+def test_framed_nodes_are_the_stream_of_the_nodes(traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                  ) -> None:
+    """What `etweave convert` writes (each node framed in the batch loop) is the .et stream of the nodes one at a
+    time, plain and gzip, and progress is told every node once."""
+    monkeypatch.setattr(nodes_module, "_BATCH", 50)  # (batches of 50: several, the last one short)
+    result = run_pipeline(None, read_kineto(traces / "kineto-only" / "amd-mi250.json.gz"))
+    nodes = list(result.encoded_nodes())
+    assert len(nodes) % 50
+    counts: list[int] = []
+    framed = list(result.framed_nodes(counts.append))
+    assert len(framed) == len(counts) == len(nodes) // 50 + 1 and sum(counts) == len(nodes)
+    plain = tmp_path / "x.et"
+    assert b"".join(framed_et_chunks(plain, result.metadata_bytes, framed)) == serialize_encoded(
+        result.metadata_bytes, nodes)
+    gz = b"".join(framed_et_chunks(tmp_path / "x.et.gz", result.metadata_bytes, framed))
+    assert gzip.decompress(gz) == serialize_encoded(result.metadata_bytes, nodes)
+    _, read = parse(gzip.decompress(gz))
+    assert [n.SerializeToString(deterministic=True) for n in read] == nodes
+
+
+def test_a_failed_self_check_stops_the_framed_stream(traces: Path) -> None:
+    result = run_pipeline(None, read_kineto(traces / "kineto-only" / "amd-mi250.json.gz"))
+    first = result.graph.items[0].id
+    result.deps.preds[first] = result.deps.preds[result.graph.items[1].id]  # a dep on a later node, and back
+    with pytest.raises(RuntimeError, match="output failed its own check"):
+        b"".join(result.framed_nodes())

@@ -103,6 +103,15 @@ def stream_encoded(metadata: bytes, nodes: Iterable[bytes]) -> Iterator[bytes]:
     yield b"".join(parts)
 
 
+def framed_et_chunks(path: Path, metadata: bytes, framed: Iterable[bytes]) -> Iterator[bytes]:
+    """`encoded_et_chunks` of nodes already framed (each after its length, as `etweave.nodes.EncodedNodes.framed`
+    gives them), in the chunks given."""
+    if not metadata:
+        raise ValueError("an empty GlobalMetadata reads as end of file")
+    chunks = chain((varint_bytes(len(metadata)) + metadata,), framed)
+    return gzipped(chunks) if is_gz_name(path) else chunks
+
+
 def gzipped(chunks: Iterable[bytes]) -> Iterator[bytes]:
     """gzip of the chunks, streamed. zlib's gzip header has no name and mtime 0: the same input, the same bytes."""
     comp = zlib.compressobj(6, zlib.DEFLATED, 31)  # wbits 31: gzip container
@@ -121,6 +130,11 @@ def serialize(metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node]) -> bytes:
 def serialize_encoded(metadata: bytes, nodes: Iterable[bytes]) -> bytes:
     """`serialize` of the metadata and nodes already encoded."""
     return b"".join(stream_encoded(metadata, nodes))
+
+
+def serialize_framed(metadata: bytes, framed: Iterable[bytes]) -> bytes:
+    """`serialize` of the metadata encoded and the nodes already framed (`etweave.nodes.EncodedNodes.framed`)."""
+    return b"".join(framed_et_chunks(Path("-.et"), metadata, framed))  # (the name: not gzip)
 
 
 def is_gz_name(path: Path | str) -> bool:

@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from etweave.chakra.io import serialize_encoded
+from etweave.chakra.io import serialize_framed
 from etweave.convert import run_pipeline
 from etweave.errors import BadInput, CheckFailed
 from etweave.nogc import no_gc
@@ -27,7 +27,7 @@ class ConvertedRank(msgspec.Struct, frozen=True):
     """One rank converted: plain, picklable data, the same whether converted here, in a process pool or on Dask."""
 
     rank: int  # the rank the converter wrote (GlobalMetadata attr `rank`)
-    # the .et stream, every node checked (`Result.encoded_nodes`); or, in the parent, the file it was spilled to as
+    # the .et stream, every node checked (`Result.framed_nodes`); or, in the parent, the file it was spilled to as
     # it arrived (`convert_ranks`' `keep`), so a run's parent never holds every rank's bytes at once
     et: bytes | Path
     report: dict[str, Any]  # etweave.report's per-rank audit (JSON-shaped; assemble_run corrects `nodes`)
@@ -80,7 +80,7 @@ def _convert_rank(rank: int | None, host: str | None, kineto: str | None, allow_
         return RankFailure(rank, exc.where, exc.problem)
     except CheckFailed as exc:
         return RankFailure(rank, "", str(exc), mismatch=True)
-    et = serialize_encoded(result.metadata_bytes, result.encoded_nodes())
+    et = serialize_framed(result.metadata_bytes, result.framed_nodes())
     summary = summary_of(et)
     stream: bytes | Path = et
     if spill_to is not None:
