@@ -1,20 +1,20 @@
 """Read, from each `.et` node, only the fields the replays use: the loaders' one reader (load.py, astra.py).
 
 A node is parsed by protobuf (upb, in C) with a reduced schema: the Node's own fields as Chakra's, its `attr`
-entries kept as their serialized bytes. Only the entries whose name the caller wants are decoded here: the
-entries are read in order, each looked up whole in a cache of the entries seen, until as many wanted ones were
-read as the nodes with the same first entry held before (etweave writes `kind` first, and the attrs the replays
-read first, so most nodes read three or four entries; building a protobuf object per attribute, about ten per
-node, is what made reading cost twice the decode); then one regex (in C) over the node's bytes after the last
-entry read shows that the entries left hold no place that reads as a wanted name field, or they are read too.
-An entry read that holds a wanted name is decoded by hand when it has the canonical form every protobuf writer
-gives it (the name first, then one value: an integer, bool or string); any other form (another value type, a
-value before the name, a doc_string, a malformed entry, a name field twice or with a padded length, a wanted
-name's bytes inside another attr's string) sends that node through the full protobuf message instead, so every
-value reads exactly as `etweave.chakra.io.attr_value` reads it, and bad bytes fail as `iter_et` fails. A node's
-name is read as bytes and decoded (and interned) once per distinct name, the deps as slices of the repeated
-fields (a list made in C). The one difference: an entry that holds no wanted name's bytes is never parsed, so a
-malformed one (which protobuf would refuse) goes unnoticed here; `etweave check` reads every byte.
+entries kept as their serialized bytes. Only the entries whose name the caller wants are decoded here: the entries
+are read in order, each looked up whole in a cache of the entries seen, until as many wanted ones were read as the
+nodes with the same first entry and count of entries held before (etweave writes `kind` first, and the attrs the
+replays read first, so most nodes read three or four entries; building a protobuf object per attribute, about ten
+per node, is what made reading cost twice the decode); then one regex (in C) over the node's bytes after the last
+entry read shows that the entries left hold no place that reads as a wanted name field, or they are read too. An
+entry read that holds a wanted name is decoded by hand when it has the canonical form every protobuf writer gives
+it (the name first, then one value: an integer, bool or string); any other form (another value type, a value before
+the name, a doc_string, a malformed entry, a name field twice or with a padded length, a wanted name's bytes inside
+another attr's string) sends that node through the full protobuf message instead, so every value reads exactly as
+`etweave.chakra.io.attr_value` reads it, and bad bytes fail as `iter_et` fails. A node's name is read as bytes and
+decoded (and interned) once per distinct name, the deps as slices of the repeated fields (a list made in C). The
+one difference: an entry that holds no wanted name's bytes is never parsed, so a malformed one (which protobuf
+would refuse) goes unnoticed here; `etweave check` reads every byte.
 """
 
 from __future__ import annotations
@@ -154,8 +154,10 @@ class _Reader:
         self.known: dict[bytes, tuple[str, object]] = {}  # entry bytes -> (name, value), or _SKIP: most repeat
         self.node_names: dict[bytes, str] = {}  # a node name's bytes -> the name, interned: names repeat
         self.find_name = _name_finder(wanted)
-        # a node's first attr entry (etweave writes `kind` first) -> the most wanted attrs its nodes held so far
-        self.expect: dict[bytes, int] = {}
+        # (a node's first attr entry (etweave writes `kind` first), its count of entries) -> the most wanted attrs
+        # its nodes held so far. The count too: comm kernels share their first entry with compute kernels, and
+        # hold more wanted attrs (on the first alone, every compute kernel would read all its entries)
+        self.expect: dict[tuple[bytes, int], int] = {}
 
     def batches(self, batches: Iterator[list[bytes]]) -> Iterator[list[NodeFields]]:
         """The nodes of each batch; a bad node's error raised once the nodes before it were taken (a caller
@@ -188,16 +190,18 @@ class _Reader:
             try:
                 name = node_names.get(name_bytes) or _name(name_bytes, node_names)
                 # The entries are read in order until as many wanted ones were read as the nodes with the same
-                # first entry held (etweave writes `kind` first, and the attrs the replays read first: a few are
-                # read); then one regex over the node's bytes after the last one read shows that the entries left
-                # hold no wanted name (or they are read too). `_decode` reads every entry read.
+                # first entry and count of entries held (etweave writes `kind` first, and the attrs the replays
+                # read first: a few are read); then one regex over the node's bytes after the last one read shows
+                # that the entries left hold no wanted name (or they are read too). `_decode` reads every entry read.
                 found = expected = 0
                 first = last = b""
-                for entry in node.attr:
+                entries = node.attr
+                for entry in entries:
                     hit = known.get(entry) or self.decode(entry)
                     if not first:
                         first = entry
-                        expected = expect.get(entry, 0)  # 0: not seen, every entry is read
+                        shape = (entry, len(entries))
+                        expected = expect.get(shape, 0)  # 0: not seen, every entry is read
                     if hit is not _SKIP:
                         attrs[hit[0]] = hit[1]
                         found += 1
@@ -208,8 +212,8 @@ class _Reader:
                                 break
                             expected = 0
                 else:
-                    if found > expect.get(first, 0):
-                        self.learn(first, found)
+                    if first and found > expect.get(shape, 0):
+                        self.learn(shape, found)
             except _Unusual:
                 append(_full(raw, path, wanted))  # raises the error iter_et would for a name that is not UTF-8
                 continue
@@ -224,11 +228,12 @@ class _Reader:
         hit = self.known[entry] = _decode(entry, self.names, self.find_name)
         return hit
 
-    def learn(self, first: bytes, found: int) -> None:
-        """`found` wanted attrs in a node whose first attr entry is `first`: more than any before."""
+    def learn(self, shape: tuple[bytes, int], found: int) -> None:
+        """`found` wanted attrs in a node of `shape` (its first attr entry, its count of entries): more than any
+        before."""
         if len(self.expect) >= _CACHE_LIMIT:
             self.expect.clear()
-        self.expect[first] = found
+        self.expect[shape] = found
 
 
 _fields = attrgetter("id", "name", "type", "data_deps", "ctrl_deps", "start_time_micros", "duration_micros")
