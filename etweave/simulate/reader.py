@@ -158,6 +158,10 @@ class _Reader:
         # its nodes held so far. The count too: comm kernels share their first entry with compute kernels, and
         # hold more wanted attrs (on the first alone, every compute kernel would read all its entries)
         self.expect: dict[tuple[bytes, int], int] = {}
+        # an entry's head (its wanted name field and a one-byte integer value tag) as an entry decoded before held
+        # it -> (the name, the value's conversion): a new value of such a name (part_of: an op's id, new at most
+        # nodes that have it) read from the varint after the head, not through `_decode`
+        self.int_heads: dict[bytes, tuple[str, Callable[[int], object]]] = {}
 
     def batches(self, batches: Iterator[list[bytes]]) -> Iterator[list[NodeFields]]:
         """The nodes of each batch; a bad node's error raised once the nodes before it were taken (a caller
@@ -222,10 +226,24 @@ class _Reader:
                     start, duration, attrs))
 
     def decode(self, entry: bytes) -> tuple[str, object]:
-        """An attr entry not seen before (`_decode`), kept."""
+        """An attr entry not seen before (`_decode`, or the varint after a head seen before), kept."""
         if len(self.known) >= _CACHE_LIMIT:
             self.known.clear()
+        # (the head: name tag, one-byte length, name, value tag; _decode reads an entry of that head the same way)
+        at = 3 + entry[1] if len(entry) > 3 and entry[0] == 0x0A and entry[1] < 0x80 else 0
+        if at > len(entry):
+            at = 0  # (the name runs to the end or past it: no value tag)
+        head = self.int_heads.get(entry[:at]) if at else None
+        if head is not None:
+            raw, pos = _varint(entry, at)
+            if pos == len(entry):
+                hit = self.known[entry] = head[0], head[1](raw)
+                return hit
         hit = self.known[entry] = _decode(entry, self.names, self.find_name)
+        if at and hit is not _SKIP and entry[at - 1] < 0x80:
+            convert = _TAGS.get(entry[at - 1:at])
+            if convert is not None:
+                self.int_heads[entry[:at]] = hit[0], convert
         return hit
 
     def learn(self, shape: tuple[bytes, int], found: int) -> None:
