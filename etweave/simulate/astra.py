@@ -392,6 +392,8 @@ class _EventLoop:
                  network: Network, collectives: str, contention: bool = True, machine_ints: bool = True,
                  prior: _EventLoop | None = None) -> None:
         n = len(flat.kind)
+        if prior is not None:
+            prior.indeg.clear()  # (done with: freed before the copy below, not beside it)
         self.indeg = flat.indeg.copy()  # counted down here: the flat columns serve every run
         self.ranks, self.flat, self.instances, self.peer = ranks, flat, instances, peer
         self.network, self.collectives, self.contention = network, collectives, contention
