@@ -392,6 +392,7 @@ class _EventLoop:
                  network: Network, collectives: str, contention: bool = True, machine_ints: bool = True,
                  prior: _EventLoop | None = None) -> None:
         n = len(flat.kind)
+        self.indeg: list[int]
         if prior is not None:
             prior.indeg.clear()  # (done with: freed before the copy below, not beside it)
         self.indeg = flat.indeg.copy()  # counted down here: the flat columns serve every run
