@@ -3,7 +3,8 @@
     python -m bench.simulate_floor OUT [OUT ...] [--base REV] [--reps N]
 
 Each OUT is a `convert-run` output folder (e.g. kept from `python -m bench.ranks --generate N` + `convert-run`).
-Per folder, interleaved, best CPU (user + sys, `os.wait4`) of `--reps` runs of each whole process: the floor
+Per folder, interleaved, the mean CPU (user + sys, `os.wait4`) of `--reps` runs of each whole process, as
+`bench.ranks` counts its runs: the floor
 (`python -m bench.ranks --decode`, the `decode` line of `bench.ranks`), `etweave simulate OUT` and
 `etweave simulate OUT --model astra-sim` of the working tree and, with `--base`, of that revision (its own git
 worktree, as `bench.identical` checks it out; both trees compiled first). Prints simulate / decode for each model
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,7 +47,8 @@ def _cpu(tree: Path, cmd: list[str], stdout: Path) -> tuple[float, float]:
 
 def measure(out: Path, trees: dict[str, Path], reps: int, work: Path,
             rss: dict[str, float] | None = None) -> dict[str, float]:
-    """Best CPU of each command on folder `out`; with `rss`, each command's largest peak RSS (MiB) is put there."""
+    """Mean CPU of each command's runs on folder `out` (the mean, as `bench.ranks` counts); with `rss`, each
+    command's largest peak RSS (MiB) is put there."""
     files = [str(p) for p in sorted(out.glob("trace.*.et"))]
     commands: dict[str, tuple[Path, list[str]]] = {"decode": (REPO, [sys.executable, "-m", "bench.ranks", "--decode",
                                                                      *files])}
@@ -53,21 +56,21 @@ def measure(out: Path, trees: dict[str, Path], reps: int, work: Path,
         commands[f"default {side}"] = (tree, [sys.executable, "-m", "etweave", "simulate", str(out)])
         commands[f"astra-sim {side}"] = (tree, [sys.executable, "-m", "etweave", "simulate", str(out), "--model",
                                                 "astra-sim"])
-    best: dict[str, float] = {}
+    runs: dict[str, list[float]] = {name: [] for name in commands}
     for _ in range(reps):
         for name, (tree, cmd) in commands.items():
             cpu, peak = _cpu(tree, cmd, work / name.replace(" ", "_"))
-            best[name] = min(best.get(name, float("inf")), cpu)
+            runs[name].append(cpu)
             if rss is not None:
                 rss[name] = max(rss.get(name, 0.0), peak)
-    return best
+    return {name: statistics.mean(cpus) for name, cpus in runs.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.simulate_floor", description=__doc__.splitlines()[0])
     p.add_argument("outs", type=Path, nargs="+", metavar="OUT", help="convert-run output folders")
     p.add_argument("--base", metavar="REV", help="also time this revision's simulate (a git worktree of it)")
-    p.add_argument("--reps", type=int, default=3, help="runs of each command, the best counts (default 3)")
+    p.add_argument("--reps", type=int, default=3, help="runs of each command, their mean counts (default 3)")
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="etweave-simfloor-"))
     trees = {"head": REPO}
@@ -79,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run([sys.executable, "-m", "compileall", "-q", "etweave", "bench"], cwd=tree, check=True,
                            env={k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
                            stdout=subprocess.DEVNULL)
-        print(f"load average {os.getloadavg()[0]:.2f} at the start; best CPU s of {args.reps}", flush=True)
+        print(f"load average {os.getloadavg()[0]:.2f} at the start; mean CPU s of {args.reps} runs", flush=True)
         cut = work / "startup"
         startup_run(args.outs[0], cut)
         startup = measure(cut, trees, args.reps, work)
@@ -89,17 +92,17 @@ def main(argv: list[str] | None = None) -> int:
         per_rank: dict[str, list[float]] = {}
         for out in args.outs:
             peaks: dict[str, float] = {}
-            best = measure(out, trees, args.reps, work, peaks)
-            d = best["decode"]
+            mean = measure(out, trees, args.reps, work, peaks)
+            d = mean["decode"]
             ranks = len(list(out.glob("trace.*.et")))
-            for name, cpu in best.items():
+            for name, cpu in mean.items():
                 per_rank.setdefault(name, []).append((cpu - startup[name]) / ranks)
             same = ""
             if "base" in trees:
                 same = "; stdout base == head: " + str(all(
                     (work / f"{m}_base").read_bytes() == (work / f"{m}_head").read_bytes()
                     for m in ("default", "astra-sim")))
-            ratios = ", ".join(f"{name} {cpu:.2f} s = {cpu / d:.2f}x" for name, cpu in best.items() if name != "decode")
+            ratios = ", ".join(f"{name} {cpu:.2f} s = {cpu / d:.2f}x" for name, cpu in mean.items() if name != "decode")
             print(f"{out.name} ({ranks} ranks): decode {d:.2f} s; {ratios}{same}", flush=True)
             print("  cpu per rank net of start-up: " + ", ".join(
                 f"{name} {cpu[-1] * 1e3:.1f} ms" for name, cpu in per_rank.items()), flush=True)

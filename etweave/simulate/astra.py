@@ -194,14 +194,21 @@ def simulate_timings(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[i
     flat = _flatten(ranks, slots, slotless_kinds, contention)
     instances = _collective_instances(ranks, flat, groups, index_of_rank)
     peer, alone = _send_recv_peers(ranks, flat, index_of_rank)
-    return [_run(ranks, flat, instances, peer, network, timing, slots, alone, contention) for timing in timings]
+    runs: list[AstraRun] = []
+    loop = None
+    for timing in timings:
+        run, loop = _run(ranks, flat, instances, peer, network, timing, slots, alone, contention, loop)
+        runs.append(run)
+    return runs
 
 
 def _run(ranks: list[AstraRank], flat: _Flat, instances: _Instances, peer: list[int], network: Network,
-         collectives: str, slots: bool, alone: int, contention: bool) -> AstraRun:
+         collectives: str, slots: bool, alone: int, contention: bool, prior: _EventLoop | None
+         ) -> tuple[AstraRun, _EventLoop]:
+    """One run, and its event loop (whose columns the next run reuses: `prior`, the one before)."""
     notes = [f"{alone} send/recv nodes have no peer among the NPUs given: replayed alone"] if alone else []
     try:
-        loop = _EventLoop(ranks, flat, instances, peer, network, collectives, contention)
+        loop = _EventLoop(ranks, flat, instances, peer, network, collectives, contention, prior=prior)
         loop.run()
     except OverflowError:  # a time past 2^63 ns (durations no real run has): the same run on Python ints
         loop = _EventLoop(ranks, flat, instances, peer, network, collectives, contention, machine_ints=False)
@@ -219,7 +226,7 @@ def _run(ranks: list[AstraRank], flat: _Flat, instances: _Instances, peer: list[
     stuck = list(compress(range(n), map(_NEVER_SCHEDULED.__eq__, loop.end))) if None in finished else []
     run.stuck_count = len(stuck)
     run.stuck = _stuck_lines(ranks, flat, loop, stuck)
-    return run
+    return run, loop
 
 
 class _Flat(msgspec.Struct):
@@ -382,19 +389,39 @@ class _EventLoop:
     tuples through a call per element."""
 
     def __init__(self, ranks: Sequence[AstraRank], flat: _Flat, instances: _Instances, peer: list[int],
-                 network: Network, collectives: str, contention: bool = True, machine_ints: bool = True) -> None:
+                 network: Network, collectives: str, contention: bool = True, machine_ints: bool = True,
+                 prior: _EventLoop | None = None) -> None:
         n = len(flat.kind)
+        self.indeg: list[int]
+        if prior is not None:
+            prior.indeg.clear()  # (done with: freed before the copy below, not beside it)
         self.indeg = flat.indeg.copy()  # counted down here: the flat columns serve every run
-        self.dur_ns = packed_ints(flat.dur_ns)  # what the loop reads per node, in place (`packed_ints`)
         self.ranks, self.flat, self.instances, self.peer = ranks, flat, instances, peer
         self.network, self.collectives, self.contention = network, collectives, contention
-        # machine ints, not an int object per node and time: memory stays near the graph's at 1000 ranks
-        times: Callable[[], MutableSequence[int]] = ((lambda: array("q", [-1]) * n) if machine_ints
-                                                     else (lambda: [-1] * n))
-        self.issue_t, self.ready_t, self.end = times(), times(), times()  # end: set when scheduled, -1: never
-        # per rank index (see _HOLD): ready heaps of g per slot, slot holders, ready → issue ns summed per slot, ri
-        self.state: list[list[Any]] = [[[], [], [], [], -1, -1, -1, -1, 0, 0, 0, ri] for ri in range(len(ranks))]
-        self.state_of = list(map(self.state.__getitem__, flat.owner))  # per g: its rank's state, one lookup
+        self.dur_ns: MutableSequence[int]
+        self.issue_t: MutableSequence[int]
+        self.ready_t: MutableSequence[int]
+        self.end: MutableSequence[int]
+        self.state: list[list[Any]]
+        self.state_of: list[list[Any]]
+        if (prior is not None and machine_ints and isinstance(prior.end, array) and prior.flat is flat
+                and prior.ranks is ranks):
+            # the columns of the run before (done with), reset in place: new ones would be new pages from the OS
+            # (~35 MB each at 1000 ranks), and its durations and states per node serve as they are
+            self.dur_ns, self.state, self.state_of = prior.dur_ns, prior.state, prior.state_of
+            self.issue_t, self.ready_t, self.end = prior.issue_t, prior.ready_t, prior.end
+            for column in (self.issue_t, self.ready_t, self.end):
+                _fill(column, -1)
+            for ri, st in enumerate(self.state):
+                st[:] = _new_state(ri)
+        else:
+            self.dur_ns = packed_ints(flat.dur_ns)  # what the loop reads per node, in place (`packed_ints`)
+            # machine ints, not an int object per node and time: memory stays near the graph's at 1000 ranks
+            times: Callable[[], MutableSequence[int]] = ((lambda: array("q", [-1]) * n) if machine_ints
+                                                         else (lambda: [-1] * n))
+            self.issue_t, self.ready_t, self.end = times(), times(), times()  # end: set when scheduled, -1: never
+            self.state = [_new_state(ri) for ri in range(len(ranks))]
+            self.state_of = list(map(self.state.__getitem__, flat.owner))  # per g: its rank's state, one lookup
         self.arrived = [0] * len(instances.nodes)
         self.since = [[0] * 3 for _ in ranks]  # when each slot's (holder, someone waiting) state was last accounted
         self.blocked: list[dict[tuple[int, str], int]] = [defaultdict(int) for _ in ranks]  # with contention
@@ -540,6 +567,25 @@ class _EventLoop:
     def make_ready(self, g: int, t: int) -> None:
         self.ready_t[g] = t
         heapq.heappush(self.state_of[g][self.flat.slot[g]], g)
+
+
+def _new_state(ri: int) -> list[Any]:
+    """Rank index `ri`'s state before a run (see _HOLD): ready heaps of g per slot, slot holders, ready → issue ns
+    summed per slot, ri."""
+    return [[], [], [], [], -1, -1, -1, -1, 0, 0, 0, ri]
+
+
+def _fill(column: MutableSequence[int], value: int) -> None:
+    """Every item of an array set to `value`, in place (copied onto itself in doubling runs: no temporary)."""
+    view = memoryview(column)  # type: ignore[arg-type]  # an array: the loop's machine-int columns
+    size = len(view)
+    if size:
+        column[0] = value
+    done = 1
+    while done < size:
+        step = min(done, size - done)
+        view[done:done + step] = view[:step]
+        done += step
 
 
 _heappop = heapq.heappop  # a module global: `_pick` calls it at every event

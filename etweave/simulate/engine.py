@@ -310,7 +310,7 @@ def _match_collectives(graph: _Graph, groups: Mapping[str, Sequence[int]], notes
 def _members(graph: _Graph, pg: str, by_rank: Mapping[int, list[tuple[int, int]]],
              groups: Mapping[str, Sequence[int]], notes: list[str]) -> list[int]:
     """The given members of `pg`; a group the map lacks, or a rank outside its group, is an error."""
-    given = set(graph.index_of_rank)
+    given = graph.index_of_rank  # looked up, not copied: a set of every rank per group grows as groups x ranks
     members = group_members(pg, given, groups)
     if members is None:
         ri = min(by_rank)
@@ -324,7 +324,7 @@ def _members(graph: _Graph, pg: str, by_rank: Mapping[int, list[tuple[int, int]]
         if graph.rank_of[ri] not in listed:
             raise GraphError(ri, f"rank {graph.rank_of[ri]} issues collectives of pg {pg!r}, "
                                  f"whose members are {sorted(listed)}")
-    missing = sorted(listed - given)
+    missing = [r for r in sorted(listed) if r not in given]
     if missing:
         notes.append(f"pg {pg!r}: members {missing} are not among the files given: ignored")
     return members

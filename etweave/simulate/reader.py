@@ -1,20 +1,20 @@
 """Read, from each `.et` node, only the fields the replays use: the loaders' one reader (load.py, astra.py).
 
 A node is parsed by protobuf (upb, in C) with a reduced schema: the Node's own fields as Chakra's, its `attr`
-entries kept as their serialized bytes. Only the entries whose name the caller wants are decoded here: the
-entries are read in order, each looked up whole in a cache of the entries seen, until as many wanted ones were
-read as the nodes with the same first entry held before (etweave writes `kind` first, and the attrs the replays
-read first, so most nodes read three or four entries; building a protobuf object per attribute, about ten per
-node, is what made reading cost twice the decode); then one regex (in C) over the node's bytes after the last
-entry read shows that the entries left hold no place that reads as a wanted name field, or they are read too.
-An entry read that holds a wanted name is decoded by hand when it has the canonical form every protobuf writer
-gives it (the name first, then one value: an integer, bool or string); any other form (another value type, a
-value before the name, a doc_string, a malformed entry, a name field twice or with a padded length, a wanted
-name's bytes inside another attr's string) sends that node through the full protobuf message instead, so every
-value reads exactly as `etweave.chakra.io.attr_value` reads it, and bad bytes fail as `iter_et` fails. A node's
-name is read as bytes and decoded (and interned) once per distinct name, the deps as slices of the repeated
-fields (a list made in C). The one difference: an entry that holds no wanted name's bytes is never parsed, so a
-malformed one (which protobuf would refuse) goes unnoticed here; `etweave check` reads every byte.
+entries kept as their serialized bytes. Only the entries whose name the caller wants are decoded here: the entries
+are read in order, each looked up whole in a cache of the entries seen, until as many wanted ones were read as the
+nodes with the same first entry and count of entries held before (etweave writes `kind` first, and the attrs the
+replays read first, so most nodes read three or four entries; building a protobuf object per attribute, about ten
+per node, is what made reading cost twice the decode); then one regex (in C) over the node's bytes after the last
+entry read shows that the entries left hold no place that reads as a wanted name field, or they are read too. An
+entry read that holds a wanted name is decoded by hand when it has the canonical form every protobuf writer gives
+it (the name first, then one value: an integer, bool or string); any other form (another value type, a value before
+the name, a doc_string, a malformed entry, a name field twice or with a padded length, a wanted name's bytes inside
+another attr's string) sends that node through the full protobuf message instead, so every value reads exactly as
+`etweave.chakra.io.attr_value` reads it, and bad bytes fail as `iter_et` fails. A node's name is read as bytes and
+decoded (and interned) once per distinct name, the deps as slices of the repeated fields (a list made in C). The
+one difference: an entry that holds no wanted name's bytes is never parsed, so a malformed one (which protobuf
+would refuse) goes unnoticed here; `etweave check` reads every byte.
 """
 
 from __future__ import annotations
@@ -154,8 +154,14 @@ class _Reader:
         self.known: dict[bytes, tuple[str, object]] = {}  # entry bytes -> (name, value), or _SKIP: most repeat
         self.node_names: dict[bytes, str] = {}  # a node name's bytes -> the name, interned: names repeat
         self.find_name = _name_finder(wanted)
-        # a node's first attr entry (etweave writes `kind` first) -> the most wanted attrs its nodes held so far
-        self.expect: dict[bytes, int] = {}
+        # (a node's first attr entry (etweave writes `kind` first), its count of entries) -> the most wanted attrs
+        # its nodes held so far. The count too: comm kernels share their first entry with compute kernels, and
+        # hold more wanted attrs (on the first alone, every compute kernel would read all its entries)
+        self.expect: dict[tuple[bytes, int], int] = {}
+        # an entry's head (its wanted name field and a one-byte integer value tag) as an entry decoded before held
+        # it -> (the name, the value's conversion): a new value of such a name (part_of: an op's id, new at most
+        # nodes that have it) read from the varint after the head, not through `_decode`
+        self.int_heads: dict[bytes, tuple[str, Callable[[int], object]]] = {}
 
     def batches(self, batches: Iterator[list[bytes]]) -> Iterator[list[NodeFields]]:
         """The nodes of each batch; a bad node's error raised once the nodes before it were taken (a caller
@@ -188,16 +194,18 @@ class _Reader:
             try:
                 name = node_names.get(name_bytes) or _name(name_bytes, node_names)
                 # The entries are read in order until as many wanted ones were read as the nodes with the same
-                # first entry held (etweave writes `kind` first, and the attrs the replays read first: a few are
-                # read); then one regex over the node's bytes after the last one read shows that the entries left
-                # hold no wanted name (or they are read too). `_decode` reads every entry read.
+                # first entry and count of entries held (etweave writes `kind` first, and the attrs the replays
+                # read first: a few are read); then one regex over the node's bytes after the last one read shows
+                # that the entries left hold no wanted name (or they are read too). `_decode` reads every entry read.
                 found = expected = 0
                 first = last = b""
-                for entry in node.attr:
+                entries = node.attr
+                for entry in entries:
                     hit = known.get(entry) or self.decode(entry)
                     if not first:
                         first = entry
-                        expected = expect.get(entry, 0)  # 0: not seen, every entry is read
+                        shape = (entry, len(entries))
+                        expected = expect.get(shape, 0)  # 0: not seen, every entry is read
                     if hit is not _SKIP:
                         attrs[hit[0]] = hit[1]
                         found += 1
@@ -208,8 +216,8 @@ class _Reader:
                                 break
                             expected = 0
                 else:
-                    if found > expect.get(first, 0):
-                        self.learn(first, found)
+                    if first and found > expect.get(shape, 0):
+                        self.learn(shape, found)
             except _Unusual:
                 append(_full(raw, path, wanted))  # raises the error iter_et would for a name that is not UTF-8
                 continue
@@ -218,17 +226,32 @@ class _Reader:
                     start, duration, attrs))
 
     def decode(self, entry: bytes) -> tuple[str, object]:
-        """An attr entry not seen before (`_decode`), kept."""
+        """An attr entry not seen before (`_decode`, or the varint after a head seen before), kept."""
         if len(self.known) >= _CACHE_LIMIT:
             self.known.clear()
+        # (the head: name tag, one-byte length, name, value tag; _decode reads an entry of that head the same way)
+        at = 3 + entry[1] if len(entry) > 3 and entry[0] == 0x0A and entry[1] < 0x80 else 0
+        if at > len(entry):
+            at = 0  # (the name runs to the end or past it: no value tag)
+        head = self.int_heads.get(entry[:at]) if at else None
+        if head is not None:
+            raw, pos = _varint(entry, at)
+            if pos == len(entry):
+                hit = self.known[entry] = head[0], head[1](raw)
+                return hit
         hit = self.known[entry] = _decode(entry, self.names, self.find_name)
+        if at and hit is not _SKIP and entry[at - 1] < 0x80:
+            convert = _TAGS.get(entry[at - 1:at])
+            if convert is not None:
+                self.int_heads[entry[:at]] = hit[0], convert
         return hit
 
-    def learn(self, first: bytes, found: int) -> None:
-        """`found` wanted attrs in a node whose first attr entry is `first`: more than any before."""
+    def learn(self, shape: tuple[bytes, int], found: int) -> None:
+        """`found` wanted attrs in a node of `shape` (its first attr entry, its count of entries): more than any
+        before."""
         if len(self.expect) >= _CACHE_LIMIT:
             self.expect.clear()
-        self.expect[first] = found
+        self.expect[shape] = found
 
 
 _fields = attrgetter("id", "name", "type", "data_deps", "ctrl_deps", "start_time_micros", "duration_micros")

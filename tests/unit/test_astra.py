@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from array import array
+
 import pytest
 
 from etweave.chakra import et_def_pb2 as pb
-from etweave.simulate.astra import AstraNode, AstraRank, replicate, simulate
+from etweave.simulate.astra import AstraNode, AstraRank, _fill, replicate, simulate, simulate_timings
 from etweave.simulate.engine import GraphError
+from etweave.simulate.network import DEFAULT_NETWORK
 
 
 def comp(id: int, us: int, *deps: int, cpu: bool = True) -> AstraNode:
@@ -109,3 +112,33 @@ def test_contention_off_replays_the_same_without_its_breakdown() -> None:
     stuck = [AstraRank(0, [comp(3, 1, 2), coll(2, pg="5"), comp(1, 1)]), AstraRank(1, [comp(1, 1)])]
     on, off = (simulate(stuck, {"5": [0, 1]}, contention=c) for c in (True, False))
     assert off.stuck == on.stuck and off.stuck_count == on.stuck_count == 2 and off.finished_ns == [None, 1000]
+
+
+def test_runs_in_one_call_replay_as_each_alone() -> None:
+    """`simulate_timings` reuses one run's columns for the next (reset in place): each run, of a graph that
+    finishes and of one that never does, is the run `simulate` gives alone."""
+    nodes = [comp(1, 10), comp(2, 5, 1), comp(3, 20), comp(4, 5, cpu=False), coll(5, 2, 4, us=3, size=1 << 20),
+             comp(6, 1, 5)]
+    send = AstraNode(id=7, name="s", type=pb.COMM_SEND_NODE, deps=(6,), duration_us=4, is_cpu_op=False,
+                     comm_size=1 << 20, comm_src=0, comm_dst=1, comm_tag=0)
+    recv = AstraNode(id=7, name="r", type=pb.COMM_RECV_NODE, deps=(), duration_us=1, is_cpu_op=False,
+                     comm_size=1 << 20, comm_src=0, comm_dst=1, comm_tag=0)  # issued at 0, long before its send
+    ranks = [AstraRank(0, [*nodes, send]),
+             AstraRank(1, [*nodes[:4], coll(5, 2, 4, us=9, size=1 << 20), comp(6, 4, 5), recv])]
+    stuck = [AstraRank(0, [comp(3, 1, 2), coll(2, pg="5"), comp(1, 1)]), AstraRank(1, [comp(1, 1)])]
+    for graph, groups in ((ranks, {}), (stuck, {"5": [0, 1]})):
+        timings = ("network", "duration", "network")
+        together = simulate_timings(graph, groups, DEFAULT_NETWORK, timings)
+        alone = [simulate(graph, groups, collectives=c) for c in timings]
+        assert [(r.finished_ns, r.slot_wait_ns, r.blocked_by, r.stuck, r.stuck_count) for r in together] == [
+            (r.finished_ns, r.slot_wait_ns, r.blocked_by, r.stuck, r.stuck_count) for r in alone]
+    network, duration, _ = simulate_timings(ranks, {}, DEFAULT_NETWORK, ("network", "duration", "network"))
+    assert network.finished_ns != duration.finished_ns  # the runs differ: a reused column left as it was would show
+
+
+def test_fill_sets_every_item_in_place() -> None:
+    for size in (0, 1, 2, 3, 7, 8, 1000):
+        column = array("q", range(size))
+        before = column.buffer_info()[0]
+        _fill(column, -1)
+        assert list(column) == [-1] * size and column.buffer_info()[0] == before

@@ -235,3 +235,32 @@ def test_a_malformed_attr_before_a_wanted_one_is_not_checked(tmp_path: Path) -> 
     with pytest.raises(BadInput):
         _expected(path, WANTED)
     assert _read(path) == [(1, "a", pb.COMP_NODE, (), 0, 0, {"kind": "k"})]
+
+
+@pytest.mark.parametrize("tail", [
+    b"",  # a head seen before with no value after it
+    b"\x07\x05",  # more fields after the value
+    b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01",  # a ten-byte varint
+    b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01",  # a varint past ten bytes
+    b"\x80",  # a varint cut short
+])
+def test_new_values_of_an_integer_attr_read_as_protobuf_reads_them(tmp_path: Path, tail: bytes) -> None:
+    """An entry whose head (its name and value tag) an entry read before had is read from its varint alone
+    (part_of: a new value at most nodes): every integer type, a value each node, and a head seen before with
+    another form after it, read as protobuf reads them."""
+    nodes = [_node(i, kind=("string_val", "k"), tid=("int64_val", -i * 1000), device=("int32_val", -i),
+                   stream=("uint32_val", 2**32 - i), part_of=("uint64_val", 2**64 - i * 7))
+             for i in range(1, 40)]
+    body = b"".join(varint_bytes(len(raw)) + raw for raw in (n.SerializeToString() for n in nodes))
+    content = b"\x0a\x03tid\x48" + (b"\x05" + tail if tail.startswith(b"\x07") else tail)  # tid's head, then tail
+    odd = pb.Node(id=99, name="a", type=pb.COMP_NODE).SerializeToString() + _entry(content)
+    meta = pb.GlobalMetadata(version="0.0.4").SerializeToString()
+    path = tmp_path / "t.0.et"
+    path.write_bytes(varint_bytes(len(meta)) + meta + body + varint_bytes(len(odd)) + odd)
+    try:
+        expected = _typed(_expected(path, WANTED))
+    except BadInput:
+        with pytest.raises(BadInput):
+            _read(path)
+        return
+    assert _typed(_read(path)) == expected
