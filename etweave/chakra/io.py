@@ -103,12 +103,17 @@ def stream_encoded(metadata: bytes, nodes: Iterable[bytes]) -> Iterator[bytes]:
     yield b"".join(parts)
 
 
-def framed_et_chunks(path: Path, metadata: bytes, framed: Iterable[bytes]) -> Iterator[bytes]:
-    """`encoded_et_chunks` of nodes already framed (each after its length, as `etweave.nodes.EncodedNodes.framed`
-    gives them), in the chunks given."""
+def stream_framed(metadata: bytes, framed: Iterable[bytes]) -> Iterator[bytes]:
+    """The .et stream of the metadata encoded and the nodes already framed (each after its length, as
+    `etweave.nodes.EncodedNodes.framed` gives them), in the chunks given."""
     if not metadata:
         raise ValueError("an empty GlobalMetadata reads as end of file")
-    chunks = chain((varint_bytes(len(metadata)) + metadata,), framed)
+    return chain((varint_bytes(len(metadata)) + metadata,), framed)
+
+
+def framed_et_chunks(path: Path, metadata: bytes, framed: Iterable[bytes]) -> Iterator[bytes]:
+    """`encoded_et_chunks` of nodes already framed (`stream_framed`)."""
+    chunks = stream_framed(metadata, framed)
     return gzipped(chunks) if is_gz_name(path) else chunks
 
 
@@ -134,7 +139,7 @@ def serialize_encoded(metadata: bytes, nodes: Iterable[bytes]) -> bytes:
 
 def serialize_framed(metadata: bytes, framed: Iterable[bytes]) -> bytes:
     """`serialize` of the metadata encoded and the nodes already framed (`etweave.nodes.EncodedNodes.framed`)."""
-    return b"".join(framed_et_chunks(Path("-.et"), metadata, framed))  # (the name: not gzip)
+    return b"".join(stream_framed(metadata, framed))
 
 
 def is_gz_name(path: Path | str) -> bool:
