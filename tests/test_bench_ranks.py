@@ -17,6 +17,7 @@ from etweave.cli import main
 from etweave.read.widths import MAX_RANKS
 from etweave.simulate.engine import replay
 from etweave.simulate.load import load_comm_group, load_rank
+from etweave.simulate.pool import MIN_FILES
 
 N, GROUP = 32, 4
 
@@ -225,3 +226,54 @@ def test_gloo_startup_run_pairs_send_and_recv(gloo16: tuple[Path, Path, Path], t
     assert sends and sorted(sends) == sorted(recvs)  # each kept send beside its recv
     assert any(n.name == "## process_group:init ##" for n in ranks[0])
     _replays_clean(tmp_path / "startup")
+
+
+def test_loading_in_workers_gives_what_loading_here_gives(run32: tuple[Path, Path, Path],
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """simulate's loading pool (etweave.simulate.pool): the ranks decoded from the workers equal the ranks read in
+    this process, their strings interned again, and both models print the same with --jobs 1 and --jobs 3."""
+    from etweave.simulate.astra import AstraRank, load_astra_rank, load_for_astra
+    from etweave.simulate.load import load_ranks
+
+    _, out, _ = run32
+    files = sorted(out.glob("trace.*.et"))
+    assert len(files) >= MIN_FILES
+    here, pooled = load_ranks(files, jobs=1), load_ranks(files, jobs=3)
+    assert pooled == here
+    assert all(a.name is b.name and a.kind is b.kind
+               for ra, rb in zip(here, pooled, strict=True) for a, b in zip(ra.nodes, rb.nodes, strict=True))
+    astra_here, astra_pooled = load_for_astra(files, jobs=1), load_for_astra(files, jobs=2)
+    assert astra_pooled == astra_here and isinstance(astra_pooled[1], AstraRank)
+    assert astra_pooled[1] == load_astra_rank(files[1])  # a worker's file
+    for model in ([], ["--model", "astra-sim"]):
+        printed = []
+        for jobs in ("1", "3"):
+            assert main(["simulate", str(out), "--jobs", jobs, *model]) == 0
+            printed.append(capsys.readouterr().out)
+        assert printed[0] == printed[1] and printed[0]
+
+
+@pytest.mark.parametrize(("bad", "named"), [((5, 8), 5), ((8, 13), 8), ((31,), 31)])
+def test_loading_in_workers_names_the_first_bad_file(run32: tuple[Path, Path, Path], tmp_path: Path,
+                                                     bad: tuple[int, ...], named: int) -> None:
+    """A bad file read by a worker or by this process: the error is the first bad file's in file order, as reading
+    the files one after the other would meet it (with --jobs 2 this process reads the even places)."""
+    from etweave.errors import BadInput
+    from etweave.simulate.load import load_ranks
+
+    _, out, _ = run32
+    files = []
+    for i, src in enumerate(sorted(out.glob("trace.*.et"), key=lambda p: int(p.name.split(".")[1]))):
+        dst = tmp_path / src.name
+        dst.write_bytes(b"\xff\xff\xff\xff not a node" if i in bad else src.read_bytes())
+        files.append(dst)
+    for jobs in (1, 2):
+        with pytest.raises(BadInput) as caught:
+            load_ranks(files, jobs=jobs)
+        assert caught.value.where == str(files[named])
+
+
+def test_simulate_refuses_no_jobs(run32: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    _, out, _ = run32
+    assert main(["simulate", str(out), "--jobs", "0"]) == 2
+    assert "--jobs: must be at least 1" in capsys.readouterr().err

@@ -8,7 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from etweave.cpus import default_jobs
 from etweave.errors import BadInput, CheckFailed
+from etweave.progress import stage
 from etweave.simulate.astra import SLOT_NAMES, AstraRun, load_for_astra, measured_span_us, simulate_timings
 from etweave.simulate.engine import GraphError
 from etweave.simulate.netfit import fit_network, write_network_yml
@@ -89,7 +91,7 @@ def _run_summary(run: AstraRun, span_us: int | None) -> dict[str, Any]:
 def run_astra(args: argparse.Namespace, files: list[Path], groups: dict[str, list[int]],
               print_json: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """Both runs, as one JSON-able dict; raises CheckFailed when the network run leaves NPUs unfinished."""
-    ranks = load_for_astra(files, args.npus)
+    ranks = load_for_astra(files, args.npus, args.jobs or default_jobs())
     fit = None
     if args.network in FITTED:
         fit = fit_network(ranks, groups, robust=args.network == "fitted-robust",
@@ -99,7 +101,8 @@ def run_astra(args: argparse.Namespace, files: list[Path], groups: dict[str, lis
         network = load_network(Path(args.network)) if args.network is not None else DEFAULT_NETWORK
     slots = not args.unlimited_slots
     try:
-        runs = simulate_timings(ranks, groups, network, ("network", "duration"), slots, contention=False)
+        with stage("replaying (ASTRA-sim model)"):
+            runs = simulate_timings(ranks, groups, network, ("network", "duration"), slots, contention=False)
     except GraphError as exc:
         where = ranks[exc.rank_index].source if exc.rank_index is not None else ", ".join(map(str, files))
         raise BadInput(where, exc.problem) from exc

@@ -17,15 +17,17 @@ import msgspec
 from etweave.api import Simulation
 from etweave.chakra.io import et_files
 from etweave.commands import simulate_astra
+from etweave.cpus import default_jobs
 from etweave.errors import BadInput, CheckFailed
 from etweave.output import check_outputs, write_together
-from etweave.progress import counted, stage
+from etweave.progress import stage
 from etweave.renderers import WRITTEN_KEYS, Rendered, ReplayRenderer, Window, replay_renderer, summary_renderer
 from etweave.runfolder import comm_groups_for, lone_file_rank
 from etweave.simulate import coverage
 from etweave.simulate.engine import RankGraph, Replay
-from etweave.simulate.load import COMM_GROUP_FILE, load_rank, replay_files
+from etweave.simulate.load import COMM_GROUP_FILE, load_ranks, replay_files
 from etweave.simulate.metrics import deadlock_report, format_deadlock, summarize
+from etweave.simulate.pool import MIN_FILES
 from etweave.simulate.steps import step_times_in
 from etweave.simulate.whatif import Edit, apply, describe, parse_edit
 
@@ -93,6 +95,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="write one row per rank and ProfilerStep#N: measured and simulated span (a rank without "
                         "profiler steps: one row for the whole rank)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--jobs", type=int, metavar="N",
+                   help=f"files read at once in a process pool, from {MIN_FILES} files on (default: the CPUs "
+                        "available; 1 = in this process)")
     simulate_astra.add_arguments(p)
     what_if = p.add_argument_group("what-if edits (see below)")
     what_if.add_argument("--scale", action=_EditAction, metavar="SELECTOR:FACTOR",
@@ -145,8 +150,7 @@ def _run(args: argparse.Namespace) -> int:
     groups = found or {}
     if args.model == "astra-sim":
         return _run_astra(args, options.files, groups)
-    ranks: list[RankGraph] = [load_rank(f, default_rank=lone_file_rank(options.files))
-                              for f in counted(options.files, "loading", len(options.files), "files", chunk=1)]
+    ranks = load_ranks(options.files, lone_file_rank(options.files), args.jobs or default_jobs())
     # before the edits, which change durations: what the files hold
     unadjusted = coverage.unadjusted_collectives(ranks)
     applied = apply(ranks, options.edits)
@@ -179,6 +183,8 @@ def check_options(args: argparse.Namespace) -> Options:
     """Every option checked before any work, in one place: options of the other model, the plot's choices,
     every output path (writable, not an input, distinct), the what-if edits' syntax."""
     _check_model_options(args)
+    if args.jobs is not None and args.jobs < 1:
+        raise BadInput("--jobs", "must be at least 1")
     renderers = _renderers(args)
     files = et_files(args.traces)
     outputs = [(flag, getattr(args, key)) for flag, key in OUTPUT_OPTIONS]
@@ -232,8 +238,7 @@ def _summary(result: Replay, ranks: list[RankGraph], files: list[Path], unadjust
 
 
 def _run_astra(args: argparse.Namespace, files: list[Path], groups: dict[str, list[int]]) -> int:
-    with stage("replaying (ASTRA-sim model)"):
-        astra = simulate_astra.run_astra(args, files, groups, _print_json)
+    astra = simulate_astra.run_astra(args, files, groups, _print_json)
     if args.json:
         _print_json(astra)
     else:

@@ -13,6 +13,7 @@ import msgspec
 
 from etweave.chakra.io import serialize_framed
 from etweave.convert import run_pipeline
+from etweave.cpus import default_jobs
 from etweave.errors import BadInput, CheckFailed
 from etweave.nogc import no_gc
 from etweave.process_groups import GroupDescription, describe_groups
@@ -100,13 +101,6 @@ def _world_size(kineto: KinetoTrace | None, groups: Sequence[GroupDescription]) 
     if isinstance(size, int) and not isinstance(size, bool):
         return size
     return next((g.size for g in groups if g.ranks == () and g.size is not None), None)
-
-
-def default_jobs() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 Keep = Callable[[ConvertedRank], ConvertedRank]

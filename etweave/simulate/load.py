@@ -11,11 +11,12 @@ from etweave.chakra.accepts import COMM_NODE_TYPES
 from etweave.errors import BadInput
 from etweave.runfolder import COMM_GROUP_FILE, file_rank, find_comm_group, read_comm_groups
 from etweave.simulate.engine import GraphError, RankGraph, Replay, SimNode, UnknownGroup, replay
+from etweave.simulate.pool import load_files
 from etweave.simulate.reader import NodeFields, read_nodes
 
 # what the CLI and the Python API import from here; the rules live in etweave.runfolder
-__all__ = ["COMM_GROUP_FILE", "find_comm_group", "load_comm_group", "load_rank", "replay_files", "resource_of",
-           "to_sim_node"]
+__all__ = ["COMM_GROUP_FILE", "find_comm_group", "load_comm_group", "load_rank", "load_ranks", "replay_files",
+           "resource_of", "to_sim_node"]
 _WANTED = frozenset({"device", "stream", "tid", "pg_name", "comm_src", "comm_dst", "comm_tag",
                      "transfer_duration_micros", "measured_duration_micros", "kind", "part_of"})
 
@@ -123,6 +124,24 @@ def load_rank(path: Path, default_rank: int | None = None) -> RankGraph:
     metadata, nodes = read_nodes(path, _WANTED)  # a chunk of the file at a time, only the fields the replay reads
     rank = file_rank(metadata, path, default_rank)
     return RankGraph(rank=rank, nodes=_sim_nodes(nodes, path), source=str(path))
+
+
+def load_ranks(files: Sequence[Path], default_rank: int | None = None, jobs: int = 1) -> list[RankGraph]:
+    """`load_rank` of every file, read by `jobs` workers at once (`etweave.simulate.pool`)."""
+    return load_files(files, load_rank, RankGraph, intern_strings, default_rank, jobs)
+
+
+def intern_strings(rank: RankGraph) -> RankGraph:
+    """A rank decoded from msgpack (`etweave.simulate.pool`) with its names, kinds, resource labels and group names
+    interned again, as `load_rank` leaves them: memory per distinct string, not per node."""
+    for nd in rank.nodes:
+        nd.name = intern(nd.name)
+        nd.kind = intern(nd.kind)
+        if nd.resource is not None:
+            nd.resource = intern(nd.resource)
+        if nd.pg:
+            nd.pg = intern(nd.pg)
+    return rank
 
 
 def load_comm_group(path: Path) -> dict[str, list[int]]:
