@@ -643,7 +643,7 @@ def replicate(rank: AstraRank, npus: int) -> list[AstraRank]:
 
 def load_for_astra(files: Sequence[Path], npus: int | None = None, jobs: int = 1) -> list[AstraRank]:
     """The NPUs to replay: one per file, or a single file replayed as `npus` NPUs (default 2: ASTRA-sim refuses 1);
-    the files read by `jobs` workers at once (`etweave.simulate.pool`)."""
+    with `jobs` > 1, read by this process and `jobs` - 1 workers side by side (`etweave.simulate.pool`)."""
     loaded = load_files(files, load_astra_rank, AstraRank, intern_strings, lone_file_rank(files), jobs)
     if len(loaded) == 1:
         return replicate(loaded[0], 2 if npus is None else npus)

@@ -127,7 +127,8 @@ def load_rank(path: Path, default_rank: int | None = None) -> RankGraph:
 
 
 def load_ranks(files: Sequence[Path], default_rank: int | None = None, jobs: int = 1) -> list[RankGraph]:
-    """`load_rank` of every file, read by `jobs` workers at once (`etweave.simulate.pool`)."""
+    """`load_rank` of every file; with `jobs` > 1, read by this process and `jobs` - 1 workers side by side
+    (`etweave.simulate.pool`)."""
     return load_files(files, load_rank, RankGraph, intern_strings, default_rank, jobs)
 
 
