@@ -7,8 +7,8 @@ struct compares equal), the strings that repeat over nodes and ranks interned ag
 file in file order is the error raised, as loading one file after the other would raise it.
 
 This process reads every `jobs`-th file itself (a rank it reads needs no decoding): with 2 CPUs it and one worker
-each read half. Few files load in this process alone (`MIN_FILES`): starting a worker costs about as much as
-reading a few files.
+each read half. Starting a worker costs about as much as reading 3 files, so each reader gets at least FILES_EACH
+files, and fewer than MIN_FILES load in this process alone.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ if TYPE_CHECKING:  # (the pool's modules are imported only when a pool is starte
 R = TypeVar("R", bound=msgspec.Struct)
 Load = Callable[[Path, "int | None"], R]
 
-MIN_FILES = 16  # fewer files than this load in this process: a worker's start (its imports) costs ~3 files' read
+FILES_EACH = 8  # a worker's start (its imports) costs about 3 files' read: each reader gets at least this many
+MIN_FILES = 2 * FILES_EACH  # fewer files load in this process alone
 
 
 class LoadFailure(msgspec.Struct, frozen=True):
@@ -43,11 +44,11 @@ class LoadFailure(msgspec.Struct, frozen=True):
 def load_files(files: Sequence[Path], load: Load[R], rank_type: type[R], finish: Callable[[R], R],
                default_rank: int | None = None, jobs: int = 1) -> list[R]:
     """`load(file, default_rank)` of every file, in file order: in this process, or with `jobs` > 1 and at least
-    MIN_FILES files by this process and `jobs` - 1 workers, every `jobs`-th file here (`load` must then be a
-    module-level function). `finish` is given each rank decoded from a worker (`intern_strings` of the rank's
-    loader). Progress: a "loading" stage."""
-    jobs = min(jobs, len(files))
-    if jobs <= 1 or len(files) < MIN_FILES:
+    MIN_FILES files by this process and up to `jobs` - 1 workers (FILES_EACH files or more each), every `jobs`-th
+    file here (`load` must then be a module-level function). `finish` is given each rank decoded from a worker
+    (`intern_strings` of the rank's loader). Progress: a "loading" stage."""
+    jobs = min(jobs, len(files) // FILES_EACH)  # (below MIN_FILES: 1)
+    if jobs <= 1:
         return [load(f, default_rank) for f in counted(files, "loading", len(files), "files", chunk=1)]
     decode = msgspec.msgpack.Decoder(rank_type).decode
     return _with_workers(files, load, lambda raw: finish(decode(raw)), default_rank, jobs)
