@@ -3,8 +3,8 @@
     python -m bench.simulate_floor OUT [OUT ...] [--base REV] [--reps N]
 
 Each OUT is a `convert-run` output folder (e.g. kept from `python -m bench.ranks --generate N` + `convert-run`).
-Per folder, interleaved, the mean CPU (user + sys, `os.wait4`) of `--reps` runs of each whole process, as
-`bench.ranks` counts its runs: the floor
+Per folder, interleaved, the mean CPU (user + sys, `os.wait4`: its loading workers' too) and the mean wall time of
+`--reps` runs of each whole process, as `bench.ranks` counts its runs: the floor
 (`python -m bench.ranks --decode`, the `decode` line of `bench.ranks`), `etweave simulate OUT` and
 `etweave simulate OUT --model astra-sim` of the working tree and, with `--base`, of that revision (its own git
 worktree, as `bench.identical` checks it out; both trees compiled first). Prints simulate / decode for each model
@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from bench.identical import checkout
@@ -31,9 +32,10 @@ from bench.ranks import startup_run
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _cpu(tree: Path, cmd: list[str], stdout: Path) -> tuple[float, float]:
-    """CPU seconds and peak RSS (MiB) of one whole process run from `tree` (its imports too); its stdout into
-    `stdout`."""
+def _cpu(tree: Path, cmd: list[str], stdout: Path) -> tuple[float, float, float]:
+    """CPU seconds (its waited-for children's too: simulate's loading workers), peak RSS (MiB) and wall seconds of
+    one whole process run from `tree` (its imports too); its stdout into `stdout`."""
+    started = time.perf_counter()
     with stdout.open("wb") as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(cmd, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=err)
@@ -42,13 +44,13 @@ def _cpu(tree: Path, cmd: list[str], stdout: Path) -> tuple[float, float]:
         if proc.returncode:
             err.seek(0)
             raise SystemExit(f"{' '.join(cmd)}: exit {proc.returncode}: {err.read()[-2000:].decode(errors='replace')}")
-    return usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+    return usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, time.perf_counter() - started
 
 
 def measure(out: Path, trees: dict[str, Path], reps: int, work: Path,
-            rss: dict[str, float] | None = None) -> dict[str, float]:
+            rss: dict[str, float] | None = None, walls: dict[str, float] | None = None) -> dict[str, float]:
     """Mean CPU of each command's runs on folder `out` (the mean, as `bench.ranks` counts); with `rss`, each
-    command's largest peak RSS (MiB) is put there."""
+    command's largest peak RSS (MiB) is put there, with `walls` its mean wall seconds."""
     files = [str(p) for p in sorted(out.glob("trace.*.et"))]
     commands: dict[str, tuple[Path, list[str]]] = {"decode": (REPO, [sys.executable, "-m", "bench.ranks", "--decode",
                                                                      *files])}
@@ -57,12 +59,16 @@ def measure(out: Path, trees: dict[str, Path], reps: int, work: Path,
         commands[f"astra-sim {side}"] = (tree, [sys.executable, "-m", "etweave", "simulate", str(out), "--model",
                                                 "astra-sim"])
     runs: dict[str, list[float]] = {name: [] for name in commands}
+    wall_runs: dict[str, list[float]] = {name: [] for name in commands}
     for _ in range(reps):
         for name, (tree, cmd) in commands.items():
-            cpu, peak = _cpu(tree, cmd, work / name.replace(" ", "_"))
+            cpu, peak, wall = _cpu(tree, cmd, work / name.replace(" ", "_"))
             runs[name].append(cpu)
+            wall_runs[name].append(wall)
             if rss is not None:
                 rss[name] = max(rss.get(name, 0.0), peak)
+    if walls is not None:
+        walls.update({name: statistics.mean(w) for name, w in wall_runs.items()})
     return {name: statistics.mean(cpus) for name, cpus in runs.items()}
 
 
@@ -92,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         per_rank: dict[str, list[float]] = {}
         for out in args.outs:
             peaks: dict[str, float] = {}
-            mean = measure(out, trees, args.reps, work, peaks)
+            walls: dict[str, float] = {}
+            mean = measure(out, trees, args.reps, work, peaks, walls)
             d = mean["decode"]
             ranks = len(list(out.glob("trace.*.et")))
             for name, cpu in mean.items():
@@ -104,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
                     for m in ("default", "astra-sim")))
             ratios = ", ".join(f"{name} {cpu:.2f} s = {cpu / d:.2f}x" for name, cpu in mean.items() if name != "decode")
             print(f"{out.name} ({ranks} ranks): decode {d:.2f} s; {ratios}{same}", flush=True)
+            print(f"  wall: decode {walls['decode']:.2f} s; " + ", ".join(
+                f"{name} {w:.2f} s = {w / walls['decode']:.2f}x" for name, w in walls.items() if name != "decode"),
+                flush=True)
             print("  cpu per rank net of start-up: " + ", ".join(
                 f"{name} {cpu[-1] * 1e3:.1f} ms" for name, cpu in per_rank.items()), flush=True)
             et_mib = sum(p.stat().st_size for p in out.glob("trace.*.et")) / 2**20
