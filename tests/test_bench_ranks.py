@@ -277,3 +277,28 @@ def test_simulate_refuses_no_jobs(run32: tuple[Path, Path, Path], capsys: pytest
     _, out, _ = run32
     assert main(["simulate", str(out), "--jobs", "0"]) == 2
     assert "--jobs: must be at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("job", ["run32", "gloo16"])
+def test_replays_rank_by_rank_as_in_one_global_order(job: str, request: pytest.FixtureRequest) -> None:
+    """Both replays of a synthetic run (collectives of the world and of subgroups; the gloo one's sends and recvs)
+    replay rank by rank all through (etweave.simulate.byrank), with what one global order gives."""
+    from etweave.simulate.astra import load_for_astra, simulate_timings
+    from etweave.simulate.load import load_ranks
+    from etweave.simulate.network import DEFAULT_NETWORK
+
+    out = request.getfixturevalue(job)[2 if job == "gloo16" else 1]
+    files = sorted(out.glob("trace.*.et"), key=lambda p: int(p.name.split(".")[1]))
+    groups = load_comm_group(out / "comm_group.json")
+    ranks = load_ranks(files)
+    by_rank, in_order = replay(ranks, groups), replay(ranks, groups, by_rank=False)
+    assert by_rank.by_rank and not in_order.by_rank
+    assert (by_rank.start, by_rank.end, by_rank.critical_path) == (in_order.start, in_order.end,
+                                                                   in_order.critical_path)
+    astra = load_for_astra(files)
+    for timing in ("network", "duration"):
+        runs = [simulate_timings(astra, groups, DEFAULT_NETWORK, (timing,), contention=True, by_rank=b)[0]
+                for b in (True, False)]
+        assert runs[0].by_rank and not runs[1].by_rank
+        assert (runs[0].finished_ns, runs[0].slot_wait_ns, runs[0].blocked_by) == (
+            runs[1].finished_ns, runs[1].slot_wait_ns, runs[1].blocked_by)

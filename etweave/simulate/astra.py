@@ -40,6 +40,7 @@ from etweave.chakra.accepts import COMM_NODE_TYPES
 from etweave.chakra.schema import node_type_name
 from etweave.errors import BadInput
 from etweave.runfolder import file_rank, lone_file_rank
+from etweave.simulate.byrank import Ambiguous, RankByRank
 from etweave.simulate.engine import GraphError, node_positions, packed_ints, rank_edges
 from etweave.simulate.network import DEFAULT_NETWORK, NETWORK_TIMED, Network, collective_ns, send_ns
 from etweave.simulate.pool import load_files
@@ -53,6 +54,7 @@ _WANTED = frozenset({"kind", "is_cpu_op", "comm_type", "comm_size", "pg_name", "
 # engine-internal node kinds
 _COMP, _COLL, _BCAST, _SEND, _RECV = 0, 1, 2, 3, 4
 _P2P = frozenset({_SEND, _RECV})
+_TIMED = frozenset({_COLL, _SEND})  # timed by the network (or their duration): `_EventLoop.comm_ns`
 _ALONE, _NEVER = -1, -2  # send/recv peer markers, as in engine.py
 _NEVER_SCHEDULED = -1  # a node's end time while it has none
 # a rank's state in the event loop, one list (`_EventLoop.state`): its ready heaps at [slot] (CPU, GPU, COMM, FREE),
@@ -100,6 +102,7 @@ class AstraRun(msgspec.Struct):
     stuck: list[str] = field(default_factory=list)  # "rank R node N name: why", at most MAX_STUCK
     stuck_count: int = 0
     notes: list[str] = field(default_factory=list)
+    by_rank: bool = False  # replayed rank by rank (`_EventLoop`), else in one global order: the same result
 
     @property
     def makespan_ns(self) -> int:
@@ -195,8 +198,10 @@ def simulate(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[int]], ne
 
 def simulate_timings(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[int]], network: Network,
                      timings: Sequence[str], slots: bool = True, slotless_kinds: Collection[str] = (),
-                     contention: bool = True) -> list[AstraRun]:
-    """`simulate` once per collective timing in `timings`, the graphs indexed once for all of the runs."""
+                     contention: bool = True, by_rank: bool = True) -> list[AstraRun]:
+    """`simulate` once per collective timing in `timings`, the graphs indexed once for all of the runs.
+    `by_rank=False`: replay every event in one global order (`_EventLoop`; the same result, slower at many
+    ranks: the reference the tests hold the rank-by-rank replay to)."""
     for collectives in timings:
         if collectives not in COLLECTIVE_TIMING:
             raise ValueError(f"collectives must be one of {COLLECTIVE_TIMING}")
@@ -210,21 +215,28 @@ def simulate_timings(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[i
     runs: list[AstraRun] = []
     loop = None
     for timing in timings:
-        run, loop = _run(ranks, flat, instances, peer, network, timing, slots, alone, contention, loop)
+        run, loop = _run(ranks, flat, instances, peer, network, timing, slots, alone, contention, loop, by_rank)
         runs.append(run)
     return runs
 
 
 def _run(ranks: list[AstraRank], flat: _Flat, instances: _Instances, peer: list[int], network: Network,
-         collectives: str, slots: bool, alone: int, contention: bool, prior: _EventLoop | None
-         ) -> tuple[AstraRun, _EventLoop]:
+         collectives: str, slots: bool, alone: int, contention: bool, prior: _EventLoop | None,
+         by_rank: bool) -> tuple[AstraRun, _EventLoop]:
     """One run, and its event loop (whose columns the next run reuses: `prior`, the one before)."""
     notes = [f"{alone} send/recv nodes have no peer among the NPUs given: replayed alone"] if alone else []
     try:
-        loop = _EventLoop(ranks, flat, instances, peer, network, collectives, contention, prior=prior)
-        loop.run()
+        loop = _EventLoop(ranks, flat, instances, peer, network, collectives, contention, prior=prior,
+                          by_rank=by_rank)
+        try:
+            loop.run()
+        except Ambiguous:  # (rank by rank could not tell the global order): again, in one global order
+            loop = _EventLoop(ranks, flat, instances, peer, network, collectives, contention, prior=loop,
+                              by_rank=False)
+            loop.run()
     except OverflowError:  # a time past 2^63 ns (durations no real run has): the same run on Python ints
-        loop = _EventLoop(ranks, flat, instances, peer, network, collectives, contention, machine_ints=False)
+        loop = _EventLoop(ranks, flat, instances, peer, network, collectives, contention, machine_ints=False,
+                          by_rank=False)
         loop.run()
     n = len(flat.kind)
     finished: list[int | None] = []
@@ -232,7 +244,7 @@ def _run(ranks: list[AstraRank], flat: _Flat, instances: _Instances, peer: list[
         first, last = flat.offset[ri], flat.offset[ri] + len(rg.nodes)
         ends = loop.end[first:last]  # every event scheduled ran: a node is done when it has an end
         finished.append(max(ends, default=0) if min(ends, default=0) >= 0 else None)
-    run = AstraRun(ranks=ranks, collectives=collectives, slots=slots, finished_ns=finished,
+    run = AstraRun(ranks=ranks, collectives=collectives, slots=slots, finished_ns=finished, by_rank=loop.by_rank,
                    slot_wait_ns=[st[_WAIT:_WAIT + 3] for st in loop.state], blocked_by=[dict(b) for b in loop.blocked],
                    notes=notes)
     # (a rank is unfinished when a node of it never ended: no pass over every node when all finished)
@@ -395,16 +407,21 @@ def _send_recv_peers(ranks: Sequence[AstraRank], flat: _Flat,
     return peer, alone
 
 
-class _EventLoop:
+class _EventLoop(RankByRank):
     """The replay: events complete in time order, equal times in the order they were scheduled; whenever a node
-    of a rank finishes, that rank's ready nodes issue as ASTRA-sim issues them. An event is one int, (time,
-    sequence, g) packed so that ints order as those triples do (`_key`): a heap of ints compares in C, a heap of
-    tuples through a call per element."""
+    of a rank finishes, that rank's ready nodes issue as ASTRA-sim issues them.
+
+    An event is one int, ordered as (end time, time scheduled, sequence number, g) (`_key`): a heap of ints
+    compares in C, a heap of tuples through a call per element. Events scheduled at a later time, or later at the
+    same time, have higher sequence numbers, so over all ranks this is "equal times in the order scheduled", and
+    within one rank it is that order too whichever rank scheduled an event: the ranks replay one after another
+    (`etweave.simulate.byrank`). Only where two events of a rank end and were scheduled at the same times, one of
+    them by another rank (its g carried as g + n), does the global sequence order them: `Ambiguous`."""
 
     def __init__(self, ranks: Sequence[AstraRank], flat: _Flat, instances: _Instances, peer: list[int],
                  network: Network, collectives: str, contention: bool = True, machine_ints: bool = True,
-                 prior: _EventLoop | None = None) -> None:
-        n = len(flat.kind)
+                 prior: _EventLoop | None = None, by_rank: bool = True) -> None:
+        n, nranks = len(flat.kind), len(ranks)
         self.indeg: list[int]
         if prior is not None:
             prior.indeg.clear()  # (done with: freed before the copy below, not beside it)
@@ -433,41 +450,91 @@ class _EventLoop:
             times: Callable[[], MutableSequence[int]] = ((lambda: array("q", [-1]) * n) if machine_ints
                                                          else (lambda: [-1] * n))
             self.issue_t, self.ready_t, self.end = times(), times(), times()  # end: set when scheduled, -1: never
-            self.state = [_new_state(ri) for ri in range(len(ranks))]
+            self.state = [_new_state(ri) for ri in range(nranks)]
             self.state_of = list(map(self.state.__getitem__, flat.owner))  # per g: its rank's state, one lookup
         self.arrived = [0] * len(instances.nodes)
+        self.latest = [-1] * len(instances.nodes)  # per instance: the latest issue among its members so far
+        self.at_latest = [0] * len(instances.nodes)  # how many members issued it at that time
         self.since = [[0] * 3 for _ in ranks]  # when each slot's (holder, someone waiting) state was last accounted
         self.blocked: list[dict[tuple[int, str], int]] = [defaultdict(int) for _ in ranks]  # with contention
-        self.events: list[int] = []  # _key(time, sequence, g), a heap
+        self.comm_ns = self._comm_times()
+        # key layout (`_key`): g (or g + n: scheduled by another rank's event), sequence number, the longest any
+        # event lasts less its length (later scheduled, higher), end time
+        self.n = n
         self.seq = count(1)  # each event's place in the order of scheduling: one per node at most
-        self.g_bits = max(n, 1).bit_length()
-        self.time_shift = self.g_bits + (2 * n + 2).bit_length()  # sequence numbers: n at most
+        self.g_bits = max(2 * n, 1).bit_length()
+        self.p_shift = self.g_bits + (2 * n + 2).bit_length()
+        self.longest = max(max(self.dur_ns, default=0), max(self.comm_ns.values(), default=0))
+        self.time_shift = self.p_shift + self.longest.bit_length()
+        self.tie_shift = self.p_shift
+        self._init_ranks(nranks, by_rank)
+        self.last_key = [-1] * nranks  # per rank: the key of the last event it replayed
+        self.now = 0  # the time of the event being replayed
 
-    def _key(self, t: int, g: int) -> int:
-        """The event of node g ending at t, scheduled now: (t, its sequence number, g) as one int."""
-        return (t << self.time_shift) | (next(self.seq) << self.g_bits) | g
+    def _comm_times(self) -> dict[int, int]:
+        """ns each collective (once its last member issued it) and each send (from its issue) takes."""
+        flat, times = self.flat, {}
+        timed = compress(range(len(flat.kind)), map(_TIMED.__contains__, flat.kind))  # picked in C
+        if self.collectives == "duration":
+            return {g: flat.dur_ns[g] for g in timed}
+        for g in timed:
+            nd = flat.node(self.ranks, g)
+            times[g] = (collective_ns(self.network, nd.comm_type or 0, nd.comm_size,
+                                      self.instances.size[self.instances.of[g]]) if flat.kind[g] == _COLL else
+                        send_ns(self.network, nd.comm_size, nd.comm_src or 0, nd.comm_dst or 0, len(self.ranks)))
+        return times
+
+    def _key(self, t: int, p: int, g: int) -> int:
+        """The event of node g ending at t, scheduled at time p (g + n: by another rank's event)."""
+        return (t << self.time_shift) | ((self.longest - (t - p)) << self.p_shift) | (next(self.seq) << self.g_bits) | g
 
     def run(self) -> None:
         for g in compress(range(len(self.indeg)), map(not_, self.indeg)):  # the roots, picked in C
             self.make_ready(g, 0)
         for ri in range(len(self.ranks)):
+            self.cur = ri
             self.issue_ready(ri, 0)
-        self._loop()
-        if next(self.seq) >> (self.time_shift - self.g_bits):
+        self.replay_all()
+        if next(self.seq) >> (self.p_shift - self.g_bits):
             raise AssertionError("more events than the packed sequence numbers hold")
 
-    def _loop(self) -> None:
-        """Every completion in time order (`issue_ready` and `make_ready` written out, and `issue` of a compute
-        node: they run per node)."""
+    def _earliest_end(self, g: int) -> int:
+        """The earliest a pending comm node g could end: a collective once its last member issued it (at or after
+        the latest issue so far and `gvt`), a recv once its send did."""
+        if self.flat.kind[g] == _COLL:
+            inst = self.instances.of[g]
+            return max(self.latest[inst], self.gvt) + self.comm_ns[g]
+        s = self.peer[g]
+        if self.collectives == "network":
+            return max(self.issue_t[g], self.gvt + self.comm_ns[s])
+        return max(self.issue_t[g] + self.dur_ns[g], self.gvt + self.dur_ns[s])
+
+    def _check_place(self, key: int, prev: int, events: list[int]) -> None:
+        """An event another rank scheduled: if an event of this rank just before or after it ends and was
+        scheduled at the same times, the global order's sequence orders them, not this rank's."""
+        when = key >> self.p_shift
+        if prev >> self.p_shift == when or (events and events[0] >> self.p_shift == when):
+            raise Ambiguous
+
+    def _replay(self, ri: int) -> None:  # noqa: C901 (the per-event loop, its common case inline: measured)
+        """Every event of rank ri's heap below its horizon, in order (with by_rank off, every event: one heap,
+        no horizon). `issue_ready` and `make_ready` written out, and `issue` of a compute node: they run per
+        node."""
         flat = self.flat
         indeg, children, slot, state_of, dur_ns = self.indeg, flat.children, flat.slot, self.state_of, self.dur_ns
-        events, ready_t, end = self.events, self.ready_t, self.end
+        events, ready_t, end, horizon = self.heaps[ri], self.ready_t, self.end, self.horizon
         pop, push, issue_ready, tick = heapq.heappop, heapq.heappush, self.issue_ready, self.seq.__next__
         charge = self._charge if self.contention else None
-        shift, g_bits, g_mask = self.time_shift, self.g_bits, (1 << self.g_bits) - 1
-        while events:
+        shift, p_shift, g_bits, g_mask = self.time_shift, self.p_shift, self.g_bits, (1 << self.g_bits) - 1
+        longest, n = self.longest, self.n
+        below, prev = horizon[ri], self.last_key[ri]
+        while events and events[0] < below:
             key = pop(events)
             t, g = key >> shift, key & g_mask
+            if g >= n:  # scheduled by another rank's event
+                g -= n
+                self._check_place(key, prev, events)
+            prev = key
             st = state_of[g]
             if charge is not None:
                 charge(st[_RI], t)
@@ -481,25 +548,29 @@ class _EventLoop:
             # the nodes that issue now (`_pick`'s rule): most events issue one compute node, the lowest ready one
             # of the only free slot that has some, taken here without a call or a list; a comm slot's node (never
             # a compute node) counts as two, so it takes the general way
-            cpu, gpu, comm, free, h_cpu, h_gpu, h_comm, _, _, _, _, ri = st
-            n = 0
+            cpu, gpu, comm, free, h_cpu, h_gpu, h_comm, _, _, _, _, rank = st
+            k = 0
             if cpu and h_cpu < 0:
-                h, n = cpu, 1
+                h, k = cpu, 1
             if gpu and h_gpu < 0:
-                h, n = gpu, n + 1
+                h, k = gpu, k + 1
             if comm and h_comm < 0:
-                n += 2
-            if n != 1 or free:
-                if n or free:
-                    issue_ready(ri, t)
+                k += 2
+            if k != 1 or free:
+                if k or free:
+                    self.now = t
+                    issue_ready(rank, t)
+                    below = horizon[ri]  # a comm node it issued may wait for another rank
                 continue
             c = pop(h)  # a compute node: CPU and GPU slots hold nothing else. (Its issue time is not kept: only a
             # send's or recv's is read, and a compute node that issued always ends.)
             s = slot[c]
             st[_HOLD + s] = c
             st[_WAIT + s] += t - ready_t[c]
-            end[c] = e = t + dur_ns[c]
-            push(events, (e << shift) | (tick() << g_bits) | c)
+            d = dur_ns[c]
+            end[c] = e = t + d
+            push(events, (e << shift) | ((longest - d) << p_shift) | (tick() << g_bits) | c)
+        self.last_key[ri] = prev
 
     def _charge(self, ri: int, t: int) -> None:
         """The contention breakdown at an event of rank `ri` at t (the rank's slot states change only at its own
@@ -517,28 +588,40 @@ class _EventLoop:
             blocked[COMM, kind_name[h]] += t - at[COMM]
         at[CPU] = at[GPU] = at[COMM] = t
 
-    def coll_ns(self, g: int) -> int:
-        if self.collectives == "duration":
-            return self.flat.dur_ns[g]
-        nd = self.flat.node(self.ranks, g)
-        return collective_ns(self.network, nd.comm_type or 0, nd.comm_size,
-                             self.instances.size[self.instances.of[g]])
-
-    def p2p_ns(self, g: int) -> int:
-        if self.collectives == "duration":
-            return self.flat.dur_ns[g]
-        nd = self.flat.node(self.ranks, g)
-        return send_ns(self.network, nd.comm_size, nd.comm_src or 0, nd.comm_dst or 0, len(self.ranks))
-
     def finish_at(self, g: int, t: int) -> None:
+        """Node g, of the rank being replayed, ends at t: scheduled now."""
         self.end[g] = t
-        heapq.heappush(self.events, self._key(t, g))
+        heapq.heappush(self.heaps[self.flat.owner[g]], self._key(t, self.now, g))
 
-    def recv_done(self, r: int, s: int) -> None:
-        """Recv r issued, its send s issued: r ends when the message arrived."""
-        issue_t, dur_ns = self.issue_t, self.flat.dur_ns
-        self.finish_at(r, max(issue_t[r], issue_t[s] + self.p2p_ns(s)) if self.collectives == "network"
-                       else max(issue_t[r] + dur_ns[r], issue_t[s] + dur_ns[s]))
+    def _end_decided(self, g: int, t: int, p: int, certain: bool) -> None:
+        """Comm node g ends at t, as decided at time p, when its collective's last member or the later of its
+        send and recv issued. `certain`: g is of the rank being replayed, which decided it now, after every
+        event the global order has before (else its event carries g + n, `_replay` checks its place, and this
+        checks that its rank has not replayed past it)."""
+        q = self.flat.owner[g]
+        if certain or not self.by_rank:
+            self.end[g] = t
+            heapq.heappush(self.heaps[q], self._key(t, p, g))
+            return
+        key = self._key(t, p, g + self.n)
+        if q != self.cur and key >> self.p_shift <= self.last_key[q] >> self.p_shift:
+            raise Ambiguous
+        self.end[g] = t
+        heapq.heappush(self.heaps[q], key)
+        self.decided(q, g)
+
+    def recv_done(self, r: int, s: int, now: int) -> None:
+        """Recv r and its send s both issued (`now` of them just now): r ends when the message arrived."""
+        issue_t, dur_ns, owner = self.issue_t, self.flat.dur_ns, self.flat.owner
+        tr, ts = issue_t[r], issue_t[s]
+        end = max(tr, ts + self.comm_ns[s]) if self.collectives == "network" else max(tr + dur_ns[r], ts + dur_ns[s])
+        later = max(tr, ts)
+        other = s if now == r else r
+        # the global order decides it when the later of the two issues: now, if that was this rank's, the other
+        # one's strictly before (or on this rank)
+        certain = (owner[r] == self.cur and issue_t[now] == later
+                   and (issue_t[other] < later or owner[other] == self.cur))
+        self._end_decided(r, end, later, certain)
 
     def issue(self, g: int, t: int) -> None:
         flat = self.flat
@@ -554,24 +637,36 @@ class _EventLoop:
         elif k == _COLL:
             self.arrive(g, t)
         elif k == _SEND:
-            self.finish_at(g, t + self.p2p_ns(g))
+            self.finish_at(g, t + self.comm_ns[g])
             r = self.peer[g]
             if r >= 0 and self.issue_t[r] >= 0:
-                self.recv_done(r, g)
+                self.recv_done(r, g, g)
         else:  # recv
             s2 = self.peer[g]
             if s2 == _ALONE:
                 self.finish_at(g, t + flat.dur_ns[g])
-            elif s2 >= 0 and self.issue_t[s2] >= 0:
-                self.recv_done(g, s2)
+            elif s2 >= 0:
+                if self.issue_t[s2] >= 0:
+                    self.recv_done(g, s2, g)
+                else:
+                    self.wait_elsewhere(g)
 
     def arrive(self, g: int, t: int) -> None:
-        """Collective g issued: its instance starts when the last member issued it."""
+        """Collective g issued at t: its instance starts when its last member issued it (the latest issue)."""
         inst = self.instances.of[g]
         self.arrived[inst] += 1
-        if self.arrived[inst] == self.instances.size[inst]:
-            for m in self.instances.nodes[inst]:
-                self.finish_at(m, t + self.coll_ns(m))
+        if t > self.latest[inst]:
+            self.latest[inst], self.at_latest[inst] = t, 1
+        elif t == self.latest[inst]:
+            self.at_latest[inst] += 1
+        if self.arrived[inst] < self.instances.size[inst]:
+            self.wait_elsewhere(g)
+            return
+        last, owner = self.latest[inst], self.flat.owner
+        # the global order decides it at `last`, when the last member issues: this rank, if it alone issued then
+        certain = t == last and self.at_latest[inst] == 1
+        for m in self.instances.nodes[inst]:
+            self._end_decided(m, last + self.comm_ns[m], last, certain and owner[m] == self.cur)
 
     def issue_ready(self, ri: int, t: int) -> None:
         for g in _pick(self.state[ri]):

@@ -20,7 +20,9 @@ Rules (what `etweave simulate` documents):
 
 `replay` runs three stages: indexing (`_index`, `_match_collectives`, `_match_messages`: every rank's nodes as flat
 int arrays under one global index, comm nodes matched across ranks), the event loop (`_EventLoop`, over those
-integer indices only) and the results (`_critical_path`, or `_Diagnosis`: what each node that never ended waits for).
+integer indices only; the ranks replayed one after another, each up to where it waits for another, with what one
+global time order gives: `etweave.simulate.byrank`) and the results (`_critical_path`, or `_Diagnosis`: what each
+node that never ended waits for).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from array import array
 from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, MutableSequence, Sequence
-from itertools import compress, repeat
+from itertools import compress, count, groupby, repeat
 from operator import lt, not_
 from typing import NoReturn
 
@@ -39,6 +41,7 @@ from msgspec import field
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.matching import Channel, collective_instances, group_members, issue_order, match_p2p
+from etweave.simulate.byrank import Ambiguous, RankByRank
 
 COLL, SEND, RECV = pb.COMM_COLL_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE
 
@@ -106,6 +109,7 @@ class Replay(msgspec.Struct):
     stuck_count: int = 0
     stuck: list[Stuck] = field(default_factory=list)  # at most MAX_STUCK, root causes first
     notes: list[str] = field(default_factory=list)
+    by_rank: bool = False  # replayed rank by rank (`etweave.simulate.byrank`), else in one global order: the same
 
     def __repr__(self) -> str:  # the default would print every node's times
         stuck = f", {self.stuck_count} stuck" if self.stuck_count else ""
@@ -177,17 +181,23 @@ MAX_STUCK = 20
 _push, _pop = heapq.heappush, heapq.heappop  # module globals: the event loop calls them per node
 
 
-def replay(ranks: Sequence[RankGraph], groups: Mapping[str, Sequence[int]]) -> Replay:
-    """Replay `ranks` together. `groups` maps a pg name to its global ranks ("" needs no entry: all ranks)."""
+def replay(ranks: Sequence[RankGraph], groups: Mapping[str, Sequence[int]], by_rank: bool = True) -> Replay:
+    """Replay `ranks` together. `groups` maps a pg name to its global ranks ("" needs no entry: all ranks).
+    `by_rank=False`: every event in one global order (the same result, slower at many ranks: the reference the
+    tests hold the rank-by-rank replay to, `etweave.simulate.byrank`)."""
     graph = _index(list(ranks))
     notes: list[str] = []
     colls = _match_collectives(graph, groups, notes)
     messages = _match_messages(graph, notes)
-    loop = _EventLoop(graph, colls, messages)
-    loop.run()
+    loop = _EventLoop(graph, colls, messages, by_rank)
+    try:
+        loop.run()
+    except Ambiguous:  # (rank by rank could not tell the global order): again, in one global order
+        loop = _EventLoop(graph, colls, messages, by_rank=False)
+        loop.run()
     out = Replay(ranks=graph.ranks, issue=graph.per_rank(loop.issue_t), start=graph.per_rank(loop.start),
                  end=graph.per_rank(loop.end), makespan=max(loop.end, default=0), critical_path=[], contribution=[],
-                 collectives=colls.instances, notes=notes)
+                 collectives=colls.instances, notes=notes, by_rank=loop.by_rank)
     diagnosis = _Diagnosis(graph, colls, messages, loop)
     if diagnosis.stuck:
         out.stuck_count = len(diagnosis.stuck)
@@ -395,22 +405,28 @@ def _channel(nd: SimNode, ri: int, rank: int) -> Channel:
 # --- the event loop
 
 
-class _EventLoop:
-    """Time advances from one completion to the next (a heap of (end time, g)). Per node: when it became ready
-    and why, when it was issued, started and ended, and `pred`, what determined its timing (the critical path
-    walks it back); per resource: its holder and a queue of ready nodes (ready time, node id, g)."""
+class _EventLoop(RankByRank):
+    """Time advances from one completion to the next (a heap of (end time, g) per rank: `etweave.simulate.byrank`).
+    Per node: when it became ready and why, when it was issued, started and ended, and `pred`, what determined its
+    timing (the critical path walks it back); per resource: its holder and a queue of ready nodes (ready time, node
+    id, g). At each time every completion is taken before any node issues (drain, then `_dispatch`: a round); a node
+    that issues with a zero duration ends at that time, in the next round.
 
-    __slots__ = ("arrived", "children", "comm_start", "dur", "end", "events", "expected", "g_bits", "holder", "indeg",
-                 "instance_of", "instances", "issue_cause", "issue_t", "kind", "last_holder", "node_id", "offset",
-                 "peer", "pred", "queue", "ready_at", "ready_cause", "res", "start", "touched")
+    The ranks replay one after another: an event's place is its (end time, g), so an event another rank decides
+    (a collective's start, a recv's message) is in its rank's heap before that rank reaches its time, unless it
+    ends at the very time it was decided (a comm node of zero duration: `Ambiguous`). Where several members issue
+    a collective at its latest time, the cause of the one the global order issues last is its members' `pred`:
+    the order of (round at that time, drain before dispatch, rank, place within the rank), `_arrive`."""
 
-    def __init__(self, graph: _Graph, colls: _Collectives, messages: _Messages) -> None:
+    def __init__(self, graph: _Graph, colls: _Collectives, messages: _Messages, by_rank: bool = True) -> None:
         n, resources = len(graph.dur), len(graph.res_names)
         # durations and ids as machine ints: read in place, not through a pointer to an int object made while
-        # loading (those lie spread over each rank's memory, and the loop visits every rank's in turn)
+        # loading (those lie spread over each rank's memory)
         self.dur, self.kind, self.res, self.node_id = (packed_ints(graph.dur), graph.kind, graph.res,
                                                        packed_ints(graph.node_id))
-        self.indeg, self.children = graph.indeg, graph.children
+        # counted down here (a copy where this order may have to start again in the global one)
+        self.indeg = graph.indeg.copy() if by_rank and len(graph.ranks) > 1 else graph.indeg
+        self.children, self.graph = graph.children, graph
         self.offset = graph.offset
         self.peer = messages.peer
         self.instance_of, self.instances, self.expected = colls.instance_of, colls.instances, colls.expected
@@ -426,17 +442,35 @@ class _EventLoop:
         self.last_holder = [-1] * resources
         self.queue: list[list[tuple[int, int, int]]] = [[] for _ in range(resources)]
         self.arrived = [0] * len(colls.instances)
+        # per collective instance: the latest issue so far as (time, round, phase, rank index, order) and its cause
+        self.latest: list[tuple[int, ...]] = [()] * len(colls.instances)
+        self.latest_cause = [-1] * len(colls.instances)
         # a completion is one int, (end time << g_bits) | g: ordered as the pair (end time, g) is, and a heap of
         # ints compares in C, not through a call per tuple element
-        self.g_bits = max(n, 1).bit_length()
-        self.events: list[int] = []
+        self.g_bits = self.time_shift = max(n, 1).bit_length()
+        self._init_ranks(len(graph.ranks), by_rank)
+        self.events = self.heaps[0]  # the heap of the rank being replayed
         self.touched: list[int] = []  # resources whose holder or queue changed since the last dispatch
+        self.clock = [(0, 0)] * len(graph.ranks)  # per rank: the time it replayed last and its rounds at it
+        self.round = self.phase = 0  # of the comm node issuing: its time's round (0: the roots), 0 drain / 1 dispatch
+        self.order = count()
+
+    def _enter(self, ri: int) -> None:
+        self.cur = ri
+        self.events = self.heaps[ri]
 
     def run(self) -> None:
+        rank_index = self.graph.rank_index
         for g in compress(range(len(self.indeg)), map(not_, self.indeg)):  # the roots, picked in C
+            self._enter(rank_index(g))
             self._make_ready(g, 0, -1)
-        self._dispatch(0)
-        self._loop()
+        touched, res_names = self.touched, self.graph.res_names
+        for ri, resources in groupby(touched, key=lambda r: res_names[r][0]):  # (in rank order)
+            self._enter(ri)
+            self.touched = list(resources)
+            self._dispatch(0, 0)
+        self.touched = []
+        self.replay_all()
         self._plain_starts()
 
     def _plain_starts(self) -> None:
@@ -447,19 +481,25 @@ class _EventLoop:
         for g in compress(range(len(self.kind)), self.kind):  # the comm nodes (picked in C): -1 until they start
             start[g] = comm_start.get(g, -1)
 
-    def _loop(self) -> None:
-        """Every completion in time order. What `_make_ready`, `_dispatch` and `_issue` do, written out for the
-        plain nodes (most of them): a method call per node costs as much as the rest of its work."""
+    def _replay(self, ri: int) -> None:
+        """Rank ri's completions below its horizon in time order (every completion, with by_rank off). What
+        `_make_ready`, `_dispatch` and `_issue` do, written out for the plain nodes (most of them): a method call
+        per node costs as much as the rest of its work."""
+        self._enter(ri)
+        events, horizon = self.events, self.horizon
         indeg, children, res, kind, dur = self.indeg, self.children, self.res, self.kind, self.dur
-        holder, last_holder, events, touched, queue = (self.holder, self.last_holder, self.events, self.touched,
-                                                       self.queue)
+        holder, last_holder, touched, queue = self.holder, self.last_holder, self.touched, self.queue
         ready_at, ready_cause, issue_t, end, pred, node_id = (self.ready_at, self.ready_cause, self.issue_t, self.end,
                                                               self.pred, self.node_id)
         issue, dispatch, pop, push = self._issue, self._dispatch, _pop, _push
         g_bits = self.g_bits
         g_mask = (1 << g_bits) - 1
-        while events:
+        below = horizon[ri]
+        now, rounds = self.clock[ri]
+        while events and events[0] < below:
             t = events[0] >> g_bits
+            rounds = rounds + 1 if t == now else 1
+            now = t
             after = (t + 1) << g_bits
             # drain every completion at time t before issuing, so the ready-first/lowest-id rule sees them all
             while events and events[0] < after:
@@ -487,8 +527,11 @@ class _EventLoop:
                         end[c] = e = t + dur[c]
                         push(events, (e << g_bits) | c)
                     else:
+                        self.round, self.phase = rounds, 0  # (where `_arrive` reads them)
                         issue(c, t, g)
-            dispatch(t)
+            dispatch(t, rounds)
+            below = horizon[ri]  # a comm node issued may wait for another rank
+        self.clock[ri] = (now, rounds)
 
     def _make_ready(self, g: int, t: int, cause: int) -> None:
         self.ready_at[g] = t
@@ -500,8 +543,9 @@ class _EventLoop:
             _push(self.queue[r], (t, self.node_id[g], g))
             self.touched.append(r)
 
-    def _dispatch(self, t: int) -> None:
-        """Issue the first ready node of each free resource that changed (`_issue` written out for plain nodes)."""
+    def _dispatch(self, t: int, rounds: int) -> None:
+        """Issue the first ready node of each free resource that changed (`_issue` written out for plain nodes),
+        in round `rounds` at time t."""
         holder, queue, ready_at, ready_cause, last_holder, kind = (self.holder, self.queue, self.ready_at,
                                                                    self.ready_cause, self.last_holder, self.kind)
         issue_t, pred, end, dur, events, g_bits = self.issue_t, self.pred, self.end, self.dur, self.events, self.g_bits
@@ -516,6 +560,7 @@ class _EventLoop:
                     end[g] = e = t + dur[g]
                     _push(events, (e << g_bits) | g)
                 else:
+                    self.round, self.phase = rounds, 1  # (where `_arrive` reads them)
                     self._issue(g, t, cause)
         self.touched.clear()
 
@@ -549,33 +594,66 @@ class _EventLoop:
         if self.kind[g] == _RECV and peer != _ALONE:
             self.comm_start[g] = t
             if peer >= 0 and self.issue_t[peer] >= 0:
-                self._finish_recv(g, peer)
+                self._finish_recv(g, peer, g)
+            elif peer >= 0:
+                self.wait_elsewhere(g)
             return
         self._run_alone(g, t, cause)
         if self.kind[g] == _SEND and peer >= 0 and self.issue_t[peer] >= 0:
-            self._finish_recv(peer, g)
+            self._finish_recv(peer, g, g)
 
     def _arrive(self, g: int, t: int, cause: int) -> None:
-        """A collective issued on one member; at the last arrival all members start."""
+        """A collective issued on one member; when every member has, all start at the latest issue."""
         inst = self.instance_of[g]
         self.arrived[inst] += 1
-        if self.arrived[inst] == self.expected[inst]:
-            start, end, dur, pred, offset = self.comm_start, self.end, self.dur, self.pred, self.offset
-            for ri, i in self.instances[inst].nodes:
-                m = offset[ri] + i
-                start[m] = t
-                end[m] = t + dur[m]
-                pred[m] = cause  # the last arriver's cause: the path skips the waiting
-                _push(self.events, (end[m] << self.g_bits) | m)
+        at = (t, self.round, self.phase, self.cur, next(self.order))
+        if not self.by_rank or at > self.latest[inst]:  # (in the global order the latest is the last to come)
+            self.latest[inst], self.latest_cause[inst] = at, cause
+        if self.arrived[inst] < self.expected[inst]:
+            self.wait_elsewhere(g)
+            return
+        start, end, dur, pred, offset = self.comm_start, self.end, self.dur, self.pred, self.offset
+        last = self.latest[inst]
+        t, cause = last[0], self.latest_cause[inst]
+        for ri, i in self.instances[inst].nodes:
+            m = offset[ri] + i
+            start[m] = t
+            end[m] = t + dur[m]
+            pred[m] = cause  # the last arriver's cause: the path skips the waiting
+            self._ends_at(ri, m, t, last is at and ri == self.cur)
 
-    def _finish_recv(self, g: int, s: int) -> None:
-        """Recv g ends at the later of its own end and its send's end."""
+    def _finish_recv(self, g: int, s: int, now: int) -> None:
+        """Recv g ends at the later of its own end and its send's end (`now` of the two just issued)."""
         own_end = self.comm_start[g] + self.dur[g]
         if self.end[s] > own_end:
             self.end[g], self.pred[g] = self.end[s], s
         else:
             self.end[g], self.pred[g] = own_end, self.issue_cause[g]
-        _push(self.events, (self.end[g] << self.g_bits) | g)
+        ri = self.graph.rank_index(g)
+        other = s if now == g else g
+        decided = max(self.comm_start[g], self.issue_t[s])
+        # the global order decides it when the later of the two issues: now, if that is g's rank issuing the
+        # later one, the other strictly before (or on this rank)
+        self._ends_at(ri, g, decided, ri == self.cur and self.issue_t[now] == decided
+                      and (self.issue_t[other] < decided or self.graph.rank_index(other) == ri))
+
+    def _ends_at(self, ri: int, g: int, decided: int, certain: bool) -> None:
+        """Comm node g of rank ri got its end (set), as decided at time `decided`; `certain`: by rank ri now, as
+        the global order does. Else its event must end after the decision and after rank ri's last replayed time
+        (its place among rank ri's events is then its (end, g) alone)."""
+        e = self.end[g]
+        if self.by_rank and not certain and (e == decided or (ri != self.cur and e <= self.clock[ri][0])):
+            raise Ambiguous
+        _push(self.heaps[ri], (e << self.g_bits) | g)
+        if self.by_rank:
+            self.decided(ri, g)
+
+    def _earliest_end(self, g: int) -> int:
+        """The earliest a pending comm node g could end: a collective once its last member issued it (at or after
+        the latest issue so far and `gvt`), a recv once its send did."""
+        if self.kind[g] == _COLL:
+            return max(self.latest[self.instance_of[g]][0], self.gvt) + self.dur[g]
+        return max(self.comm_start[g] + self.dur[g], self.gvt + self.dur[self.peer[g]])
 
 
 def packed_ints(values: list[int]) -> MutableSequence[int]:

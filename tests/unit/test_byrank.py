@@ -1,0 +1,162 @@
+"""Both replays rank by rank (`etweave.simulate.byrank`) give what the one global order gives: on random graphs of a
+few ranks with collectives of the world and of a subgroup, sends and recvs, shared resources and slots, ties,
+zero durations and deadlocks; and they stay rank by rank where nothing is ambiguous."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from etweave.chakra import et_def_pb2 as pb
+from etweave.simulate.astra import AstraNode, AstraRank, simulate_timings
+from etweave.simulate.engine import COLL, RECV, SEND, RankGraph, Replay, SimNode, replay
+from etweave.simulate.network import DEFAULT_NETWORK
+
+SEEDS = range(60)
+
+
+class Plan:
+    """A random job: per rank, its nodes in id order as (kind, duration, deps, resource, peer/pg)."""
+
+    def __init__(self, seed: int, shortest: int, longest: int, deadlock: bool = False) -> None:
+        rng = random.Random(seed)
+        self.ranks = rng.randint(2, 5)
+        self.nodes: list[list[tuple[str, int, tuple[int, ...], int, int | str]]] = [[] for _ in range(self.ranks)]
+        world = rng.randint(0, 4)
+        pairs = [(a, b) for a in range(self.ranks) for b in range(self.ranks) if a != b]
+        messages = [rng.choice(pairs) for _ in range(rng.randint(0, 4))]
+        for r in range(self.ranks):
+            work: list[tuple[str, int | str]] = [("comp", 0)] * rng.randint(3, 25)
+            work += [("coll", "")] * world + [("coll", "1")] * (2 if r < 2 else 0)
+            work += [("send", b) for a, b in messages if a == r] + [("recv", a) for a, b in messages if b == r]
+            if deadlock and r == 0 and world:
+                work.remove(("coll", ""))
+            rng.shuffle(work)
+            for i, (kind, peer) in enumerate(work):
+                deps = tuple(sorted(rng.sample(range(1, i + 1), min(i, rng.randint(0, 2)))))
+                self.nodes[r].append((kind, rng.randint(shortest, longest), deps, rng.randint(0, 2), peer))
+        # the collectives and the messages keep their order on every rank (as a real job's do): a chain each
+        for nodes in self.nodes:
+            last: dict[str, int] = {}
+            for i, (kind, dur, deps, res, peer) in enumerate(nodes, 1):
+                key = f"{kind}{peer}" if kind != "comp" else ""
+                if key in last and last[key] not in deps:
+                    nodes[i - 1] = (kind, dur, (*deps, last[key]), res, peer)
+                if key:
+                    last[key] = i
+
+    def sim_ranks(self) -> list[RankGraph]:
+        out = []
+        for r, nodes in enumerate(self.nodes):
+            sim = []
+            for i, (kind, dur, deps, res, peer) in enumerate(nodes, 1):
+                if kind == "comp":
+                    sim.append(SimNode(i, f"op{i}", 4, deps, dur, None if res == 2 else f"s{res}"))
+                elif kind == "coll":
+                    sim.append(SimNode(i, f"ar{i}", COLL, deps, dur, "nccl", pg=str(peer)))
+                else:
+                    src, dst = (r, int(peer)) if kind == "send" else (int(peer), r)
+                    sim.append(SimNode(i, f"{kind}{i}", SEND if kind == "send" else RECV, deps, dur, None,
+                                       comm_src=src, comm_dst=dst, comm_tag=0))
+            out.append(RankGraph(r, sim))
+        return out
+
+    def astra_ranks(self) -> list[AstraRank]:
+        out = []
+        for r, nodes in enumerate(self.nodes):
+            astra = []
+            for i, (kind, dur, deps, res, peer) in enumerate(nodes, 1):
+                if kind == "comp":
+                    astra.append(AstraNode(i, f"op{i}", pb.COMP_NODE, deps, dur, res == 0))
+                elif kind == "coll":
+                    astra.append(AstraNode(i, f"ar{i}", pb.COMM_COLL_NODE, deps, dur, False, pb.ALL_REDUCE,
+                                           dur * 1000, str(peer)))
+                else:
+                    src, dst = (r, int(peer)) if kind == "send" else (int(peer), r)
+                    astra.append(AstraNode(i, f"{kind}{i}", pb.COMM_SEND_NODE if kind == "send" else
+                                           pb.COMM_RECV_NODE, deps, dur, False, None, dur * 100, "", src, dst, 0))
+            out.append(AstraRank(r, astra))
+        return out
+
+    def groups(self) -> dict[str, list[int]]:
+        return {"1": [0, 1]}
+
+
+def _fields(out: Replay) -> tuple[object, ...]:
+    return (out.issue, out.start, out.end, out.makespan, out.critical_path, out.contribution, out.stuck_count,
+            out.stuck, out.notes)
+
+
+@pytest.mark.parametrize("shortest, longest, deadlock", [(1, 1_000_000, False), (0, 3, False), (1, 50, True)])
+def test_default_replay_by_rank_is_the_global_order(shortest: int, longest: int, deadlock: bool) -> None:
+    kept = stuck = 0
+    for seed in SEEDS:
+        plan = Plan(seed, shortest, longest, deadlock)
+        by_rank = replay(plan.sim_ranks(), plan.groups())
+        assert _fields(by_rank) == _fields(replay(plan.sim_ranks(), plan.groups(), by_rank=False)), seed
+        kept += by_rank.by_rank
+        stuck += by_rank.stuck_count > 0
+        if shortest > 0 and not by_rank.stuck_count:
+            # nothing ends at the time it is decided: rank by rank tells the global order everywhere
+            assert by_rank.by_rank, seed
+    if shortest == 0:
+        assert 0 < kept < len(SEEDS)  # zero durations: some runs start again in the global order, some need not
+    if deadlock:
+        assert stuck > len(SEEDS) // 2  # (and those diagnosed alike: `stuck` compared above)
+
+
+@pytest.mark.parametrize("shortest, longest, deadlock", [(1, 1_000_000, False), (0, 3, False), (1, 50, True)])
+@pytest.mark.parametrize("timing", ["network", "duration"])
+def test_astra_replay_by_rank_is_the_global_order(shortest: int, longest: int, deadlock: bool, timing: str) -> None:
+    kept = finished = 0
+    for seed in SEEDS:
+        plan = Plan(seed, shortest, longest, deadlock)
+        runs = [simulate_timings(plan.astra_ranks(), plan.groups(), DEFAULT_NETWORK, (timing,), contention=True,
+                                 by_rank=by_rank)[0] for by_rank in (True, False)]
+        a, b = ((r.finished_ns, r.slot_wait_ns, r.blocked_by, r.stuck, r.stuck_count) for r in runs)
+        assert a == b, seed
+        if not runs[0].stuck_count:
+            finished += 1
+            kept += runs[0].by_rank
+    if longest > 1000:  # ties are rare in ns: (nearly) every run that finishes stays rank by rank
+        assert finished > 0 and kept >= finished - 2
+
+
+def test_one_rank_replays_in_the_global_order() -> None:
+    plan = Plan(5, 1, 100)
+    one = plan.sim_ranks()[:1]
+    for nd in one[0].nodes:  # alone: every comm node runs on its own
+        nd.type, nd.pg = 4, None
+    assert not replay(one, {}).by_rank
+
+
+def _op(nid: int, dur: int, deps: tuple[int, ...] = (), res: str | None = "s0") -> SimNode:
+    return SimNode(nid, f"op{nid}", 4, deps, dur, res)
+
+
+def _coll(nid: int, dur: int, deps: tuple[int, ...] = ()) -> SimNode:
+    return SimNode(nid, f"ar{nid}", COLL, deps, dur, "nccl", pg="")
+
+
+def test_the_last_member_to_issue_at_one_time_is_the_global_orders_last() -> None:
+    # both members issue the collective at 5; rank 0 only in the second round at 5 (after a zero-length op), so
+    # the global order has rank 0 last, though rank 1 comes after it in rank order: rank 0's cause is the path's
+    ranks = [RankGraph(0, [_op(1, 5), _op(2, 0, (1,), "s1"), _coll(3, 4, (2,))]),
+             RankGraph(1, [_op(1, 5), _coll(2, 4, (1,))])]
+    out = replay(ranks, {})
+    assert out.by_rank
+    assert _fields(out) == _fields(replay(ranks, {}, by_rank=False))
+    assert out.critical_path[:3] == [(0, 0), (0, 1), (0, 2)]
+
+
+def test_a_collective_ending_when_decided_replays_in_the_global_order() -> None:
+    # rank 1 issues the zero-length collective last, at 5, when rank 0's op 1 ends too: the global order ends the
+    # collective on rank 0 in a later round at 5 than op 1, so op 4 (readied by op 1) takes the stream before op 3
+    # (readied by the collective); rank by rank cannot see those rounds, and starts again in the global order
+    ranks = [RankGraph(0, [_op(1, 5), _coll(2, 0), _op(3, 2, (2,)), _op(4, 2, (1,))]),
+             RankGraph(1, [_op(1, 5), _coll(2, 0, (1,))])]
+    out = replay(ranks, {})
+    assert not out.by_rank
+    assert out.issue[0] == [0, 0, 7, 5]
+    assert _fields(out) == _fields(replay(ranks, {}, by_rank=False))
