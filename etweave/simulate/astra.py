@@ -467,7 +467,7 @@ class _EventLoop(RankByRank):
         self.longest = max(max(self.dur_ns, default=0), max(self.comm_ns.values(), default=0))
         self.time_shift = self.p_shift + self.longest.bit_length()
         self.tie_shift = self.p_shift
-        self._init_ranks(nranks, by_rank)
+        self._init_ranks(nranks, n, by_rank)
         self.last_key = [-1] * nranks  # per rank: the key of the last event it replayed
         self.now = 0  # the time of the event being replayed
 

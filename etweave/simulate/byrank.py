@@ -14,13 +14,15 @@ rank's events was deeper too). Rank by rank, a rank's nodes stay in the caches f
 heap holds one rank's events.
 
 Where a rank's own order cannot tell what the global order does (the loop raises `Ambiguous`), or the ranks keep
-waiting on each other (more than MAX_STALLS stalls and one per rank), the loop starts again in one global order:
+waiting on each other (more than MAX_STALLS stalls and one per node of the average rank: a stall's work grows with
+the ranks, so this keeps all stalls within about one pass over the nodes), the loop starts again in one global order:
 one heap shared by every rank, no horizon. Both orders give the same result; the tests hold each replay to it.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from heapq import heappop, heappush, heapreplace
 
 FAR = 1 << 1024  # a horizon above every key
 MAX_STALLS = 64
@@ -40,12 +42,17 @@ class RankByRank:
     time_shift: int
     tie_shift: int | None = None  # keys equal above this bit, on two ranks: their global order is not known
 
-    def _init_ranks(self, nranks: int, by_rank: bool) -> None:
+    def _init_ranks(self, nranks: int, nnodes: int, by_rank: bool) -> None:
         self.by_rank = by_rank and nranks > 1
+        self.max_stalls = MAX_STALLS + nnodes // max(nranks, 1)
         shared: list[int] = []
         self.heaps: list[list[int]] = [[] for _ in range(nranks)] if self.by_rank else [shared] * nranks
         self.horizon = [FAR] * nranks  # per rank: the key its replayed events stay below
-        self.pending: list[list[int]] = [[] for _ in range(nranks)]  # per rank: comm nodes another rank ends
+        self.pending: list[set[int]] = [set() for _ in range(nranks)]  # per rank: comm nodes another rank ends
+        # per rank: (earliest end, g) of its pending nodes as last computed, a heap; an earliest end only rises
+        # (`_earliest_end`), so each entry is a lower bound and the fresh one on top is the least: a rank can have
+        # thousands pending (async collectives), which a scan at every decision made quadratic
+        self.pending_ends: list[list[tuple[int, int]]] = [[] for _ in range(nranks)]
         self.runnable: deque[int] = deque()
         self.in_runnable = [False] * nranks
         self.cur = 0  # the rank being replayed
@@ -86,7 +93,7 @@ class RankByRank:
         if not heads:
             return False
         self.stalls += 1
-        if self.stalls > MAX_STALLS + len(heaps):
+        if self.stalls > self.max_stalls:
             raise Ambiguous
         self.gvt = max(self.gvt, min(heads) >> shift)
         for ri, pending in enumerate(self.pending):
@@ -110,22 +117,34 @@ class RankByRank:
 
     def horizon_of(self, ri: int) -> int:
         """The key rank `ri`'s replayed events stay below: the earliest its pending nodes could end."""
-        if not self.pending[ri]:
+        pending, ends = self.pending[ri], self.pending_ends[ri]
+        if not pending:
+            ends.clear()
             return FAR
-        return min(map(self._earliest_end, self.pending[ri])) << self.time_shift
+        while True:
+            was, g = ends[0]
+            if g not in pending:  # decided since: its entry goes
+                heappop(ends)
+                continue
+            now = self._earliest_end(g)
+            if now == was:
+                return now << self.time_shift
+            heapreplace(ends, (now, g))
 
     def wait_elsewhere(self, g: int) -> None:
         """Comm node g, just issued by the rank being replayed, ends when another rank decides."""
         if self.by_rank:
             ri = self.cur
-            self.pending[ri].append(g)
-            self.horizon[ri] = min(self.horizon[ri], self._earliest_end(g) << self.time_shift)
+            self.pending[ri].add(g)
+            end = self._earliest_end(g)
+            heappush(self.pending_ends[ri], (end, g))
+            self.horizon[ri] = min(self.horizon[ri], end << self.time_shift)
 
     def decided(self, q: int, g: int) -> None:
         """Rank q's node g got its end (its event is in q's heap): q replays on to its new horizon."""
         pending = self.pending[q]
         if g in pending:
-            pending.remove(g)
+            pending.discard(g)
             self.horizon[q] = self.horizon_of(q)
         if q != self.cur and not self.in_runnable[q] and self.heaps[q][0] < self.horizon[q]:
             self.runnable.append(q)

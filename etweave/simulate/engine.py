@@ -448,7 +448,7 @@ class _EventLoop(RankByRank):
         # a completion is one int, (end time << g_bits) | g: ordered as the pair (end time, g) is, and a heap of
         # ints compares in C, not through a call per tuple element
         self.g_bits = self.time_shift = max(n, 1).bit_length()
-        self._init_ranks(len(graph.ranks), by_rank)
+        self._init_ranks(len(graph.ranks), n, by_rank)
         self.events = self.heaps[0]  # the heap of the rank being replayed
         self.touched: list[int] = []  # resources whose holder or queue changed since the last dispatch
         self.clock = [(0, 0)] * len(graph.ranks)  # per rank: the time it replayed last and its rounds at it
