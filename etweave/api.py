@@ -142,16 +142,21 @@ class Simulation:
                 f"{s['simulated_makespan_us']} us{measured}, critical path {s['critical_path']['nodes']} nodes)")
 
 
-def simulate_files(traces: PathLike | Iterable[PathLike], comm_group: PathLike | None = None) -> Simulation:
+def simulate_files(traces: PathLike | Iterable[PathLike], comm_group: PathLike | None = None, *,
+                   jobs: int = 1) -> Simulation:
     """Replay `.et`/`.et.gz` files (or folders of them) together, as `etweave simulate` does. The process-group
-    map is `comm_group`, else the comm_group.json beside the traces. Raises CheckFailed on a deadlock."""
+    map is `comm_group`, else the comm_group.json beside the traces. `jobs` > 1: from 16 files on, read by this
+    process and `jobs` - 1 worker processes side by side (`etweave simulate --jobs`; started with spawn, so a
+    script that calls it needs `if __name__ == "__main__":`). Raises CheckFailed on a deadlock."""
     from etweave.runfolder import comm_groups_for, lone_file_rank
-    from etweave.simulate.load import load_rank, replay_files
+    from etweave.simulate.load import load_ranks, replay_files
     from etweave.simulate.metrics import format_deadlock, summarize
 
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, not {jobs}")
     paths: Sequence[PathLike] = [traces] if isinstance(traces, str | Path) else list(traces)
     files = et_files([Path(p) for p in paths])
-    ranks = [load_rank(f, default_rank=lone_file_rank(files)) for f in files]
+    ranks = load_ranks(files, lone_file_rank(files), jobs)
     group_file, groups = comm_groups_for(files, Path(comm_group) if comm_group is not None else None)
     result = replay_files(ranks, groups or {}, files, group_file, group_option="comm_group")
     if result.stuck_count:

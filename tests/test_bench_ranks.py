@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import etweave
 from bench.ranks import Repeats, _startup_key, generate, record_gloo, runs_needed, startup_input, startup_run
 from bench.scale import load_json
 from etweave.chakra import et_def_pb2 as pb
@@ -251,6 +252,10 @@ def test_loading_in_workers_gives_what_loading_here_gives(run32: tuple[Path, Pat
             assert main(["simulate", str(out), "--jobs", jobs, *model]) == 0
             printed.append(capsys.readouterr().out)
         assert printed[0] == printed[1] and printed[0]
+    api_here, api_pooled = (etweave.simulate_files(out, jobs=jobs) for jobs in (1, 2))  # the Python API alike
+    assert api_pooled.summary == api_here.summary and api_here.summary["nodes"] > 0
+    with pytest.raises(ValueError, match="jobs must be at least 1"):
+        etweave.simulate_files(out, jobs=0)
 
 
 @pytest.mark.parametrize(("bad", "named"), [((5, 8), 5), ((8, 13), 8), ((31,), 31)])
