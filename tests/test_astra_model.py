@@ -298,3 +298,19 @@ def test_one_trace_as_two_npus_runs_its_sends_and_recvs_alone(tmp_path: Path) ->
     assert run.stuck_count == 0
     assert run.finished_ns == [1000 + 519 + 4000] * 2  # CPU node, then the send's network time, then the recv's 4 µs
     assert "4 send/recv nodes have no peer among the NPUs given: replayed alone" in run.notes
+
+
+def test_replicas_index_their_edges_once_as_copies_would() -> None:
+    """A lone trace replayed as NPUs (`replicate`) shares one node list: its columns and edges are copied from the
+    NPU before, moved to each NPU's indices, and equal what indexing separate copies of the nodes gives."""
+    from etweave.simulate.astra import _flatten, replicate
+
+    nodes = [comp(4, (1, 2), 3), comp(1, (), 2, cpu=False), comp(2, (1,), 1), coll(3, (1, 2), pb.ALL_REDUCE, 1 << 20),
+             comp(5, (3, 4), 0), coll(6, (5,), pb.BROADCAST, 64)]  # out of id order: a file index
+    shared = replicate(AstraRank(0, nodes), 3)
+    apart = [AstraRank(r, list(nodes), replica=True) for r in range(3)]
+    for contention in (True, False):
+        flat = _flatten(shared, True, (), contention)
+        assert flat == _flatten(apart, True, (), contention)
+        assert flat.children[6:12] != flat.children[:6] and flat.file_index[2] == flat.file_index[0]
+    assert simulate(shared, {}).finished_ns == simulate(apart, {}).finished_ns

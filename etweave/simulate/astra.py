@@ -288,6 +288,9 @@ def _flatten(ranks: Sequence[AstraRank], slots: bool, slotless_kinds: Collection
     flat = _Flat(offset=offset, kind=[_COMP] * n, slot=[CPU] * n, dur_ns=[0] * n, node_id=[0] * n, owner=[0] * n,
                  kind_name=[""] * n if contention else [], indeg=[0] * n)
     for ri, rg in enumerate(ranks):
+        if ri and rg.nodes is ranks[ri - 1].nodes:  # a replica (`replicate`): the rank before's columns again
+            _copy_rank(flat, ri - 1, ri, len(rg.nodes))
+            continue
         try:
             _flatten_rank(flat, ri, rg, slotless_kinds, contention)
         except GraphError:
@@ -323,6 +326,21 @@ def _flatten_rank(flat: _Flat, ri: int, rg: AstraRank, slotless_kinds: Collectio
     if contention:
         flat.kind_name[base:end] = [nd.kind or node_type_name(nd.type) for nd in nodes]
     flat.children += rank_edges(ri, ids, [nd.deps for nd in nodes], base, flat.indeg)
+
+
+def _copy_rank(flat: _Flat, src: int, ri: int, count: int) -> None:
+    """Rank `ri` holds the very nodes rank `src` does: its columns are src's, its edges moved to its own indices
+    (a lone trace replayed as several NPUs indexes its edges once, not once per NPU)."""
+    a, b = flat.offset[src], flat.offset[ri]
+    columns: tuple[list[Any], ...] = (flat.kind, flat.slot, flat.dur_ns, flat.node_id, flat.indeg, flat.kind_name)
+    for column in columns:
+        if column:  # (kind_name: with contention only)
+            column[b:b + count] = column[a:a + count]
+    flat.owner[b:b + count] = [ri] * count
+    if src in flat.file_index:
+        flat.file_index[ri] = flat.file_index[src]
+    step = b - a
+    flat.children += [tuple([c + step for c in kids]) if kids else kids for kids in flat.children[a:a + count]]
 
 
 def _first_error(ri: int, rg: AstraRank) -> None:
