@@ -57,6 +57,7 @@ from typing import Any
 
 import orjson
 
+from bench import launch
 from bench.run import Proc, run_proc
 from bench.scale import load_json, traces_dir
 from etweave.read.widths import MAX_RANKS  # the converter's world-size cap: the generator stays within it
@@ -393,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.decode:
         return decode(args.decode)
+    launch.start()  # while this process is small (`bench.launch`)
     if args.generate is not None:
         if args.out is None:
             p.error("--generate needs --out")

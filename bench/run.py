@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from bench import launch
 from bench.scale import traces_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,16 +43,10 @@ class Proc:
 
 
 def run_proc(cmd: list[str], cwd: Path) -> Proc:
-    """Run cmd to completion; wall clock from spawn to exit and ru_maxrss of that process alone (os.wait4)."""
-    with tempfile.TemporaryFile() as err:
-        t0 = time.perf_counter()
-        p = subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
-        _, status, ru = os.wait4(p.pid, 0)
-        wall = time.perf_counter() - t0
-        p.returncode = rc = os.waitstatus_to_exitcode(status)  # reaped here: keep Popen from waiting again
-        err.seek(0)
-        tail = err.read()[-2000:].decode(errors="replace").strip()
-    return Proc(wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss, rc, tail)
+    """Run cmd to completion from the launcher (`bench.launch`: its peak RSS its own, not this process's); wall
+    clock from spawn to exit, CPU and ru_maxrss of that process (os.wait4)."""
+    done = launch.run(cmd, cwd)
+    return Proc(done.wall_s, done.cpu_s, done.rss_kib, done.rc, done.err)
 
 
 @dataclass(slots=True)
@@ -219,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gzip", action="store_true", help="write the scaled traces gzip-compressed (level 1)")
     p.add_argument("--only", help="comma-separated substrings of case names to run (default: all)")
     args = p.parse_args(argv)
+    launch.start()  # while this process is small (`bench.launch`)
     if not traces_dir().is_dir():
         print(f"no traces at {traces_dir()} (set ETWEAVE_TRACES)", file=sys.stderr)
         return 2

@@ -23,9 +23,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+from bench import launch
 from bench.identical import checkout
 from bench.ranks import startup_run
 
@@ -35,16 +35,10 @@ REPO = Path(__file__).resolve().parents[1]
 def _cpu(tree: Path, cmd: list[str], stdout: Path) -> tuple[float, float, float]:
     """CPU seconds (its waited-for children's too: simulate's loading workers), peak RSS (MiB) and wall seconds of
     one whole process run from `tree` (its imports too); its stdout into `stdout`."""
-    started = time.perf_counter()
-    with stdout.open("wb") as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(cmd, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=err)
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: keep Popen from waiting again
-        if proc.returncode:
-            err.seek(0)
-            raise SystemExit(f"{' '.join(cmd)}: exit {proc.returncode}: {err.read()[-2000:].decode(errors='replace')}")
-    return usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, time.perf_counter() - started
+    done = launch.run(cmd, tree, {**os.environ, "PYTHONPATH": str(tree)}, stdout)
+    if done.rc:
+        raise SystemExit(f"{' '.join(cmd)}: exit {done.rc}: {done.err}")
+    return done.cpu_s, done.rss_kib / 1024, done.wall_s
 
 
 def measure(out: Path, trees: dict[str, Path], reps: int, work: Path,
@@ -78,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base", metavar="REV", help="also time this revision's simulate (a git worktree of it)")
     p.add_argument("--reps", type=int, default=3, help="runs of each command, their mean counts (default 3)")
     args = p.parse_args(argv)
+    launch.start()  # while this process is small: it reads the start-up run's source whole (`bench.launch`)
     work = Path(tempfile.mkdtemp(prefix="etweave-simfloor-"))
     trees = {"head": REPO}
     try:
