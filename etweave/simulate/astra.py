@@ -633,13 +633,9 @@ class _EventLoop(RankByRank):
         issue_t, dur_ns, owner = self.issue_t, self.flat.dur_ns, self.flat.owner
         tr, ts = issue_t[r], issue_t[s]
         end = max(tr, ts + self.comm_ns[s]) if self.collectives == "network" else max(tr + dur_ns[r], ts + dur_ns[s])
-        later = max(tr, ts)
         other = s if now == r else r
-        # the global order decides it when the later of the two issues: now, if that was this rank's, the other
-        # one's strictly before (or on this rank)
-        certain = (owner[r] == self.cur and issue_t[now] == later
-                   and (issue_t[other] < later or owner[other] == self.cur))
-        self._end_decided(r, end, later, certain)
+        self._end_decided(r, end, max(tr, ts), self.recv_decided_here(owner[r], owner[other], issue_t[now],
+                                                                      issue_t[other]))
 
     def issue(self, g: int, t: int) -> None:
         flat = self.flat

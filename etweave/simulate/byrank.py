@@ -140,6 +140,13 @@ class RankByRank:
             heappush(self.pending_ends[ri], (end, g))
             self.horizon[ri] = min(self.horizon[ri], end << self.time_shift)
 
+    def recv_decided_here(self, recv_rank: int, other_rank: int, t_now: int, t_other: int) -> bool:
+        """A recv and its send, both issued now: the one just issued at t_now by the rank being replayed, the
+        other at t_other on `other_rank`. The global order decides the recv's end when the later of the two
+        issues; that is here and now if the recv is this rank's, this rank issued the later one, and the other
+        issued strictly before (or on this rank). Else the loop checks the end's place (`Ambiguous`)."""
+        return recv_rank == self.cur and t_now >= t_other and (t_other < t_now or other_rank == recv_rank)
+
     def decided(self, q: int, g: int) -> None:
         """Rank q's node g got its end (its event is in q's heap): q replays on to its new horizon."""
         pending = self.pending[q]

@@ -632,10 +632,8 @@ class _EventLoop(RankByRank):
         ri = self.graph.rank_index(g)
         other = s if now == g else g
         decided = max(self.comm_start[g], self.issue_t[s])
-        # the global order decides it when the later of the two issues: now, if that is g's rank issuing the
-        # later one, the other strictly before (or on this rank)
-        self._ends_at(ri, g, decided, ri == self.cur and self.issue_t[now] == decided
-                      and (self.issue_t[other] < decided or self.graph.rank_index(other) == ri))
+        self._ends_at(ri, g, decided, self.recv_decided_here(ri, self.graph.rank_index(other), self.issue_t[now],
+                                                              self.issue_t[other]))
 
     def _ends_at(self, ri: int, g: int, decided: int, certain: bool) -> None:
         """Comm node g of rank ri got its end (set), as decided at time `decided`; `certain`: by rank ri now, as

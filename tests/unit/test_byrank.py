@@ -182,6 +182,18 @@ def test_many_pending_collectives_cost_a_few_bounds_each(monkeypatch: pytest.Mon
     assert _fields(out) == _fields(replay(job(), groups, by_rank=False))
 
 
+@pytest.mark.parametrize("seed", [878, 1253])
+def test_a_recv_and_its_send_issued_at_one_time_on_two_ranks_order_as_the_global_order(seed: int) -> None:
+    """Found by search: jobs where a send and its recv issue at the same time on two ranks and the recv's end
+    ties with another event of its rank (durations of 1-3). Only the rank that issued the later of the two, the
+    other strictly before, decides the recv's end as the global order does (`RankByRank.recv_decided_here`)."""
+    plan = Plan(seed, 1, 3)
+    runs = [simulate_timings(plan.astra_ranks(), plan.groups(), DEFAULT_NETWORK, ("duration",), by_rank=by_rank)[0]
+            for by_rank in (True, False)]
+    a, b = ((r.finished_ns, r.slot_wait_ns, r.blocked_by, r.stuck, r.stuck_count) for r in runs)
+    assert a == b
+
+
 def test_one_rank_replays_in_the_global_order() -> None:
     plan = Plan(5, 1, 100)
     one = plan.sim_ranks()[:1]
