@@ -103,6 +103,7 @@ class AstraRun(msgspec.Struct):
     stuck_count: int = 0
     notes: list[str] = field(default_factory=list)
     by_rank: bool = False  # replayed rank by rank (`_EventLoop`), else in one global order: the same result
+    replicas_replayed: bool = False  # identical replicas: the first replayed, standing for each (`_mirrors`)
 
     @property
     def makespan_ns(self) -> int:
@@ -209,34 +210,68 @@ def simulate_timings(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[i
     index_of_rank = {rg.rank: ri for ri, rg in enumerate(ranks)}
     if len(index_of_rank) != len(ranks):
         raise GraphError(None, "a rank is given more than once")
-    flat = _flatten(ranks, slots, slotless_kinds, contention)
-    instances = _collective_instances(ranks, flat, groups, index_of_rank)
-    peer, alone = _send_recv_peers(ranks, flat, index_of_rank)
+    if by_rank and _mirrors(ranks, groups):
+        try:
+            return _runs(ranks, ranks[:1], groups, network, timings, slots, slotless_kinds, contention, True)
+        except Ambiguous:  # (its own order cannot tell how the replicas' ties fall): every NPU replayed
+            pass
+    return _runs(ranks, ranks, groups, network, timings, slots, slotless_kinds, contention, by_rank)
+
+
+def _runs(npus: list[AstraRank], replayed: list[AstraRank], groups: Mapping[str, Sequence[int]], network: Network,
+          timings: Sequence[str], slots: bool, slotless_kinds: Collection[str], contention: bool, by_rank: bool
+          ) -> list[AstraRun]:
+    """One run per timing of the NPUs `npus`, replaying `replayed`: all of them, or the first of identical replicas
+    (`_mirrors`) standing for every one."""
+    index_of_rank = {rg.rank: ri for ri, rg in enumerate(replayed)}
+    flat = _flatten(replayed, slots, slotless_kinds, contention)
+    instances = _collective_instances(replayed, flat, groups, index_of_rank)
+    peer, alone = _send_recv_peers(replayed, flat, index_of_rank)
     runs: list[AstraRun] = []
     loop = None
     for timing in timings:
-        run, loop = _run(ranks, flat, instances, peer, network, timing, slots, alone, contention, loop, by_rank)
+        run, loop = _run(npus, replayed, flat, instances, peer, network, timing, slots, alone, contention, loop,
+                         by_rank)
         runs.append(run)
     return runs
 
 
-def _run(ranks: list[AstraRank], flat: _Flat, instances: _Instances, peer: list[int], network: Network,
-         collectives: str, slots: bool, alone: int, contention: bool, prior: _EventLoop | None,
+def _mirrors(ranks: list[AstraRank], groups: Mapping[str, Sequence[int]]) -> bool:
+    """The NPUs are replicas of one trace (`replicate`) and every collective's group holds all of them: each
+    NPU's replay is then the first's, so that one is replayed alone, standing for all (`_EventLoop.replicas`),
+    unless a tie between a collective's end and another event of the NPU could fall either way in the replay of
+    every NPU (ASTRA-sim orders equal times by the order scheduled, and the last replica to issue schedules the
+    collective's end): that raises `Ambiguous` and every NPU is replayed."""
+    first = ranks[0]
+    if len(ranks) < 2 or not all(rg.replica and rg.nodes is first.nodes for rg in ranks):
+        return False
+    everyone = {rg.rank for rg in ranks}
+    pgs = {nd.pg for nd in first.nodes if nd.type == pb.COMM_COLL_NODE and nd.comm_type != pb.BROADCAST}
+    return all(pg in ("", "0") or everyone <= set(groups.get(pg, ())) for pg in pgs)
+
+
+def _run(npus: list[AstraRank], ranks: list[AstraRank], flat: _Flat, instances: _Instances, peer: list[int],
+         network: Network, collectives: str, slots: bool, alone: int, contention: bool, prior: _EventLoop | None,
          by_rank: bool) -> tuple[AstraRun, _EventLoop]:
-    """One run, and its event loop (whose columns the next run reuses: `prior`, the one before)."""
+    """One run of the NPUs `npus` replaying `ranks` (all of them, or the first replica standing for each:
+    its `Ambiguous` is raised), and its event loop (whose columns the next run reuses: `prior`, the one before)."""
+    replicas = len(npus) // len(ranks)
+    alone *= replicas
     notes = [f"{alone} send/recv nodes have no peer among the NPUs given: replayed alone"] if alone else []
     try:
         loop = _EventLoop(ranks, flat, instances, peer, network, collectives, contention, prior=prior,
-                          by_rank=by_rank)
+                          by_rank=by_rank, replicas=replicas)
         try:
             loop.run()
         except Ambiguous:  # (rank by rank could not tell the global order): again, in one global order
+            if replicas > 1:
+                raise
             loop = _EventLoop(ranks, flat, instances, peer, network, collectives, contention, prior=loop,
                               by_rank=False)
             loop.run()
     except OverflowError:  # a time past 2^63 ns (durations no real run has): the same run on Python ints
         loop = _EventLoop(ranks, flat, instances, peer, network, collectives, contention, machine_ints=False,
-                          by_rank=False)
+                          by_rank=False, replicas=replicas)
         loop.run()
     n = len(flat.kind)
     finished: list[int | None] = []
@@ -244,13 +279,14 @@ def _run(ranks: list[AstraRank], flat: _Flat, instances: _Instances, peer: list[
         first, last = flat.offset[ri], flat.offset[ri] + len(rg.nodes)
         ends = loop.end[first:last]  # every event scheduled ran: a node is done when it has an end
         finished.append(max(ends, default=0) if min(ends, default=0) >= 0 else None)
-    run = AstraRun(ranks=ranks, collectives=collectives, slots=slots, finished_ns=finished, by_rank=loop.by_rank,
-                   slot_wait_ns=[st[_WAIT:_WAIT + 3] for st in loop.state], blocked_by=[dict(b) for b in loop.blocked],
-                   notes=notes)
+    run = AstraRun(ranks=npus, collectives=collectives, slots=slots, finished_ns=finished * replicas,
+                   by_rank=loop.by_rank, replicas_replayed=replicas > 1,
+                   slot_wait_ns=[st[_WAIT:_WAIT + 3] for _ in range(replicas) for st in loop.state],
+                   blocked_by=[dict(b) for _ in range(replicas) for b in loop.blocked], notes=notes)
     # (a rank is unfinished when a node of it never ended: no pass over every node when all finished)
     stuck = list(compress(range(n), map(_NEVER_SCHEDULED.__eq__, loop.end))) if None in finished else []
-    run.stuck_count = len(stuck)
-    run.stuck = _stuck_lines(ranks, flat, loop, stuck)
+    run.stuck_count = len(stuck) * replicas
+    run.stuck = _stuck_lines(npus, flat, loop, stuck, replicas)
     return run, loop
 
 
@@ -434,12 +470,17 @@ class _EventLoop(RankByRank):
     same time, have higher sequence numbers, so over all ranks this is "equal times in the order scheduled", and
     within one rank it is that order too whichever rank scheduled an event: the ranks replay one after another
     (`etweave.simulate.byrank`). Only where two events of a rank end and were scheduled at the same times, one of
-    them by another rank (its g carried as g + n), does the global sequence order them: `Ambiguous`."""
+    them by another rank (its g carried as g + n), does the global sequence order them: `Ambiguous`.
+
+    `replicas` > 1: each rank replayed stands for that many identical NPUs (`_mirrors`): its collectives' groups
+    and the NPU count are that many times the ranks replayed, every member of a collective issues it when this
+    one does, and the last of them (another NPU) decides its end, so the end's event is checked as another rank's."""
 
     def __init__(self, ranks: Sequence[AstraRank], flat: _Flat, instances: _Instances, peer: list[int],
                  network: Network, collectives: str, contention: bool = True, machine_ints: bool = True,
-                 prior: _EventLoop | None = None, by_rank: bool = True) -> None:
+                 prior: _EventLoop | None = None, by_rank: bool = True, replicas: int = 1) -> None:
         n, nranks = len(flat.kind), len(ranks)
+        self.replicas = replicas
         self.indeg: list[int]
         if prior is not None:
             prior.indeg.clear()  # (done with: freed before the copy below, not beside it)
@@ -498,8 +539,10 @@ class _EventLoop(RankByRank):
         for g in timed:
             nd = flat.node(self.ranks, g)
             times[g] = (collective_ns(self.network, nd.comm_type or 0, nd.comm_size,
-                                      self.instances.size[self.instances.of[g]]) if flat.kind[g] == _COLL else
-                        send_ns(self.network, nd.comm_size, nd.comm_src or 0, nd.comm_dst or 0, len(self.ranks)))
+                                      self.instances.size[self.instances.of[g]] * self.replicas)
+                        if flat.kind[g] == _COLL else
+                        send_ns(self.network, nd.comm_size, nd.comm_src or 0, nd.comm_dst or 0,
+                                len(self.ranks) * self.replicas))
         return times
 
     def _key(self, t: int, p: int, g: int) -> int:
@@ -617,7 +660,7 @@ class _EventLoop(RankByRank):
         event the global order has before (else its event carries g + n, `_replay` checks its place, and this
         checks that its rank has not replayed past it)."""
         q = self.flat.owner[g]
-        if certain or not self.by_rank:
+        if certain or not (self.by_rank or self.replicas > 1):
             self.end[g] = t
             heapq.heappush(self.heaps[q], self._key(t, p, g))
             return
@@ -678,7 +721,7 @@ class _EventLoop(RankByRank):
             return
         last, owner = self.latest[inst], self.flat.owner
         # the global order decides it at `last`, when the last member issues: this rank, if it alone issued then
-        certain = t == last and self.at_latest[inst] == 1
+        certain = t == last and self.at_latest[inst] == 1 and self.replicas == 1
         for m in self.instances.nodes[inst]:
             self._end_decided(m, last + self.comm_ns[m], last, certain and owner[m] == self.cur)
 
@@ -735,14 +778,19 @@ def _pick(st: list[Any]) -> list[int]:
     return picked
 
 
-def _stuck_lines(ranks: Sequence[AstraRank], flat: _Flat, loop: _EventLoop, stuck: list[int]) -> list[str]:
-    """"rank R node N name: why" for the first MAX_STUCK nodes that never finished: issued first, then ready."""
+def _stuck_lines(npus: Sequence[AstraRank], flat: _Flat, loop: _EventLoop, stuck: list[int], replicas: int = 1
+                 ) -> list[str]:
+    """"rank R node N name: why" for the first MAX_STUCK nodes that never finished: issued first, then ready.
+    `replicas` > 1: `flat` holds the first of `npus` only, its nodes stuck on each NPU."""
     lines = []
     issue_t, ready_t = loop.issue_t, loop.ready_t
-    for g in sorted(stuck, key=lambda g: (issue_t[g] < 0, ready_t[g] < 0, flat.owner[g], flat.node_id[g]))[:MAX_STUCK]:
+    # (per node, the NPU's index: the rank index the node has, or each replica's)
+    places = [(flat.owner[g] + r, g) for g in stuck for r in range(replicas)]
+    places.sort(key=lambda p: (issue_t[p[1]] < 0, ready_t[p[1]] < 0, p[0], flat.node_id[p[1]]))
+    for ri, g in places[:MAX_STUCK]:
         why = ("issued, waits for its peers" if issue_t[g] >= 0 else
                f"ready, waits for the {SLOT_NAMES[flat.slot[g]]} slot" if ready_t[g] >= 0 else "waits for its deps")
-        lines.append(f"rank {ranks[flat.owner[g]].rank} node {flat.node_id[g]} {flat.node(ranks, g).name!r}: {why}")
+        lines.append(f"rank {npus[ri].rank} node {flat.node_id[g]} {flat.node(npus, g).name!r}: {why}")
     return lines
 
 

@@ -10,8 +10,8 @@ import pytest
 
 from etweave.chakra import et_def_pb2 as pb
 from etweave.simulate import byrank
-from etweave.simulate.astra import AstraNode, AstraRank, simulate_timings
-from etweave.simulate.engine import COLL, RECV, SEND, RankGraph, Replay, SimNode, _EventLoop, replay
+from etweave.simulate.astra import AstraNode, AstraRank, replicate, simulate_timings
+from etweave.simulate.engine import COLL, RECV, SEND, GraphError, RankGraph, Replay, SimNode, _EventLoop, replay
 from etweave.simulate.network import DEFAULT_NETWORK
 
 SEEDS = range(60)
@@ -231,3 +231,36 @@ def test_a_collective_ending_when_decided_replays_in_the_global_order() -> None:
     assert not out.by_rank
     assert out.issue[0] == [0, 0, 7, 5]
     assert _fields(out) == _fields(replay(ranks, {}, by_rank=False))
+
+
+@pytest.mark.parametrize("shortest, longest", [(1, 1_000_000), (0, 3), (1, 5)])
+@pytest.mark.parametrize("timing", ["network", "duration"])
+def test_replicas_of_one_trace_replay_one_of_them_as_every_npu_does(shortest: int, longest: int, timing: str) -> None:
+    """A lone trace replayed as several NPUs (`replicate`): the first replayed alone, standing for each, gives what
+    replaying every NPU in the global order gives; where ties between a collective's end and another event of the
+    NPU could fall either way, every NPU is replayed."""
+    mirrored = 0
+    for seed in SEEDS:
+        plan = Plan(seed, shortest, longest)
+        lone = plan.astra_ranks()[0]
+        npus = 2 + seed % 3
+        groups = {"1": list(range(npus))}
+        runs = [simulate_timings(replicate(lone, npus), groups, DEFAULT_NETWORK, (timing,), contention=True,
+                                 by_rank=by_rank)[0] for by_rank in (True, False)]
+        a, b = ((r.finished_ns, r.slot_wait_ns, r.blocked_by, r.stuck, r.stuck_count, r.notes) for r in runs)
+        assert a == b, seed
+        assert [rg.rank for rg in runs[0].ranks] == list(range(npus))
+        mirrored += runs[0].replicas_replayed
+    if longest > 1000:  # ties are rare in ns
+        assert mirrored >= len(SEEDS) - 2
+    elif timing == "duration":  # (network times are longer than these durations: few ties)
+        assert 0 < mirrored < len(SEEDS)  # some ties fall back to every NPU, and some need not
+
+
+def test_replicas_outside_a_collectives_group_are_each_replayed() -> None:
+    """A group that leaves out some replicas: those NPUs' replays differ (here: ASTRA-sim refuses the job), so no
+    replica stands for another."""
+    lone = Plan(3, 1, 100).astra_ranks()[0]
+    assert any(nd.pg == "1" for nd in lone.nodes)
+    with pytest.raises(GraphError, match="issues collectives of pg '1'"):
+        simulate_timings(replicate(lone, 3), {"1": [0, 1]}, DEFAULT_NETWORK, ("network",))
