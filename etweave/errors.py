@@ -13,6 +13,11 @@ class BadInput(Exception):
         self.where = str(where)
         self.problem = problem
 
+    def __reduce__(self) -> tuple[type[BadInput], tuple[str, str]]:
+        # pickled as its two arguments (an exception pickles its message alone by default): a worker process's
+        # BadInput reaches the parent as raised
+        return type(self), (self.where, self.problem)
+
 
 class CheckFailed(Exception):
     """A check or consistency violation (exit code 3)."""

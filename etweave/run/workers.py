@@ -43,8 +43,9 @@ class ConvertedRank(msgspec.Struct, frozen=True):
 
 
 class RankFailure(msgspec.Struct, frozen=True):
-    """A rank that could not be converted. Exceptions do not cross the boundary: BadInput does not survive pickling
-    (its constructor takes two arguments), so the failure travels as data and is raised in the caller."""
+    """A rank that could not be converted, as data beside the converted ranks: the outcomes of every rank come back
+    alike (the local pool or Dask), an unexpected exception stays an etweave bug, and the caller raises the first
+    failure in rank order."""
 
     rank: int | None
     where: str

@@ -33,14 +33,6 @@ FILES_EACH = 8  # a worker's start (its imports) costs about 3 files' read: each
 MIN_FILES = 2 * FILES_EACH  # fewer files load in this process alone
 
 
-class LoadFailure(msgspec.Struct, frozen=True):
-    """A file a worker could not load: BadInput does not survive pickling (its constructor takes two arguments),
-    so the failure travels as data and is raised here."""
-
-    where: str
-    problem: str
-
-
 def load_files(files: Sequence[Path], load: Load[R], rank_type: type[R], finish: Callable[[R], R],
                default_rank: int | None = None, jobs: int = 1) -> list[R]:
     """`load(file, default_rank)` of every file, in file order: in this process, or with `jobs` > 1 and at least
@@ -85,7 +77,7 @@ class _Shared(Generic[R]):
         self.ahead = 4 * jobs  # worker files queued or read, not yet decoded here: their bytes wait in memory
         self.loaded: dict[int, R] = {}
         self.failed: dict[int, BadInput] = {}
-        self.queued: dict[int, Future[bytes | LoadFailure]] = {}
+        self.queued: dict[int, Future[bytes]] = {}
 
     def run(self) -> None:
         """This process's share, read while the workers read theirs; what they handed back is decoded between two
@@ -108,11 +100,10 @@ class _Shared(Generic[R]):
             self.refill()
 
     def take(self, j: int) -> None:
-        got = self.queued.pop(j).result()
-        if isinstance(got, LoadFailure):
-            self.failed[j] = BadInput(got.where, got.problem)
-        else:
-            self.loaded[j] = self.decode(got)
+        try:
+            self.loaded[j] = self.decode(self.queued.pop(j).result())
+        except BadInput as exc:  # (raised by the worker: it pickles whole, `BadInput.__reduce__`)
+            self.failed[j] = exc
         self.bar.advance(1)
 
     def refill(self) -> None:
@@ -121,10 +112,7 @@ class _Shared(Generic[R]):
             self.queued[j] = self.pool.submit(_load_encoded, self.load, str(self.files[j]), self.default_rank)
 
 
-def _load_encoded(load: Load[msgspec.Struct], path: str, default_rank: int | None) -> bytes | LoadFailure:
-    """In a worker: one file loaded and encoded, or why it could not be (the collector off: see etweave.nogc)."""
-    try:
-        with no_gc():
-            return msgspec.msgpack.encode(load(Path(path), default_rank))
-    except BadInput as exc:
-        return LoadFailure(exc.where, exc.problem)
+def _load_encoded(load: Load[msgspec.Struct], path: str, default_rank: int | None) -> bytes:
+    """In a worker: one file loaded and encoded (the collector off: see etweave.nogc)."""
+    with no_gc():
+        return msgspec.msgpack.encode(load(Path(path), default_rank))
