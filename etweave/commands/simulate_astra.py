@@ -11,6 +11,7 @@ from typing import Any
 from etweave.cpus import default_jobs
 from etweave.errors import BadInput, CheckFailed
 from etweave.progress import stage
+from etweave.read.widths import MAX_RANKS
 from etweave.simulate.astra import SLOT_NAMES, AstraRun, load_for_astra, measured_span_us, simulate_timings
 from etweave.simulate.engine import GraphError
 from etweave.simulate.netfit import fit_network, write_network_yml
@@ -55,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--unlimited-slots", action="store_true",
                    help="astra-sim: no CPU/GPU/comm slots (every ready node issues at once), to see what they cost")
     p.add_argument("--npus", type=int, metavar="N",
-                   help="astra-sim: replay a single trace as N NPUs (default 2; ASTRA-sim refuses 1)")
+                   help="astra-sim: replay a single trace as N NPUs (default 2; ASTRA-sim refuses 1; at most 2^20)")
 
 
 # options only this model reads: (option, attribute of the parsed arguments); etweave.commands.simulate_cmd
@@ -71,6 +72,8 @@ def check_arguments(args: argparse.Namespace) -> None:
                                           "not available with --network fitted-per-type")
     if args.npus is not None and args.npus < 2:
         raise BadInput("--npus", "ASTRA-sim's analytical network refuses fewer than 2 NPUs")
+    if args.npus is not None and args.npus > MAX_RANKS:
+        raise BadInput("--npus", f"{args.npus} NPUs: at most {MAX_RANKS}, the largest world size etweave reads")
 
 
 def _run_summary(run: AstraRun, span_us: int | None) -> dict[str, Any]:

@@ -159,11 +159,12 @@ def intern_strings(rank: AstraRank) -> AstraRank:
 def measured_span_us(ranks: Sequence[AstraRank]) -> int | None:
     """Earliest measured start to latest measured end over all ranks (as `etweave simulate` reports it)."""
     lo = hi = None
-    for rg in ranks:  # column by column: this runs over every node
-        starts = [nd.measured_start for nd in rg.nodes]
+    # each node list once: a lone trace's replicas (`replicate`) share one, and may be thousands of NPUs
+    for nodes in {id(rg.nodes): rg.nodes for rg in ranks}.values():  # column by column: this runs over every node
+        starts = [nd.measured_start for nd in nodes]
         if any(starts):
             first = min(filter(None, starts))
-            last = max(compress([nd.measured_end for nd in rg.nodes], starts))
+            last = max(compress([nd.measured_end for nd in nodes], starts))
             lo = first if lo is None else min(lo, first)
             hi = last if hi is None else max(hi, last)
     return None if lo is None or hi is None else hi - lo
