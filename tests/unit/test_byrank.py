@@ -233,19 +233,21 @@ def test_a_collective_ending_when_decided_replays_in_the_global_order() -> None:
     assert _fields(out) == _fields(replay(ranks, {}, by_rank=False))
 
 
-@pytest.mark.parametrize("shortest, longest", [(1, 1_000_000), (0, 3), (1, 5)])
+@pytest.mark.parametrize("shortest, longest, slots", [(1, 1_000_000, True), (0, 3, True), (1, 5, True),
+                                                     (1, 5, False)])
 @pytest.mark.parametrize("timing", ["network", "duration"])
-def test_replicas_of_one_trace_replay_one_of_them_as_every_npu_does(shortest: int, longest: int, timing: str) -> None:
+def test_replicas_of_one_trace_replay_one_of_them_as_every_npu_does(shortest: int, longest: int, slots: bool,
+                                                                     timing: str) -> None:
     """A lone trace replayed as several NPUs (`replicate`): the first replayed alone, standing for each, gives what
     replaying every NPU in the global order gives; where ties between a collective's end and another event of the
-    NPU could fall either way, every NPU is replayed."""
+    NPU could fall either way, every NPU is replayed. (slots=False: every ready node issues at once.)"""
     mirrored = 0
     for seed in SEEDS:
         plan = Plan(seed, shortest, longest)
         lone = plan.astra_ranks()[0]
         npus = 2 + seed % 3
         groups = {"1": list(range(npus))}
-        runs = [simulate_timings(replicate(lone, npus), groups, DEFAULT_NETWORK, (timing,), contention=True,
+        runs = [simulate_timings(replicate(lone, npus), groups, DEFAULT_NETWORK, (timing,), slots, contention=True,
                                  by_rank=by_rank)[0] for by_rank in (True, False)]
         a, b = ((r.finished_ns, r.slot_wait_ns, r.blocked_by, r.stuck, r.stuck_count, r.notes) for r in runs)
         assert a == b, seed
