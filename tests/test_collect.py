@@ -213,12 +213,12 @@ def test_gloo_run_replays_as_measured(gloo_run: tuple[Path, Path, dict[int, dict
     assert f.no_predecessor == []
 
 
-# Known model gap (issue 17, open): the `thread_wait` finder still misses some waits in freshly recorded runs,
-# depending on the run's timing (seen in 1 run of 3 on 2 loaded cores): a DDP bucket all_reduce awaited inside
+# Known model gap (left after issue 17, resolved): the `thread_wait` finder misses some waits in freshly recorded
+# runs, depending on the run's timing (seen in 1 run of 3 on 2 loaded cores): a DDP bucket all_reduce awaited inside
 # `ProfilerStep#k [self]` whose gloo op's recorded end came ~1.1 ms AFTER the waiting thread resumed (the worker
 # completed the work, then its op's record ended late under load): no op ended inside the waiting period, so no
 # finder that reads ends can see the wait. Not strict: a run that shows the structure passes.
-RECORDED_WAIT_GAP = pytest.mark.xfail(strict=False, reason="issue 17: thread_wait misses some recorded waits, "
+RECORDED_WAIT_GAP = pytest.mark.xfail(strict=False, reason="after issue 17: thread_wait misses some recorded waits, "
                                                            "depending on the run's timing")
 
 
