@@ -96,11 +96,16 @@ class Violation(msgspec.Struct, frozen=True):
 _CYCLE_SHOWN = 8
 
 
-def _typed_attrs(node: pb.Node, where: str, out: list[Violation] | None) -> dict[str, Any]:
-    """The attrs of `node` that have a checked name and the right oneof; wrong ones go to `out` if given."""
+def _typed_attrs(node: pb.Node, where: str, out: list[Violation] | None, present: set[str] | None = None
+                 ) -> dict[str, Any]:
+    """The attrs of `node` that have a checked name and the right oneof; wrong ones go to `out` if given. `present`:
+    every attr's name is added to it (one pass over the attrs: each is a new wrapper object when read)."""
     values: dict[str, Any] = {}
+    add = present.add if present is not None else None
     for attr in node.attr:
         name = attr.name
+        if add is not None:
+            add(name)
         expected = ATTR_TYPES.get(name)
         if expected is None:
             continue
@@ -147,7 +152,8 @@ _TYPE_PROBLEMS = {schema.INVALID_NODE: "INVALID_NODE: ASTRA-sim skips it, so its
 
 def _check_node_semantics(node: pb.Node, where: str, out: list[Violation],
                           warnings: list[Violation] | None = None) -> None:
-    attrs = _typed_attrs(node, where, out)
+    present: set[str] = set()
+    attrs = _typed_attrs(node, where, out, present)
     ntype = node.type
     if ntype not in VALID_NODE_TYPES:
         label = _TYPE_PROBLEMS.get(ntype, f"unknown type {ntype}")
@@ -155,7 +161,7 @@ def _check_node_semantics(node: pb.Node, where: str, out: list[Violation],
     elif ntype in MEM_NODE_TYPES and warnings is not None:
         warnings.append(Violation("mem-node", where, f"{schema.node_type_name(ntype)} is timed by ASTRA-sim's "
                                   "remote-memory model from tensor_size, not from duration_micros", node.id))
-    if ntype == schema.COMP_NODE and (missing := _absent(node, ROOFLINE_ATTRS)):
+    if ntype == schema.COMP_NODE and (missing := _absent(present, ROOFLINE_ATTRS)):
         out.append(Violation("roofline-attr", where, f"COMP_NODE lacks {', '.join(missing)}: ASTRA-sim's "
                              "roofline mode throws", node.id))
     if node.name == PG_INIT_NAME:
@@ -167,23 +173,23 @@ def _check_node_semantics(node: pb.Node, where: str, out: list[Violation],
         what = "a comm node" if is_comm else f"GPU work ({attrs['kind']})"
         out.append(Violation("is-cpu-op", where, f"is_cpu_op is true on {what}; it must be false", node.id))
     if is_comm:
-        _check_comm_node(node, attrs, where, out, warnings)
+        _check_comm_node(node, attrs, present, where, out, warnings)
 
 
-def _absent(node: pb.Node, required: Sequence[str]) -> list[str]:
-    """The attrs of `required` absent altogether; one present in the wrong oneof is an attr-type violation."""
-    present = {a.name for a in node.attr}
+def _absent(present: Container[str], required: Sequence[str]) -> list[str]:
+    """The attrs of `required` absent altogether (`present`: the node's attr names); one present in the wrong
+    oneof is an attr-type violation."""
     return [name for name in required if name not in present]
 
 
-def _check_comm_node(node: pb.Node, attrs: Mapping[str, Any], where: str, out: list[Violation],
-                     warnings: list[Violation] | None) -> None:
+def _check_comm_node(node: pb.Node, attrs: Mapping[str, Any], present: Container[str], where: str,
+                     out: list[Violation], warnings: list[Violation] | None) -> None:
     ntype = node.type
     group = attrs.get("pg_name", "")
     if group and not is_group_id(group):
         out.append(Violation("pg-id", where, f"pg_name {group!r} is not a decimal group id >= 1 (\"\" = all ranks)",
                              node.id))
-    missing = _absent(node, COLLECTIVE_ATTRS if ntype == schema.COMM_COLL_NODE else P2P_ATTRS)
+    missing = _absent(present, COLLECTIVE_ATTRS if ntype == schema.COMM_COLL_NODE else P2P_ATTRS)
     if missing:
         out.append(Violation("comm-missing-attr", where, f"{schema.node_type_name(ntype)} lacks {', '.join(missing)}",
                              node.id))
