@@ -26,7 +26,7 @@ import heapq
 from array import array
 from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping, MutableSequence, Sequence
-from itertools import compress, count, islice
+from itertools import compress, count, groupby, islice
 from operator import lt, not_
 from pathlib import Path
 from sys import intern
@@ -785,10 +785,23 @@ def _stuck_lines(npus: Sequence[AstraRank], flat: _Flat, loop: _EventLoop, stuck
     `replicas` > 1: `flat` holds the first of `npus` only, its nodes stuck on each NPU."""
     lines = []
     issue_t, ready_t = loop.issue_t, loop.ready_t
-    # (per node, the NPU's index: the rank index the node has, or each replica's)
-    places = [(flat.owner[g] + r, g) for g in stuck for r in range(replicas)]
-    places.sort(key=lambda p: (issue_t[p[1]] < 0, ready_t[p[1]] < 0, p[0], flat.node_id[p[1]]))
-    for ri, g in places[:MAX_STUCK]:
+
+    def state(g: int) -> tuple[bool, bool]:
+        return issue_t[g] < 0, ready_t[g] < 0
+
+    ordered = sorted(stuck, key=lambda g: (*state(g), flat.owner[g], flat.node_id[g]))
+    places = [(flat.owner[g], g) for g in ordered[:MAX_STUCK]]  # (the NPU's index, the node)
+    if replicas > 1:  # the first NPU's nodes stuck on every NPU: per state, each NPU's in turn (not a list of all)
+        places = []
+        for _, same in groupby(ordered, key=state):
+            nodes = list(same)
+            for r in range(replicas):
+                places += [(r, g) for g in nodes[:MAX_STUCK - len(places)]]
+                if len(places) == MAX_STUCK:
+                    break
+            if len(places) == MAX_STUCK:
+                break
+    for ri, g in places:
         why = ("issued, waits for its peers" if issue_t[g] >= 0 else
                f"ready, waits for the {SLOT_NAMES[flat.slot[g]]} slot" if ready_t[g] >= 0 else "waits for its deps")
         lines.append(f"rank {npus[ri].rank} node {flat.node_id[g]} {flat.node(npus, g).name!r}: {why}")

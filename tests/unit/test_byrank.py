@@ -266,3 +266,24 @@ def test_replicas_outside_a_collectives_group_are_each_replayed() -> None:
     assert any(nd.pg == "1" for nd in lone.nodes)
     with pytest.raises(GraphError, match="issues collectives of pg '1'"):
         simulate_timings(replicate(lone, 3), {"1": [0, 1]}, DEFAULT_NETWORK, ("network",))
+
+
+def test_replicas_stuck_on_a_cycle_are_told_as_every_npu_tells_them() -> None:
+    """A lone trace with a dependency cycle: its nodes never finish on any NPU. Replayed once for all replicas, the
+    stuck count and the first lines are those of every NPU replayed, and thousands of NPUs list only the first."""
+    comp = pb.COMP_NODE
+    nodes = [AstraNode(1, "a", comp, (), 2, True), AstraNode(2, "b", comp, (1, 3), 2, True),
+             AstraNode(3, "c", comp, (2,), 2, True), AstraNode(4, "d", comp, (1,), 2, False),
+             AstraNode(5, "e", comp, (3,), 2, False)]
+    lone = AstraRank(0, nodes)
+    for npus in (2, 3, 5):
+        runs = [simulate_timings(replicate(lone, npus), {}, DEFAULT_NETWORK, ("network",), by_rank=by_rank)[0]
+                for by_rank in (True, False)]
+        assert runs[0].replicas_replayed and not runs[1].replicas_replayed
+        assert (runs[0].stuck, runs[0].stuck_count, runs[0].finished_ns) == \
+               (runs[1].stuck, runs[1].stuck_count, runs[1].finished_ns)
+        assert runs[0].stuck_count == 3 * npus and runs[0].finished_ns == [None] * npus
+    many = simulate_timings(replicate(lone, 100_000), {}, DEFAULT_NETWORK, ("network",))[0]
+    assert many.stuck_count == 300_000
+    assert many.stuck == [f"rank {r} node {n} {name!r}: waits for its deps"
+                          for r in range(4) for n, name in ((2, "b"), (3, "c"), (5, "e"))][:10]
