@@ -39,6 +39,8 @@ def test_outputs_gathered_in_the_order_json_lists_them(trace: Path, tmp_path: Pa
     (["--unlimited-slots"], "--unlimited-slots: only read with --model astra-sim"),
     (["--model", "astra-sim", "--steps-csv", "x.csv"], "--steps-csv: not available with --model astra-sim"),
     (["--model", "astra-sim", "--npus", "1"], "--npus: ASTRA-sim's analytical network refuses fewer than 2 NPUs"),
+    (["--model", "astra-sim", "--npus", "1048577"],
+     "--npus: 1048577 NPUs: at most 1048576, the largest world size etweave reads"),
     (["--model", "astra-sim", "--scale", "kind=gpu:2"], "what-if edits .* apply to the default model only"),
     (["--plot-window", "1:2"], "--plot-ranks and --plot-window choose what --plot/--breakdown draw"),
     (["--scale", "nonsense"], "expected SELECTOR:NUMBER"),
