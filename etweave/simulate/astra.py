@@ -56,6 +56,8 @@ _COMP, _COLL, _BCAST, _SEND, _RECV = 0, 1, 2, 3, 4
 _P2P = frozenset({_SEND, _RECV})
 _TIMED = frozenset({_COLL, _SEND})  # timed by the network (or their duration): `_EventLoop.comm_ns`
 _ALONE, _NEVER = -1, -2  # send/recv peer markers, as in engine.py
+# pg_name values of a collective of every NPU given (docs/FORMATS.md: "" and "0" both mean all NPUs)
+ALL_NPUS_PGS = frozenset({"", "0"})
 _NEVER_SCHEDULED = -1  # a node's end time while it has none
 # a rank's state in the event loop, one list (`_EventLoop.state`): its ready heaps at [slot] (CPU, GPU, COMM, FREE),
 # the node holding each slot at [_HOLD + slot] (-1: none; FREE's unused), ns waited per slot at [_WAIT + slot], the
@@ -248,7 +250,7 @@ def _mirrors(ranks: list[AstraRank], groups: Mapping[str, Sequence[int]]) -> boo
         return False
     everyone = {rg.rank for rg in ranks}
     pgs = {nd.pg for nd in first.nodes if nd.type == pb.COMM_COLL_NODE and nd.comm_type != pb.BROADCAST}
-    return all(pg in ("", "0") or everyone <= set(groups.get(pg, ())) for pg in pgs)
+    return all(pg in ALL_NPUS_PGS or everyone <= set(groups.get(pg, ())) for pg in pgs)
 
 
 def _run(npus: list[AstraRank], ranks: list[AstraRank], flat: _Flat, instances: _Instances, peer: list[int],
@@ -422,7 +424,7 @@ def _members(ranks: Sequence[AstraRank], flat: _Flat, pg: str, by_rank: Mapping[
              groups: Mapping[str, Sequence[int]], index_of_rank: Mapping[int, int]) -> list[int]:
     """The rank indices of group `pg`'s members among the NPUs given; a collective of a group the comm-group map
     does not list, or issued by a rank outside the group, is a GraphError."""
-    if pg in ("", "0"):
+    if pg in ALL_NPUS_PGS:
         return list(range(len(ranks)))
     if pg not in groups:
         ri = min(by_rank)

@@ -35,7 +35,7 @@ from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.accepts import comm_type_name
 from etweave.errors import BadInput
 from etweave.output import write_atomic
-from etweave.simulate.astra import AstraRank
+from etweave.simulate.astra import ALL_NPUS_PGS, AstraRank
 from etweave.simulate.network import (
     DATASET_SPLITS,
     DEFAULT_NETWORK,
@@ -136,7 +136,7 @@ def samples_of(ranks: Sequence[AstraRank], groups: Mapping[str, Sequence[int]], 
             measured = nd.duration_us * 1000
             if nd.type == pb.COMM_COLL_NODE and nd.comm_type in NETWORK_TIMED:
                 members = groups.get(nd.pg)
-                p = npus if nd.pg in ("", "0") or members is None else len([r for r in members if r in given])
+                p = npus if nd.pg in ALL_NPUS_PGS or members is None else len([r for r in members if r in given])
                 if p <= 1:
                     continue
                 a, b, c = _coefficients(topology, nd.comm_type, nd.comm_size, p)
