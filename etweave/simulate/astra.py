@@ -56,7 +56,7 @@ _COMP, _COLL, _BCAST, _SEND, _RECV = 0, 1, 2, 3, 4
 _P2P = frozenset({_SEND, _RECV})
 _TIMED = frozenset({_COLL, _SEND})  # timed by the network (or their duration): `_EventLoop.comm_ns`
 _ALONE, _NEVER = -1, -2  # send/recv peer markers, as in engine.py
-# pg_name values of a collective of every NPU given (docs/FORMATS.md: "" and "0" both mean all NPUs)
+# pg_name values of a collective of every NPU given ("" and "0" both mean all NPUs: docs/FACTS.md §A5)
 ALL_NPUS_PGS = frozenset({"", "0"})
 _NEVER_SCHEDULED = -1  # a node's end time while it has none
 # a rank's state in the event loop, one list (`_EventLoop.state`): its ready heaps at [slot] (CPU, GPU, COMM, FREE),
