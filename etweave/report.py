@@ -164,17 +164,32 @@ class Delays(msgspec.Struct):
                 "wakeup_micros": self.wakeup_micros.to_json()}
 
 
+# The reasons (etweave.audit.WHY_NO_DEPENDENT) under which nothing in the graph waits for a collective's end: a
+# simulated change of its time moves only what follows it in program and collective order. (The others are
+# waited for through program or stream order.)
+UNWAITED = frozenset({"not_waited_for", "issuer_resumed_before_its_end"})
+
+
+def unwaited_collectives(report: dict[str, Any]) -> list[int]:
+    """The node ids of a rank's report's collectives that nothing waits for (`UNWAITED`)."""
+    return [c["node"] for c in report.get("collectives_without_dependents") or () if c.get("why") in UNWAITED]
+
+
 class CollectiveWithoutDependents(msgspec.Struct):
     node: int
     name: str
     collective: str
     why: str  # a key of etweave.audit.WHY_NO_DEPENDENT
     through: int | None = None  # waited_for_through_stream: the later op of its stream that was waited for
+    resumed: int | None = None  # issuer_resumed_before_its_end: the issuing thread's idle node it resumed after
+    before_end_micros: int | None = None  # ... and how long before the collective's record ended it resumed
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"node": self.node, "name": self.name, "collective": self.collective, "why": self.why}
         if self.through is not None:
             out["through"] = self.through
+        if self.resumed is not None:
+            out["resumed"], out["before_end_micros"] = self.resumed, self.before_end_micros
         return out
 
 
@@ -229,6 +244,9 @@ def reconciles(report: dict[str, Any]) -> list[str]:
     return bad
 
 
+_SHOWN = 5  # node ids a summary line names before "..."
+
+
 def summary(report: dict[str, Any]) -> str:
     """A short human summary for the terminal."""
     def line(kind: str) -> str:
@@ -253,6 +271,11 @@ def summary(report: dict[str, Any]) -> str:
     if ser:
         out.append("  ran at once, serialized by ASTRA-sim's one slot per class: " +
                    ", ".join(f"{c} {v['nodes']} nodes, {v['overlap_micros']} us" for c, v in ser.items()))
+    unwaited = unwaited_collectives(report)
+    if unwaited:
+        shown = ", ".join(map(str, unwaited[:_SHOWN])) + (", ..." if len(unwaited) > _SHOWN else "")
+        out.append(f"  collectives nothing on another thread or stream waited for: {len(unwaited)} (nodes {shown}; "
+                   "report: collectives_without_dependents)")
     nonzero = {k: v for k, v in report["warnings"].items() if v}
     out.append("  warnings: " + (", ".join(f"{k}={v}" for k, v in nonzero.items()) if nonzero else "none"))
     if report["collective_type_mapping"]:

@@ -58,6 +58,7 @@ from msgspec.structs import replace
 from etweave import progress as progress_ui  # `progress` is a flag here
 from etweave.errors import BadInput, CheckFailed
 from etweave.output import FileBytes, JsonFile, Writer, commit, discard, output_folder, stage, write_together
+from etweave.report import unwaited_collectives
 from etweave.run.cross_rank import (
     _SHOWN,
     CollSig,
@@ -243,8 +244,10 @@ def _rank_line(rank: str, r: dict[str, Any]) -> str:
         return f"{part.get('output', '?')}/{part.get('input', '?')}"
 
     orphans = (r.get("orphans") or {}).get("count", 0)
+    unwaited = len(unwaited_collectives(r))
     warn = ", ".join(f"{k}={v}" for k, v in (r.get("warnings") or {}).items() if v)
     return (f"rank {rank}: {r.get('nodes', '?')} nodes, {(r.get('edges') or {}).get('total', '?')} edges, host ops "
             f"{ratio('host_ops')}, device ops {ratio('device_ops')}, collectives {ratio('collectives')}, linked by "
             f"{(r.get('link') or {}).get('method', '?')}" + (f", {orphans} orphans" if orphans else "")
+            + (f", {unwaited} collective(s) nothing waited for" if unwaited else "")
             + (f"; warnings: {warn}" if warn else ""))
