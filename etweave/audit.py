@@ -3,15 +3,13 @@ came out, what was left out and why, edges per evidence, delays on the critical 
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import operator
 
 from etweave.collectives import COMM_MADE_OF, CollectiveStats
 from etweave.conversion import Conversion, need
 from etweave.deps import Dependencies, beyond_program_order, by_name
-from etweave.deps.evidence import MAX_WAKEUP, WAIT_TOLERANCE, Evidence
-from etweave.deps.thread_wait import MIN_WAIT
+from etweave.deps.evidence import Evidence
 from etweave.fidelity import (
     NO_OP_KINDS,
     RANK_START_OFFSET,
@@ -29,7 +27,6 @@ from etweave.model import (
     HOST_OP,
     PROCESS_ROOT,
     RUNTIME,
-    SELF_PART,
     THREAD_ROOT,
     UNTRACED,
     WAKEUP,
@@ -52,6 +49,7 @@ from etweave.report import (
     LongDelay,
     MissingParentEntry,
     Orphans,
+    RecordTailEntry,
     Report,
     RooflineSummary,
     Synthesized,
@@ -95,6 +93,7 @@ def build_report(c: Conversion) -> Report:
         delays=delays(g, deps, rounded),
         collectives_without_dependents=collectives_without_dependents(g, deps),
         astra_sim_serialized=serialized(g, rounded),
+        record_tails=[RecordTailEntry(t.op, g.by_id[t.op].name, round(t.tail)) for t in g.record_tails if t.modelled],
         cpu_ops=cpu_ops,
     )
 
@@ -317,48 +316,15 @@ def collectives_without_dependents(g: Graph, deps: Dependencies) -> list[Collect
     return out
 
 
-_IDLE_KINDS = frozenset({SELF_PART, DELAY, UNTRACED})  # a thread's time with nothing traced in it
-
-
 def _resumed_before_end(g: Graph, found: list[CollectiveWithoutDependents]) -> None:
-    """Of the gloo collectives `found` not waited for, those whose issuing thread was idle from the hand-over on and
-    resumed while the collective's record was still open: gloo completes a collective's future, which wakes its
-    waiters, before it ends the record (docs/FACTS.md §W3), so that thread most likely waited for it, in a period
-    the wait finders (which read the record's end) cannot tell. Each is relabelled with that period and how long
-    before the record's end the thread resumed."""
-    by_id = g.by_id
-    candidates = []
+    """Of the collectives `found` not waited for, those whose handing thread resumed while their record was open
+    but whose wait was not modelled (`Graph.record_tails`, deps.thread_wait.find_record_tails): relabelled with the
+    idle period it resumed after and how long before the record's end."""
+    named = {t.op: t for t in g.record_tails if not t.modelled}
     for c in found:
-        it = by_id[c.node]
-        issuer = by_id.get(it.parent) if it.parent is not None else None
-        if (c.why == "not_waited_for" and it.stream is None and issuer is not None and issuer.tid is not None
-                and issuer.tid != it.tid):
-            candidates.append((c, it, issuer.tid))
-    if not candidates:  # (the usual case: no pass over the items)
-        return
-    threads = {tid for _, _, tid in candidates}
-    idle: dict[int | str, list[Item]] = {}
-    for p in g.items:
-        tid = p.tid
-        if tid in threads and p.kind in _IDLE_KINDS and p.measured and p.seg_end - p.start >= MIN_WAIT:
-            assert tid is not None  # (threads holds no None)
-            idle.setdefault(tid, []).append(p)
-    for periods in idle.values():
-        periods.sort(key=_START)
-    for c, it, tid in candidates:
-        periods = idle.get(tid, [])
-        end = it.start + it.dur
-        # idle from the moment the worker took the collective up (as `thread_wait` takes a hand-over)
-        lo = bisect.bisect_left(periods, it.start - WAIT_TOLERANCE, key=_START)
-        hi = bisect.bisect_right(periods, it.start + MAX_WAKEUP, key=_START)
-        resumed = [p for p in periods[lo:hi] if it.start < p.seg_end < end - WAIT_TOLERANCE]
-        if resumed:
-            p = max(resumed, key=_SEG_END)
-            c.why, c.resumed, c.before_end_micros = "issuer_resumed_before_its_end", p.id, round(end - p.seg_end)
-
-
-_START = operator.attrgetter("start")
-_SEG_END = operator.attrgetter("seg_end")
+        tail = named.get(c.node)
+        if tail is not None and c.why == "not_waited_for":
+            c.why, c.resumed, c.before_end_micros = "issuer_resumed_before_its_end", tail.period, round(tail.tail)
 
 
 
@@ -367,8 +333,9 @@ WHY_NO_DEPENDENT = {
     "waited_for_through_stream": "work waits for a later op of its stream (`through`), and so for it by stream order",
     "not_waited_for": "nothing on another thread or stream waited for it, or for its stream after it, in the trace",
     "issuer_resumed_before_its_end": "the thread that handed it over was idle from then on and resumed (`resumed`) "
-                                     "while its record was still open (`before_end_micros` before its end): most "
-                                     "likely a wait for it, left in that idle node's duration",
+                                     "while its record was still open (`before_end_micros` before its end), having "
+                                     "waited less long than the record then stayed open: maybe a wait for it, left "
+                                     "in that idle node's duration",
 }
 
 

@@ -47,6 +47,9 @@ class Comm(msgspec.Struct, gc=False):
     dst: int | None = None
     tag: int | None = None
     type_source: str = ""  # where the type came from: host, kineto_args, enclosing_op, kernel_name
+    # µs its record stayed open after the collective completed (a waiter resumed first, docs/FACTS.md §W3): the
+    # item's `dur` then ends at the completion, and a `[record tail]` period of it on its thread holds the rest
+    record_tail: float = 0.0
 
 
 # A tensor among an op's inputs or outputs: (position, tensor id, storage id, elements, bytes per element).
@@ -199,6 +202,16 @@ OP_KINDS = frozenset({PROCESS_ROOT, THREAD_ROOT, HOST_OP})  # the items of host 
 _SINGLE_KINDS = {kind: frozenset({kind}) for kind in ASSEMBLED_KINDS}  # (the keys of `Graph.index_kinds`)
 
 
+class RecordTail(msgspec.Struct, frozen=True):
+    """A collective whose record was still open when the thread that handed it over, idle from the hand-over,
+    resumed (docs/FACTS.md §W3), as the waits stage found it."""
+
+    op: int  # the collective's item
+    period: int  # the handing thread's idle period, at whose end it resumed
+    tail: float  # µs from that resume to the record's end
+    modelled: bool  # taken as a wait: the op cut at the resume, the period's time a wake-up edge (else only named)
+
+
 class InputFiles(msgspec.Struct, frozen=True):
     """The files a graph was built from ("" for none), for messages that name the file a bad field came from."""
 
@@ -220,6 +233,7 @@ class Graph(msgspec.Struct):
     # The items that recorded a wait (`Item.awaits`), in item order, kept by the waits stage once it is done: the wait
     # sources read them here instead of each passing over every item. None until then.
     waiting: list[Item] | None = None
+    record_tails: list[RecordTail] = msgspec.field(default_factory=list)  # found by the waits stage, for the audit
     # what `of_kinds` found, per set of kinds asked
     kind_index: dict[frozenset[str], list[Item]] = msgspec.field(default_factory=dict)
 

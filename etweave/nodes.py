@@ -236,7 +236,7 @@ _NUM_OPS, _TENSOR_SIZE = _int_attr("num_ops"), _int_attr("tensor_size", "uint64_
 _COLLECTIVE_NAME, _PG_NAME = _key("collective_name", "string_val"), _key("pg_name", "string_val")
 _COMM_TYPE, _COMM_SIZE, _COMM_SEQ = _int_attr("comm_type"), _int_attr("comm_size"), _int_attr("comm_seq")
 _COMM_SRC, _COMM_DST, _COMM_TAG = (_int_attr(n, "int32_val") for n in ("comm_src", "comm_dst", "comm_tag"))
-_MEASURED = _int_attr("measured_duration_micros")
+_MEASURED, _RECORD_TAIL = _int_attr("measured_duration_micros"), _int_attr("record_tail_micros")
 _LINKED = {flag: _attr(_key("linked", "bool_val"), _BYTE[flag]) for flag in (False, True)}
 _EVIDENCE = _key(DEP_EVIDENCE, "string_list")
 _NO_WORK = _NUM_OPS(0) + _TENSOR_SIZE(0)  # num_ops and tensor_size 0: not known
@@ -576,7 +576,10 @@ def _comm_attrs(c: Comm, dur: float) -> bytes:
         attrs.append(_COMM_SEQ(c.seq))
     if c.src is not None:
         attrs += [_COMM_SRC(c.src), _COMM_DST(c.dst or 0), _COMM_TAG(c.tag or 0)]
-    attrs.append(_MEASURED(max(0, round(dur))))
+    if c.record_tail:  # the record outlasted the collective (docs/FACTS.md §W3): `dur` ends at its completion
+        attrs += [_MEASURED(max(0, round(dur + c.record_tail))), _RECORD_TAIL(round(c.record_tail))]
+    else:
+        attrs.append(_MEASURED(max(0, round(dur))))
     return b"".join(attrs)
 
 

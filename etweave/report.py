@@ -193,6 +193,17 @@ class CollectiveWithoutDependents(msgspec.Struct):
         return out
 
 
+class RecordTailEntry(msgspec.Struct):
+    """A collective whose record outlasted it, modelled: it ends where its waiter resumed (docs/FACTS.md §W3)."""
+
+    node: int
+    name: str
+    record_tail_micros: int  # how long its record stayed open after: its `[record tail]` node
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "name": self.name, "record_tail_micros": self.record_tail_micros}
+
+
 class Report(msgspec.Struct):
     """The audit of one rank's conversion (docs/OUTPUT.md "The audit report")."""
 
@@ -213,6 +224,7 @@ class Report(msgspec.Struct):
     delays: Delays
     collectives_without_dependents: list[CollectiveWithoutDependents]
     astra_sim_serialized: dict[str, dict[str, int]]  # concurrent work ASTRA-sim's one slot per class runs in turn
+    record_tails: list[RecordTailEntry]
     cpu_ops: Count | None = None  # with a Kineto trace: its cpu ops
 
     def to_json(self) -> dict[str, Any]:
@@ -225,6 +237,7 @@ class Report(msgspec.Struct):
             "nodes": self.nodes, "roofline": self.roofline.to_json(), "delays": self.delays.to_json(),
             "collectives_without_dependents": [c.to_json() for c in self.collectives_without_dependents],
             "astra_sim_serialized": self.astra_sim_serialized,
+            "record_tails": [r.to_json() for r in self.record_tails],
         }
         if self.cpu_ops is not None:
             out["cpu_ops"] = self.cpu_ops.to_json()
@@ -271,6 +284,10 @@ def summary(report: dict[str, Any]) -> str:
     if ser:
         out.append("  ran at once, serialized by ASTRA-sim's one slot per class: " +
                    ", ".join(f"{c} {v['nodes']} nodes, {v['overlap_micros']} us" for c, v in ser.items()))
+    tails = report.get("record_tails") or []
+    if tails:
+        out.append(f"  collectives whose record outlasted them (a waiter resumed first): {len(tails)}, each cut at "
+                   "that resume (report: record_tails)")
     unwaited = unwaited_collectives(report)
     if unwaited:
         shown = ", ".join(map(str, unwaited[:_SHOWN])) + (", ..." if len(unwaited) > _SHOWN else "")

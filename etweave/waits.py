@@ -29,7 +29,7 @@ from etweave.deps.evidence import WAIT_TOLERANCE as TOLERANCE
 from etweave.deps.handoff import Handed, HandOverEvidence, hand_over, main_thread, stretch_end
 from etweave.deps.stream_wait import find_late_start
 from etweave.deps.sync import find_blocking_calls
-from etweave.deps.thread_wait import find_thread_waits
+from etweave.deps.thread_wait import ThreadWait, find_record_tails, find_thread_waits
 from etweave.deps.timeline import by_end, latest_before
 from etweave.model import (
     DELAY,
@@ -64,7 +64,8 @@ def resolve_waits(g: Graph) -> None:
     # another thread than the one credited; every hand-over drawn is credited, and waits for that work found too
     late, late_moments = _handoffs(g, chains, evidence, givers, apply=True)
     if late.stretches:
-        _cross_thread_waits(g, chains, late, late_moments, woken, waited)
+        waited = _cross_thread_waits(g, chains, late, late_moments, woken, waited)
+    _record_tails(g, chains, [handed, late], waited, woken)
     _await_last_periods(g, chains, woken)
     _name_untraced(g, chains)
     chains.store()
@@ -90,16 +91,43 @@ def _cross_thread_waits(g: Graph, chains: Chains, served: Handed, moments: dict[
     WAKEUP nodes are added to `woken`; returns the periods found waiting."""
     found = find_thread_waits(g, chains.removed | (again or set()), served, moments, any_thread=again is None)
     for w in found:
-        it, x_end = w.period, w.op.start + w.op.dur
-        wake = chains.split(it, w.wait_from, WAKEUP)
-        chains.set_start(wake, min(x_end, wake.seg_end))
-        wake.dur = wake.excl = wake.seg_end - wake.start
-        wake.wait_for(Await(w.op.id, Evidence.THREAD_WAIT, True))
-        wake.wait_for(*(Await(o.id, Evidence.THREAD_WAIT, True) for o in w.also))
-        woken.append(wake)
-        if it.kind == DELAY and w.wait_from == it.start:  # the idle period was all waiting: only its wake-up is left
-            chains.removed.add(it.id)
+        _wake_after(chains, w, woken)
     return {w.period.id for w in found} | (again or set())
+
+
+def _wake_after(chains: Chains, w: ThreadWait, woken: list[Item]) -> None:
+    """Cut period `w.period` where its wait began: a WAKEUP node from the awaited end to the period's end, after
+    edges from the awaited op and `w.also` (added to `woken`)."""
+    it, x_end = w.period, w.op.start + w.op.dur
+    wake = chains.split(it, w.wait_from, WAKEUP)
+    chains.set_start(wake, min(x_end, wake.seg_end))
+    wake.dur = wake.excl = wake.seg_end - wake.start
+    wake.wait_for(Await(w.op.id, Evidence.THREAD_WAIT, True))
+    wake.wait_for(*(Await(o.id, Evidence.THREAD_WAIT, True) for o in w.also))
+    woken.append(wake)
+    if it.kind == DELAY and w.wait_from == it.start:  # the idle period was all waiting: only its wake-up is left
+        chains.removed.add(it.id)
+
+
+def _record_tails(g: Graph, chains: Chains, served: list[Handed], waited: set[int], woken: list[Item]) -> None:
+    """A collective whose handing thread resumed before its record ended (deps.thread_wait.find_record_tails):
+    where modelled, the collective ends at that resume (`dur`; the record's rest is a `[record tail]` period of it
+    on the worker's thread, `Comm.record_tail` its length) and the thread's idle period waited for it, cut as
+    `_cross_thread_waits` cuts a wait (a wake-up of no length: when it completed is known only by that resume).
+    All are kept for the audit (`Graph.record_tails`)."""
+    awaited = {a.item for wake in woken for a in wake.awaits or ()}
+    g.record_tails = find_record_tails(g, chains.removed | waited, served, awaited)
+    for tail in g.record_tails:
+        if not tail.modelled:
+            continue
+        x, period = g.by_id[tail.op], g.by_id[tail.period]
+        assert x.comm is not None  # (a collective: find_record_tails picks only those)
+        resumed, own_end = period.seg_end, x.seg_end
+        rest = chains.split(x, resumed, SELF_PART)
+        rest.name = f"{x.name} [record tail]"
+        x.dur, x.excl = resumed - x.start, max(0.0, x.excl - (own_end - resumed))
+        x.comm.record_tail = tail.tail
+        _wake_after(chains, ThreadWait(period, x, period.start, []), woken)
 
 
 def _await_last_periods(g: Graph, chains: Chains, woken: list[Item]) -> None:

@@ -1,7 +1,7 @@
 """A real 2-rank gloo recording in which gloo ended a collective's record 1.8 ms after the thread waiting for it
-resumed (docs/FACTS.md §W3, tests/data/gloo_record_tail): the audit names that collective with the idle node the
-thread resumed from, and both summaries count it. The wait itself is not in the graph (the finders read the
-record's end): `tests/test_collect.py` marks that gap."""
+resumed (docs/FACTS.md §W3, tests/data/gloo_record_tail): the collective ends where its waiter resumed, the rest of
+its record is a `[record tail]` node of the worker's, the waiter's idle time is a wait for it (an edge, not a
+duration), so the replay reproduces the run and a slower collective delays the waiter."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import pytest
 from etweave.chakra import et_def_pb2 as pb
 from etweave.chakra.io import node_attrs, read_et
 from etweave.cli import main
-from etweave.deps.evidence import MAX_WAKEUP
-from etweave.report import UNWAITED, unwaited_collectives
+from etweave.report import unwaited_collectives
+from etweave.simulate.engine import replay
+from etweave.simulate.load import load_comm_group, load_rank
 
 RUN = Path(__file__).resolve().parent / "data" / "gloo_record_tail"
 ORDER = {"thread_order", "collective_order"}  # program and collective order: not a wait for the end
@@ -38,40 +39,62 @@ def waiters(nodes: list[pb.Node], nid: int) -> list[int]:
                     for d, e in zip(n.data_deps, attrs[n.id].get("dep_evidence", ()), strict=True))]
 
 
-def test_the_collective_whose_record_outlasted_its_waiter_is_named(converted: Path) -> None:
-    reports = orjson.loads((converted / "report.json").read_bytes())["ranks"]
-    assert unwaited_collectives(reports["0"]) == []
-    (c,) = [c for c in reports["1"]["collectives_without_dependents"] if c["why"] in UNWAITED]
-    assert c["why"] == "issuer_resumed_before_its_end" and c["name"] == "gloo:all_reduce"
-    nodes = read_et(converted / "trace.1.et")[1]
+def the_tail(out: Path) -> tuple[list[pb.Node], pb.Node, pb.Node, pb.Node]:
+    """Rank 1's nodes, its collective whose record outlasted it, that record's tail, and the wake-up after it."""
+    (entry,) = orjson.loads((out / "report.json").read_bytes())["ranks"]["1"]["record_tails"]
+    nodes = read_et(out / "trace.1.et")[1]
     by_id = {n.id: n for n in nodes}
-    coll, idle = by_id[c["node"]], by_id[c["resumed"]]
-    a, ia = node_attrs(coll), node_attrs(idle)
-    issuer = node_attrs(by_id[a["et_parent"]])
-    # the issuing thread's idle time from the hand-over (as the worker took it up) ...
-    assert ia["kind"] == "self_part" and ia["tid"] == issuer["tid"] != a["tid"]
-    assert 0 <= idle.start_time_micros - coll.start_time_micros <= MAX_WAKEUP
-    # ... ended while the record was open, 1.8 ms before its end
-    record_end = coll.start_time_micros + a["measured_duration_micros"]
-    resumed_at = idle.start_time_micros + idle.duration_micros
-    assert abs(c["before_end_micros"] - (record_end - resumed_at)) <= 1 and c["before_end_micros"] > 1000
-    assert waiters(nodes, coll.id) == []  # what the label says: nothing in the graph waits for its end
-    # every other collective of the worker threads has a waiter on another thread (or ran on the issuing one)
-    inline = {x["node"] for x in reports["1"]["collectives_without_dependents"] if x["why"] == "ran_on_issuing_thread"}
-    others = [n.id for n in nodes if n.type == pb.COMM_COLL_NODE and n.id not in inline | {coll.id}]
-    assert others and all(waiters(nodes, nid) for nid in others)
+    coll = by_id[entry["node"]]
+    assert entry == {"node": coll.id, "name": "gloo:all_reduce",
+                     "record_tail_micros": node_attrs(coll)["record_tail_micros"]}
+    (tail,) = [n for n in nodes if coll.id in n.data_deps and n.name == "gloo:all_reduce [record tail]"]
+    (wake,) = [by_id[w] for w in waiters(nodes, coll.id)]
+    return nodes, coll, tail, wake
 
 
-def test_the_summaries_count_it(converted: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    capsys.readouterr()
-    assert main(["convert-run", str(RUN), "-o", str(tmp_path / "run"), "--jobs", "1"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert [line.endswith(", 1 collective(s) nothing waited for") for line in lines if line.startswith("rank ")] \
-        == [False, True]
+def test_the_collective_ends_where_its_waiter_resumed(converted: Path) -> None:
+    reports = orjson.loads((converted / "report.json").read_bytes())["ranks"]
+    assert reports["0"]["record_tails"] == [] and unwaited_collectives(reports["0"]) == []
+    assert unwaited_collectives(reports["1"]) == [], "every collective a worker ran for another thread is waited for"
+    nodes, coll, tail, wake = the_tail(converted)
+    a, ta, wa = node_attrs(coll), node_attrs(tail), node_attrs(wake)
+    assert a["record_tail_micros"] > 1000
+    # the record as measured: the collective's time, then its tail on the worker's thread up to the record's end
+    resumed = wake.start_time_micros
+    assert tail.start_time_micros == resumed and tail.duration_micros == a["record_tail_micros"]
+    assert ta["tid"] == a["tid"] and ta["part_of"] == coll.id
+    assert abs(coll.start_time_micros + a["measured_duration_micros"] - (resumed + tail.duration_micros)) <= 1
+    # convert-run's transfer time runs from the latest member's start to the completion, not to the record's end
+    assert coll.start_time_micros + coll.duration_micros <= resumed
+    assert a["transfer_duration_micros"] == coll.duration_micros
+    # the waiter: the issuing thread's wake-up, of no length, after the collective
+    issuer = node_attrs(next(n for n in nodes if n.id == a["et_parent"]))
+    assert wa["kind"] == "wakeup" and wa["tid"] == issuer["tid"] != a["tid"] and wake.duration_micros == 0
+    assert dict(zip(wake.data_deps, wa["dep_evidence"], strict=True))[coll.id] == "thread_wait"
+
+
+def test_the_replay_reproduces_it_and_a_slower_collective_delays_the_waiter(converted: Path) -> None:
+    ranks = [load_rank(converted / f"trace.{r}.et") for r in (0, 1)]
+    groups = load_comm_group(converted / "comm_group.json")
+    _, coll, tail, wake = the_tail(converted)
+    pos = {n.id: i for i, n in enumerate(ranks[1].nodes)}
+    before = replay(ranks, groups)
+    assert before.stuck_count == 0
+    t0 = min(n.measured_start for rg in ranks for n in rg.nodes if n.measured_start > 0)
+    # (the replay's clock starts at the run's first measured start)
+    assert abs(before.start[1][pos[wake.id]] - (wake.start_time_micros - t0)) <= 250
+    assert before.end[1][pos[coll.id]] <= before.start[1][pos[wake.id]]
+    ranks[1].nodes[pos[coll.id]].duration += 5000
+    after = replay(ranks, groups)
+    assert after.start[1][pos[wake.id]] - before.start[1][pos[wake.id]] >= 5000 - 1
+    assert after.start[1][pos[tail.id]] - before.start[1][pos[tail.id]] >= 5000 - 1
+
+
+def test_the_summaries_say_it(converted: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d = RUN / "rank1"
+    capsys.readouterr()
     assert main(["convert", "--host", str(d / "host.json.gz"), "--device", str(d / "kineto.json.gz"),
                  "-o", str(tmp_path / "trace.1.et")]) == 0
-    node = next(c["node"] for c in orjson.loads((converted / "report.json").read_bytes())["ranks"]["1"]
-                ["collectives_without_dependents"] if c["why"] in UNWAITED)
-    assert f"  collectives nothing on another thread or stream waited for: 1 (nodes {node}; " \
-        in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "  collectives whose record outlasted them (a waiter resumed first): 1, each cut at that resume" in out
+    assert "nothing on another thread or stream waited for" not in out

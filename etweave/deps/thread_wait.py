@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable
+import operator
+from collections.abc import Callable, Collection, Sequence
 
 import msgspec
 
@@ -15,7 +16,7 @@ from etweave.deps.evidence import MAX_WAKEUP, Evidence
 from etweave.deps.evidence import WAIT_TOLERANCE as TOLERANCE
 from etweave.deps.handoff import ISSUE_PREFIXES, Handed
 from etweave.deps.timeline import by_end, latest_before, off_thread
-from etweave.model import DELAY, HOST_OP, HOST_OP_KIND, SELF_PART, Edge, Graph, Item
+from etweave.model import DELAY, HOST_OP, HOST_OP_KIND, SELF_PART, UNTRACED, Edge, Graph, Item, RecordTail
 from etweave.periods import thread_of
 
 # Only periods at least this long are examined for a hidden wait on another thread (µs).
@@ -119,3 +120,62 @@ def max_wakeup(g: Graph, it: Item, x: Item, finished: bool = False) -> float:
     if not issuing and it.kind not in (SELF_PART, DELAY):
         return MAX_WAKEUP
     return math.inf if it.start <= x.start + MAX_WAKEUP else LOADED_MAX_WAKEUP
+
+
+# A thread's own time with nothing traced in it: where it may have waited.
+IDLE_KINDS = frozenset({SELF_PART, DELAY, UNTRACED})
+_START, _SEG_END = operator.attrgetter("start"), operator.attrgetter("seg_end")
+
+
+def idle_periods(items: Sequence[Item], threads: Collection[int | str], removed: Collection[int] = ()
+                 ) -> dict[int | str, list[Item]]:
+    """Each of these threads' measured idle periods (`IDLE_KINDS`, at least MIN_WAIT long), by start."""
+    idle: dict[int | str, list[Item]] = {}
+    for p in items:
+        tid = p.tid
+        if (tid in threads and p.kind in IDLE_KINDS and p.measured and p.seg_end - p.start >= MIN_WAIT
+                and p.id not in removed):
+            assert tid is not None  # (threads holds no None)
+            idle.setdefault(tid, []).append(p)
+    for periods in idle.values():
+        periods.sort(key=_START)
+    return idle
+
+
+def resumed_before_end(op: Item, idle: list[Item]) -> Item | None:
+    """Of a thread's idle periods (`idle_periods`), the one that began as op's worker took it up (as `max_wakeup`
+    takes a hand-over) and ended, the thread resuming, latest while op's record was still open; None if none did."""
+    end = op.start + op.dur
+    lo = bisect.bisect_left(idle, op.start - TOLERANCE, key=_START)
+    hi = bisect.bisect_right(idle, op.start + MAX_WAKEUP, key=_START)
+    resumed = [p for p in idle[lo:hi] if op.start < p.seg_end < end - TOLERANCE]
+    return max(resumed, key=_SEG_END) if resumed else None
+
+
+def find_record_tails(g: Graph, removed: Collection[int], served: Sequence[Handed], awaited: Collection[int]
+                      ) -> list[RecordTail]:
+    """Collectives a gloo worker ran for another thread that no wait was found for (`awaited`: the ops waited for)
+    and whose handing thread (`served`), idle from the hand-over, resumed while the record was still open: gloo
+    completes a collective's future, waking its waiter, before it ends the record (docs/FACTS.md §W3). Modelled as
+    a wait for the collective, complete at that resume, when the thread waited at least as long as the record then
+    stayed open (a worker descheduled for longer than the whole wait is not told apart from a thread that merely
+    paused after handing over a collective it never waited for) and nothing of the op was traced after the resume
+    (its own period reaches it); the others are only named (the audit's `issuer_resumed_before_its_end`)."""
+    ops = [x for x in g.of_kinds(HOST_OP_KIND) if x.comm is not None and x.measured and x.stream is None
+           and x.tid is not None and x.dur > 0 and x.id not in awaited]
+    handing = sorted(set().union(*(s.handing() for s in served)), key=str)
+    owners = {x.id: next((t for t in handing if t != x.tid and any(s.holds(t, x) for s in served)), None)
+              for x in ops}
+    threads = {t for t in owners.values() if t is not None}
+    if not threads:  # (the usual case: every handed collective was waited for)
+        return []
+    idle = idle_periods(g.items, threads, removed)
+    tails = []
+    for x in ops:
+        tid = owners[x.id]
+        p = resumed_before_end(x, idle.get(tid, [])) if tid is not None else None
+        if p is not None:
+            resumed, end = p.seg_end, x.start + x.dur
+            modelled = resumed - p.start >= end - resumed and x.seg_end >= resumed
+            tails.append(RecordTail(x.id, p.id, end - resumed, modelled))
+    return tails

@@ -46,7 +46,7 @@ class CollSig(msgspec.Struct):
     size: int
     seq: int | None
     start: int
-    end: int  # start + measured (inclusive) duration
+    end: int  # start + measured (inclusive) duration, less a record tail (record_tail_micros)
 
     def describe(self, with_seq: bool = True) -> str:
         seq = f" seq {self.seq}" if with_seq and self.seq is not None else ""
@@ -197,10 +197,12 @@ def _signature(node: pb.Node) -> CollSig:
     kind = classify(name) if name else None
     measured = _int_attr(node, "measured_duration_micros")
     start = node.start_time_micros
+    # the collective's end: where its record outlasted it (a waiter resumed first, docs/FACTS.md §W3), its completion
+    tail = _int_attr(node, "record_tail_micros") or 0
+    end = start + (measured if measured is not None else node.duration_micros) - tail
     return CollSig(node=node.id, name=name or comm_type_name(comm_type),
                    kind=kind if isinstance(kind, int) else comm_type, size=_int_attr(node, "comm_size") or 0,
-                   seq=_int_attr(node, "comm_seq"), start=start,
-                   end=start + (measured if measured is not None else node.duration_micros))
+                   seq=_int_attr(node, "comm_seq"), start=start, end=end)
 
 
 def _key(sig: CollSig | None, with_seq: bool) -> tuple[Any, ...] | None:

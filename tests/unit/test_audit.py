@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
-
 from etweave.audit import WHY_NO_DEPENDENT, collectives_without_dependents
 from etweave.chakra import et_def_pb2 as pb
 from etweave.deps import Dependencies
-from etweave.deps.evidence import MAX_WAKEUP, Evidence
-from etweave.deps.thread_wait import MIN_WAIT
-from etweave.model import DELAY, HOST_OP, KERNEL, SELF_PART, Comm, Edge, Item
+from etweave.deps.evidence import Evidence
+from etweave.model import HOST_OP, KERNEL, SELF_PART, Comm, Edge, Item, RecordTail
 from tests.unit.graphs import graph
 
 
@@ -46,36 +43,23 @@ def test_each_collective_without_a_dependent_says_why() -> None:
     assert {why for why, _ in found.values()} <= WHY_NO_DEPENDENT.keys()
 
 
-def _handed_over(idle_start: float, idle_end: float, kind: str = SELF_PART, measured: bool = True,
-                 record_end: float = 10_000) -> tuple[str, int | None, int | None]:
-    """A gloo all_reduce (tid 2, from 0 to `record_end`) issued by thread 1, whose next period is idle from
-    `idle_start` to `idle_end`, nothing waiting for the collective: its why, resumed node and micros before its end."""
+
+def _named(*tails: RecordTail) -> tuple[str, int | None, int | None]:
+    """A gloo all_reduce (tid 2) issued by thread 1, nothing waiting for it, with these record tails found by the
+    waits stage: its why, resumed node and micros before its end."""
     issuer = Item(1, HOST_OP, "c10d::allreduce_", start=-100, dur=100, tid=1)
-    worker = Item(2, HOST_OP, "gloo:all_reduce", start=0, dur=record_end, tid=2, parent=1, comm=_comm("allreduce"),
-                  measured=True)
-    idle = Item(3, kind, "ProfilerStep#1 [self]", start=idle_start, dur=idle_end - idle_start, seg_end=idle_end,
-                tid=1, measured=measured, part_of=1)
+    worker = Item(2, HOST_OP, "gloo:all_reduce", start=0, dur=10_000, tid=2, parent=1, comm=_comm("allreduce"))
+    idle = Item(3, SELF_PART, "ProfilerStep#1 [self]", start=200, dur=8_000, seg_end=8_200, tid=1, part_of=1)
     g = graph(issuer, worker, idle, threads={1: [1, 3], 2: [2]})
+    g.record_tails = list(tails)
     (found,) = collectives_without_dependents(g, _deps(Edge(1, 3, Evidence.THREAD_ORDER)))
     assert found.node == 2
     return found.why, found.resumed, found.before_end_micros
 
 
-def test_an_issuer_idle_from_the_hand_over_that_resumed_before_the_record_ended_is_named() -> None:
+def test_a_record_tail_the_waits_stage_did_not_model_is_named() -> None:
     # docs/FACTS.md §W3: gloo wakes the waiter, then ends the record
-    assert _handed_over(200, 8_200) == ("issuer_resumed_before_its_end", 3, 1_800)
-    assert _handed_over(200, 8_200, kind=DELAY) == ("issuer_resumed_before_its_end", 3, 1_800)
-    assert _handed_over(-5, 30) == ("issuer_resumed_before_its_end", 3, 9_970)  # a short wait, from the hand-over
+    assert _named(RecordTail(2, 3, 1_800.4, False)) == ("issuer_resumed_before_its_end", 3, 1_800)
+    assert _named() == ("not_waited_for", None, None)
+    assert _named(RecordTail(2, 3, 1_800.4, True)) == ("not_waited_for", None, None)  # modelled: a wait edge
     assert "issuer_resumed_before_its_end" in WHY_NO_DEPENDENT
-
-
-@pytest.mark.parametrize(("idle_start", "idle_end", "kind", "measured"), [
-    (MAX_WAKEUP + 1, 8_200, SELF_PART, True),  # the thread did traced work after the hand-over first
-    (200, 200 + MIN_WAIT - 1, SELF_PART, True),  # too short to have waited
-    (200, 10_000, SELF_PART, True),  # resumed at the record's end: a wait the finders see, not this case
-    (200, 8_200, HOST_OP, True),  # an op of its own, not idle time
-    (200, 8_200, SELF_PART, False),  # placed, not measured
-])
-def test_other_periods_of_the_issuer_leave_it_not_waited_for(idle_start: float, idle_end: float, kind: str,
-                                                            measured: bool) -> None:
-    assert _handed_over(idle_start, idle_end, kind, measured) == ("not_waited_for", None, None)

@@ -3,7 +3,11 @@ waiting time is cut out of the periods, and the items it adds."""
 
 from __future__ import annotations
 
-from etweave.deps.evidence import Evidence
+import pytest
+
+from etweave.chakra.schema import ALL_REDUCE, COMM_COLL_NODE
+from etweave.deps.evidence import MAX_WAKEUP, Evidence
+from etweave.deps.thread_wait import MIN_WAIT, idle_periods, resumed_before_end
 from etweave.model import (
     DELAY,
     HOST_OP,
@@ -15,8 +19,10 @@ from etweave.model import (
     UNTRACED,
     WAKEUP,
     Await,
+    Comm,
     Graph,
     Item,
+    RecordTail,
 )
 from etweave.periods import Chains
 from etweave.waits import resolve_waits
@@ -236,3 +242,62 @@ def test_handed_names_only_the_threads_that_handed_work_over() -> None:
     handed.add("main", 7, 0.0, 10.0)
     handed.stretches[("helper", "main")]  # (a key looked up, no stretch: hands nothing)
     assert handed.handing() == {"main"}
+
+
+def _record_tail(resumed: float) -> Graph:
+    """Thread 1 issues an all_reduce (writing tensor 8) that a gloo worker, thread 2, runs from 100 to 10000 µs
+    (reading tensor 8), then is idle until `resumed`, before the record's end: gloo woke it, then ended the record
+    (docs/FACTS.md §W3)."""
+    issue = _period(2, HOST_OP, "c10d::allreduce_", 0.0, 100.0, host=host_op(2, "c10d::allreduce_", writes=(8,)))
+    idle, after = _period(3, DELAY, "[idle]", 100.0, resumed - 100.0), _period(4, HOST_OP, "after", resumed, 50.0)
+    gap = _period(6, DELAY, "[idle]", 0.0, 100.0, tid=2)
+    coll = _period(7, HOST_OP, "gloo:all_reduce", 100.0, 9900.0, tid=2, host=host_op(7, "gloo:all_reduce", reads=(8,)),
+                   comm=Comm(COMM_COLL_NODE, "allreduce", ALL_REDUCE, 1024))
+    return graph(Item(1, THREAD_ROOT, "t1", tid=1), issue, idle, after, Item(5, THREAD_ROOT, "t2", tid=2), gap, coll,
+                 threads={1: [1, 2, 3, 4], 2: [5, 6, 7]})
+
+
+def test_a_thread_that_resumed_before_the_record_of_its_collective_ended_waited_for_it() -> None:
+    g = _record_tail(8200.0)
+    resolve_waits(g)
+    coll = g.by_id[7]
+    assert g.record_tails == [RecordTail(7, 3, 1800.0, True)]
+    # the collective ends where the thread resumed; the record's rest is the worker's, after it
+    assert (coll.start, coll.dur, coll.seg_end, coll.comm and coll.comm.record_tail) == (100.0, 8100.0, 8200.0, 1800.0)
+    (tail,) = [it for it in g.items if it.name == "gloo:all_reduce [record tail]"]
+    assert (tail.kind, tail.tid, tail.start, tail.seg_end, tail.part_of) == (SELF_PART, 2, 8200.0, 10000.0, 7)
+    assert g.threads[2][-2:] == [7, tail.id]
+    # the idle time was all waiting: a wake-up of no length after the collective
+    (wake,) = [it for it in g.items if it.kind == WAKEUP and it.tid == 1]
+    assert (wake.tid, wake.start, wake.seg_end, wake.awaits) == (1, 8200.0, 8200.0, [Await(7, Evidence.THREAD_WAIT,
+                                                                                          True)])
+    assert 3 not in g.threads[1]
+
+
+def test_a_record_that_stayed_open_longer_than_the_thread_waited_is_only_named() -> None:
+    g = _record_tail(2000.0)  # waited 1900 µs, the record open 8000 µs more: not told from a pause
+    resolve_waits(g)
+    assert g.record_tails == [RecordTail(7, 3, 8000.0, False)]
+    assert (g.by_id[7].dur, g.by_id[7].comm and g.by_id[7].comm.record_tail) == (9900.0, 0.0)
+    assert not [it for it in g.items if (it.kind == WAKEUP and it.tid == 1) or "[record tail]" in it.name]
+    assert g.by_id[3].kind == UNTRACED
+
+
+@pytest.mark.parametrize(("start", "end", "kind", "measured", "found"), [
+    (200.0, 8_200.0, DELAY, True, True),
+    (200.0, 8_200.0, SELF_PART, True, True),
+    (200.0, 8_200.0, UNTRACED, True, True),
+    (95.0, 130.0, DELAY, True, True),  # a short wait, from the hand-over
+    (100.0 + MAX_WAKEUP + 1, 8_200.0, DELAY, True, False),  # the thread did traced work after the hand-over first
+    (200.0, 200.0 + MIN_WAIT - 1, DELAY, True, False),  # too short to have waited
+    (200.0, 10_000.0, DELAY, True, False),  # resumed at the record's end: a wait the finders see, not this case
+    (200.0, 8_200.0, HOST_OP, True, False),  # an op of its own, not idle time
+    (200.0, 8_200.0, DELAY, False, False),  # placed, not measured
+])
+def test_the_idle_period_a_thread_resumed_from_before_a_record_ended(start: float, end: float, kind: str,
+                                                                       measured: bool, found: bool) -> None:
+    """`resumed_before_end`: a record from 100 to 10000 µs, and one period of the thread that handed it over."""
+    coll = _period(7, HOST_OP, "gloo:all_reduce", 100.0, 9900.0, tid=2)
+    period = _period(3, kind, "p", start, end - start, measured=measured)
+    idle = idle_periods([coll, period], {1})
+    assert resumed_before_end(coll, idle.get(1, [])) is (period if found else None)
