@@ -171,11 +171,14 @@ def find_record_tails(g: Graph, removed: Collection[int], served: Sequence[Hande
         return []
     idle = idle_periods(g.items, threads, removed)
     tails = []
+    cut: set[int] = set()  # periods cut as a wait already: one wait each (a second collective is only named)
     for x in ops:
         tid = owners[x.id]
         p = resumed_before_end(x, idle.get(tid, [])) if tid is not None else None
         if p is not None:
             resumed, end = p.seg_end, x.start + x.dur
-            modelled = resumed - p.start >= end - resumed and x.seg_end >= resumed
+            modelled = resumed - p.start >= end - resumed and x.seg_end >= resumed and p.id not in cut
+            if modelled:
+                cut.add(p.id)
             tails.append(RecordTail(x.id, p.id, end - resumed, modelled))
     return tails

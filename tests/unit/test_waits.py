@@ -301,3 +301,17 @@ def test_the_idle_period_a_thread_resumed_from_before_a_record_ended(start: floa
     period = _period(3, kind, "p", start, end - start, measured=measured)
     idle = idle_periods([coll, period], {1})
     assert resumed_before_end(coll, idle.get(1, [])) is (period if found else None)
+
+
+def test_two_collectives_whose_records_outlasted_one_wait_cut_it_once() -> None:
+    """As `_record_tail(8200)`, with a second worker, thread 3, running a second such all_reduce."""
+    base = _record_tail(8200.0)
+    twin = _period(10, HOST_OP, "gloo:all_reduce", 100.0, 9900.0, tid=3,
+                   host=host_op(10, "gloo:all_reduce", reads=(8,)),
+                   comm=Comm(COMM_COLL_NODE, "allreduce", ALL_REDUCE, 1024))
+    g = graph(*base.items, Item(8, THREAD_ROOT, "t3", tid=3), _period(9, DELAY, "[idle]", 0.0, 100.0, tid=3), twin,
+              threads={**base.threads, 3: [8, 9, 10]})
+    resolve_waits(g)
+    assert sorted(t.op for t in g.record_tails) == [7, 10]
+    assert [t.modelled for t in g.record_tails].count(True) == 1, "the one wait is cut once"
+    assert len([it for it in g.items if it.kind == WAKEUP and it.tid == 1]) == 1
