@@ -122,10 +122,10 @@ def _record_tails(g: Graph, chains: Chains, served: list[Handed], waited: set[in
             continue
         x, period = g.by_id[tail.op], g.by_id[tail.period]
         assert x.comm is not None  # (a collective: find_record_tails picks only those)
-        resumed, own_end = period.seg_end, x.seg_end
+        resumed = period.seg_end
         rest = chains.split(x, resumed, SELF_PART)
         rest.name = f"{x.name} [record tail]"
-        x.dur, x.excl = resumed - x.start, max(0.0, x.excl - (own_end - resumed))
+        x.dur = resumed - x.start  # (its `excl` stays all of its self time, the tail's included, as with `[self]`)
         x.comm.record_tail = tail.tail
         _wake_after(chains, ThreadWait(period, x, period.start, []), woken)
 

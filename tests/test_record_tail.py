@@ -64,6 +64,7 @@ def test_the_collective_ends_where_its_waiter_resumed(converted: Path) -> None:
     assert tail.start_time_micros == resumed and tail.duration_micros == a["record_tail_micros"]
     assert ta["tid"] == a["tid"] and ta["part_of"] == coll.id
     assert abs(coll.start_time_micros + a["measured_duration_micros"] - (resumed + tail.duration_micros)) <= 1
+    assert a["exclusive_micros"] == a["measured_duration_micros"], "its self time, the tail's included, as measured"
     # convert-run's transfer time runs from the latest member's start to the completion, not to the record's end
     assert coll.start_time_micros + coll.duration_micros <= resumed
     assert a["transfer_duration_micros"] == coll.duration_micros
