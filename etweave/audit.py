@@ -312,11 +312,11 @@ def collectives_without_dependents(g: Graph, deps: Dependencies) -> list[Collect
         through = _gate_later_on_stream(it.id, next_on_stream, gates, memo)
         why = "not_waited_for" if through is None else "waited_for_through_stream"
         out.append(CollectiveWithoutDependents(it.id, it.name, comm.collective_name, why, through))
-    _resumed_before_end(g, out)
+    _name_unmodelled_tails(g, out)
     return out
 
 
-def _resumed_before_end(g: Graph, found: list[CollectiveWithoutDependents]) -> None:
+def _name_unmodelled_tails(g: Graph, found: list[CollectiveWithoutDependents]) -> None:
     """Of the collectives `found` not waited for, those whose handing thread resumed while their record was open
     but whose wait was not modelled (`Graph.record_tails`, deps.thread_wait.find_record_tails): relabelled with the
     idle period it resumed after and how long before the record's end."""
@@ -325,7 +325,6 @@ def _resumed_before_end(g: Graph, found: list[CollectiveWithoutDependents]) -> N
         tail = named.get(c.node)
         if tail is not None and c.why == "not_waited_for":
             c.why, c.resumed, c.before_end_micros = "issuer_resumed_before_its_end", tail.period, round(tail.tail)
-
 
 
 WHY_NO_DEPENDENT = {
