@@ -32,8 +32,9 @@ Cross-rank: in each process group every member rank must issue the same collecti
 and size for all_reduce/all_gather/reduce_scatter/broadcast), sends and receives must pair. A mismatch exits 3
 naming the first divergence per rank, unless --allow-mismatch. A rank whose host ET and Kineto trace are not of
 one run and rank (linked share, Record function ids, process ids) exits 3 too, unless --allow-mismatch.
-Collective durations become end minus the latest start among the group's members (attr
-transfer_duration_micros; measured_duration_micros keeps the measured).
+Collective durations become end (less attr record_tail_micros, where the record outlasted the collective) minus
+the latest start among the group's members (attr transfer_duration_micros; measured_duration_micros keeps the
+measured).
 
 Exit codes: 0 ok, 2 bad input, 3 ranks disagree or a check failed."""
 

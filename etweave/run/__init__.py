@@ -31,8 +31,9 @@ ranks together (`assemble_run`):
     that are not in the run (world size from Kineto `distributedInfo`) are reported as absent; the present
     ones are checked.
   - durations: a collective's measured duration includes waiting for the slowest peer. For every matched
-    collective (before any divergence), each member's `duration_micros` becomes its end minus the latest start
-    among the members, clamped to >= 0 (>= 1 when measured > 0) and never above its old value, and is also
+    collective (before any divergence), each member's `duration_micros` becomes its end (its record's, less
+    `record_tail_micros` where the record outlasted it) minus the latest start among the members, clamped to
+    >= 0 (>= 1 when measured > 0) and never above its old value, and is also
     written to attr `transfer_duration_micros`; `measured_duration_micros` keeps the measured one.
   - `check_nodes` per rank and `check_run` across ranks on the final nodes: each rank's graph in full, and its
     nodes' own attrs and types where this work changed them (every node was checked when its rank was
